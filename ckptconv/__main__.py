@@ -1,0 +1,5 @@
+"""``python -m ckptconv``: the CLI, in a fresh process (how Prefect tasks run conversions)."""
+
+from ckptconv.cli import main
+
+raise SystemExit(main())

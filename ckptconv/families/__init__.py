@@ -1,0 +1,25 @@
+"""The family registry: one entry per family module, looked up by ``config.json``'s ``model_type``.
+
+Adding a family is one small module defining ``FAMILY`` plus a line here and a test.
+"""
+
+from __future__ import annotations
+
+from ckptconv.errors import BadInputError
+from ckptconv.families import llama, mistral, qwen2, qwen3
+from ckptconv.families.base import Family
+
+FAMILIES: tuple[Family, ...] = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY)
+
+BY_MODEL_TYPE: dict[str, Family] = {mt: family for family in FAMILIES for mt in family.model_types}
+
+
+def family_for(model_type: object, where: str) -> Family:
+    """The family for a ``model_type``, or a clear error listing what is supported."""
+    family = BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise BadInputError(
+            f"{where}: model_type {model_type!r} is not supported "
+            f"(supported: {', '.join(sorted(BY_MODEL_TYPE))})"
+        )
+    return family

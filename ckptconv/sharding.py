@@ -1,0 +1,43 @@
+"""MaxText's checkpoint sharding rule, as pure data (no JAX needed to decide it).
+
+MaxText's converter places every leaf on a 1-D mesh of N simulated CPU devices named
+``checkpoint_sharding_axis``: shard dim 0 if it divides by N, else dim 1, else replicate.
+Deciding the spec without JAX lets the planner predict shard sizes (and memory) before
+the conversion process ever starts JAX.
+"""
+
+from __future__ import annotations
+
+MESH_AXIS = "checkpoint_sharding_axis"
+
+PartitionSpec = tuple[str | None, ...]
+
+
+def partition_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
+    """Return the partition spec MaxText uses for a leaf of ``shape`` on ``devices`` devices.
+
+    ``()`` means replicated. ``devices == 1`` never shards (MaxText writes unsharded then).
+
+    >>> partition_spec((151936, 1024), 16)
+    ('checkpoint_sharding_axis',)
+    >>> partition_spec((1000, 32, 64), 16)
+    (None, 'checkpoint_sharding_axis')
+    >>> partition_spec((3,), 16)
+    ()
+    """
+    if devices <= 1 or len(shape) == 0:
+        return ()
+    if shape[0] % devices == 0:
+        return (MESH_AXIS,)
+    if len(shape) > 1 and shape[1] % devices == 0:
+        return (None, MESH_AXIS)
+    return ()
+
+
+def shard_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
+    """Shape of one device's shard of a leaf under :func:`partition_spec`."""
+    spec = partition_spec(shape, devices)
+    return tuple(
+        dim // devices if axis_index < len(spec) and spec[axis_index] == MESH_AXIS else dim
+        for axis_index, dim in enumerate(shape)
+    )
