@@ -1,0 +1,123 @@
+"""``ckptconv``: convert, inspect, verify and plan from the command line.
+
+JAX is imported only inside the commands that need it, after ``--devices`` has been put into
+``XLA_FLAGS``: the device count is fixed the moment JAX starts. Errors we can explain print
+one line and exit 2 (bad input) or 1; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from ckptconv import __version__
+from ckptconv.errors import CkptConvError
+
+GIB = 1024**3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ckptconv", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ckptconv {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    convert = commands.add_parser("convert", help="HF safetensors checkpoint -> MaxText Orbax checkpoint")
+    convert.add_argument("source", help="HF checkpoint directory (config.json + *.safetensors)")
+    convert.add_argument("destination", help="output directory; MaxText loads DST/0/items")
+    convert.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
+    convert.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
+                         help="stack layers on axis 1 (MaxText scan_layers=true; default)")
+    convert.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    convert.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
+    convert.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at DST")
+    convert.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
+    convert.add_argument("--no-compression", dest="compression", action="store_false",
+                         help="store raw bytes instead of zstd (faster; larger files)")
+
+    inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
+    inspect.add_argument("destination")
+    inspect.add_argument("--json", action="store_true")
+
+    verify = commands.add_parser("verify", help="check every leaf equals the transformed source, bit for bit")
+    verify.add_argument("source")
+    verify.add_argument("destination")
+    verify.add_argument("--json", action="store_true")
+
+    plan = commands.add_parser("plan", help="check a source and predict the conversion (no JAX, no writes)")
+    plan.add_argument("source")
+    plan.add_argument("--devices", type=int, default=16)
+    plan.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True)
+    plan.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    plan.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except CkptConvError as err:
+        print(f"ckptconv: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("ckptconv: interrupted", file=sys.stderr)
+        return 130
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from ckptconv.convert import ConvertRequest, convert
+
+    report = convert(ConvertRequest(
+        source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
+        dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
+        compression=args.compression,
+    ))
+    if report.get("skipped"):
+        print(f"{args.destination}: already converted from this source with these options; nothing to do")
+        return 0
+    stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
+    print(f"converted {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
+          f"to {args.destination} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; "
+          f"{stages}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from ckptconv.inspection import inspect_checkpoint, render_table
+
+    result = inspect_checkpoint(args.destination)
+    print(json.dumps(result, indent=2) if args.json else render_table(result))
+    return 0 if result["complete"] else 1
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from ckptconv.verification import verify
+
+    result = verify(args.source, args.destination)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        for mismatch in result.mismatches[:20]:
+            print(f"  {mismatch}")
+        print(result.summary())
+    return 0 if result.ok else 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ckptconv.estimate import plan_summary
+    from ckptconv.plan import make_plan
+    from ckptconv.sources import open_source
+
+    plan = make_plan(open_source(args.source), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
+    summary = plan_summary(plan)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            print(f"{key:>24}: {value}")
+    return 0
+
+
+COMMANDS = {"convert": _convert, "inspect": _inspect, "verify": _verify, "plan": _plan}

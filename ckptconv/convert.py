@@ -1,0 +1,149 @@
+"""One conversion, start to finish: source -> plan -> slabs -> write -> commit -> report.
+
+Each step lives in its own module; this one only wires them and decides what to do about
+whatever is already at the destination (skip, refuse, or clean leftovers and write).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+from ckptconv import __version__, destination, devices
+from ckptconv.errors import DestinationExistsError
+from ckptconv.monitor import StageTimer, peak_rss_bytes
+from ckptconv.plan import ConversionPlan, make_plan
+from ckptconv.progress import Progress
+from ckptconv.slabs import leaf_slabs, prefetch
+from ckptconv.sources import Source, open_source
+
+
+@dataclass(frozen=True)
+class ConvertRequest:
+    """The CLI's words: where from, where to, and how to lay the checkpoint out."""
+
+    source: str
+    destination: str
+    devices: int = 16
+    scan_layers: bool = True
+    dtype: str = "bfloat16"
+    report: str | None = None
+    overwrite: bool = False
+    progress: str = "bar"
+    compression: bool = True
+
+
+def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
+    """Identity of (source bytes as far as cheaply knowable, options): equal means nothing to redo."""
+    identity = {
+        "provenance": source.provenance(),
+        "config": plan.config_text,
+        "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
+        "options": [request.devices, request.scan_layers, request.dtype, request.compression],
+        "format": 1,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def convert(request: ConvertRequest) -> dict:
+    """Run one conversion; returns the report (also written next to the checkpoint)."""
+    timer = StageTimer()
+    started = _now()
+    source = open_source(request.source)
+    with timer.stage("plan"):
+        plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
+        print_ = fingerprint(plan, source, request)
+    state = destination.inspect_state(request.destination)
+    if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
+        report = {**state.report, "status": "complete", "skipped": True}
+        _write_extra_report(request, report)
+        return report
+    if (state.checkpoint or state.report) and not request.overwrite:
+        raise DestinationExistsError(
+            f"{request.destination}: a checkpoint from a different source or options is already there; "
+            "pass --overwrite to replace it"
+        )
+    if not state.empty:
+        destination.clear(request.destination)
+    devices.configure(request.devices)
+    progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
+    progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
+    write_done = _write(plan, source, request, timer, progress)
+    progress.close()
+    report = _report(plan, source, request, timer, started, print_, write_done)
+    destination.write_report(f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}", report)
+    _write_extra_report(request, report)
+    progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
+    return report
+
+
+def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress) -> float:
+    """Stream every leaf to the writer; returns the time the last slab was written (commit follows)."""
+    from ckptconv import writer
+
+    def producer(leaf):
+        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer))
+
+    leaves = [writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, 1 if leaf.stacked else leaf.row_axis, producer(leaf))
+              for leaf in plan.leaves]
+    by_path = {leaf.path: leaf for leaf in plan.leaves}
+    written = dict.fromkeys(by_path, 0)
+    last_slab = [timer.wall()]
+
+    def on_slab(leaf, nbytes: int) -> None:
+        planned = by_path[leaf.path]
+        before = len(planned.sources) * written[leaf.path] // planned.nbytes
+        written[leaf.path] += nbytes
+        progress.advance(len(planned.sources) * written[leaf.path] // planned.nbytes - before, nbytes)
+        last_slab[0] = timer.wall()
+
+    begin = timer.wall()
+    writer.write_checkpoint(
+        request.destination, leaves, devices=request.devices,
+        custom_metadata={"scan_layers": request.scan_layers}, on_slab=on_slab, use_compression=request.compression,
+    )
+    end = timer.wall()
+    timer.add("write", last_slab[0] - begin)
+    timer.add("commit", end - last_slab[0])
+    return end
+
+
+def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
+            print_: str, _: float) -> dict:
+    return {
+        "tool": f"ckptconv {__version__}",
+        "status": "complete",
+        "skipped": False,
+        "source": {"uri": request.source, **source.provenance()},
+        "destination": request.destination,
+        "family": plan.family.name,
+        "maxtext_decoder_block": plan.family.decoder_block,
+        "model": plan.spec.to_json(),
+        "dtype": request.dtype,
+        "devices": request.devices,
+        "scan_layers": request.scan_layers,
+        "tensors": plan.tensor_count,
+        "leaves": len(plan.leaves),
+        "source_bytes": plan.source_bytes,
+        "output_bytes": plan.output_bytes,
+        "largest_shard_bytes": plan.largest_shard_bytes,
+        "stage_seconds": timer.as_dict(),
+        "wall_seconds": round(timer.wall(), 3),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "fingerprint": print_,
+        "started_at": started,
+        "finished_at": _now(),
+        "pid": os.getpid(),
+    }
+
+
+def _write_extra_report(request: ConvertRequest, report: dict) -> None:
+    if request.report:
+        destination.write_report(request.report, report)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,95 @@
+"""What is at a destination: nothing, a complete checkpoint of ours, or leftovers.
+
+"Complete" needs three things in this order of writing: Orbax's finalised step directory
+(renamed into place locally; ``commit_success.txt`` on GCS), then our report with its
+fingerprint. A crash before the report leaves a checkpoint that never reads as ours-and-done.
+Works on local paths and ``gs://`` through ``etils.epath`` (fsspec/gcsfs), as Orbax does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from etils import epath
+
+STEP = "0"
+REPORT_NAME = "ckptconv-report.json"
+COMMIT_MARKER = "commit_success.txt"
+TMP_MARKER = ".orbax-checkpoint-tmp"
+
+
+def path(destination: str) -> epath.Path:
+    return epath.Path(destination)
+
+
+def items_path(destination: str) -> epath.Path:
+    return path(destination) / STEP / "items"
+
+
+@dataclass(frozen=True)
+class DestinationState:
+    """``checkpoint``: Orbax finalised step 0; ``report``: our report if present; ``leftovers``: partial writes."""
+
+    checkpoint: bool
+    report: dict | None
+    leftovers: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        return self.checkpoint and self.report is not None and self.report.get("status") == "complete"
+
+    @property
+    def empty(self) -> bool:
+        return not self.checkpoint and self.report is None and not self.leftovers
+
+
+def is_gcs(destination: str) -> bool:
+    return destination.startswith("gs://")
+
+
+def inspect_state(destination: str) -> DestinationState:
+    root = path(destination)
+    if not root.exists():
+        return DestinationState(False, None, ())
+    step = root / STEP
+    finalised = (step / "_CHECKPOINT_METADATA").exists() and (step / "items").exists()
+    if is_gcs(destination):
+        finalised = finalised and (step / COMMIT_MARKER).exists()
+    leftovers = tuple(sorted(p.name for p in root.iterdir() if TMP_MARKER in p.name))
+    if step.exists() and not finalised:
+        leftovers += (STEP,)
+    return DestinationState(finalised, read_report(root / REPORT_NAME), leftovers)
+
+
+def read_report(report_path: epath.Path) -> dict | None:
+    try:
+        return json.loads(report_path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_report(report_path: str, report: dict) -> None:
+    """Write the JSON report atomically: temp name then rename locally; one object write on GCS."""
+    target = path(report_path)
+    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    if is_gcs(report_path):
+        target.write_text(text)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / (target.name + ".tmp")
+    tmp.write_text(text)
+    tmp.rename(target)
+
+
+def clear(destination: str) -> None:
+    """Remove what ckptconv writes at ``destination`` (step dir, leftovers, report); nothing else."""
+    root = path(destination)
+    if not root.exists():
+        return
+    for child in root.iterdir():
+        if child.name in (STEP, REPORT_NAME) or TMP_MARKER in child.name:
+            if child.is_dir():
+                child.rmtree()
+            else:
+                child.unlink()

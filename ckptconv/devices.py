@@ -1,0 +1,39 @@
+"""Simulated CPU devices for sharding: set before JAX starts, checked after.
+
+XLA reads ``--xla_force_host_platform_device_count`` once, when JAX creates its backend, so
+the conversion process must set it before importing JAX. The CLI does that; a caller that
+already started JAX with too few devices gets a clear error instead of a wrong layout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from ckptconv.errors import CkptConvError
+
+_FLAG = "--xla_force_host_platform_device_count"
+
+
+def device_env(devices: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this environment) with XLA_FLAGS and JAX_PLATFORMS for ``devices`` CPU devices."""
+    env = dict(os.environ if base is None else base)
+    flags = re.sub(rf"{_FLAG}=\d+", "", env.get("XLA_FLAGS", "")).strip()
+    env["XLA_FLAGS"] = f"{flags} {_FLAG}={devices}".strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def configure(devices: int) -> None:
+    """Make ``devices`` CPU devices available to JAX in this process (before it starts, if we can)."""
+    if "jax" not in sys.modules:
+        os.environ.update(device_env(devices))
+        return
+    import jax
+
+    if jax.device_count() < devices:
+        raise CkptConvError(
+            f"JAX already started with {jax.device_count()} device(s), {devices} needed; "
+            "run the conversion in a fresh process (python -m ckptconv convert ...)"
+        )

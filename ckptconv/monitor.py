@@ -1,0 +1,58 @@
+"""Peak memory from the kernel and wall time per stage: the numbers users compare tools by.
+
+Peak RSS is the kernel's own high-water mark (``ru_maxrss``), not a sampling thread that
+misses short peaks. Stage times from worker threads add up as busy seconds, so with reads
+overlapping writes their sum can exceed the wall time; the report says both.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+STAGES = ("plan", "read", "transform", "write", "commit")
+
+
+def peak_rss_bytes() -> int:
+    """The process's RSS high-water mark so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now, from ``/proc/self/statm``."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+class StageTimer:
+    """Thread-safe accumulator of seconds per named stage."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self._lock = threading.Lock()
+        self.started = time.perf_counter()
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.started
+
+    def as_dict(self) -> dict[str, float]:
+        with self._lock:
+            return {name: round(value, 3) for name, value in self.seconds.items()}

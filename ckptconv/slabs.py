@@ -1,0 +1,99 @@
+"""Per-leaf slab producers: read HF bytes, transform, cast, and hand the writer one slab at a time.
+
+A slab is one layer of a stacked leaf, or a block of rows of a single large tensor, so the
+memory a conversion needs is a few slabs, whatever the model size. A small background thread
+reads and transforms the next slabs while the writer writes (bounded queue: flat memory).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from ckptconv.monitor import StageTimer
+from ckptconv.plan import SCAN_AXIS, LeafPlan
+from ckptconv.safetensors_io import read_tensor
+from ckptconv.sources import Source
+from ckptconv.spec import ModelSpec
+from ckptconv.transforms import apply_steps
+
+Index = tuple[slice, ...]
+Slab = tuple[Index, np.ndarray]
+
+ROW_BLOCK_BYTES = 64 * 1024 * 1024  # rows of a big 2-D tensor read per slab
+
+
+def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer,
+               row_block_bytes: int = ROW_BLOCK_BYTES, row_multiple: int = 1) -> Iterator[Slab]:
+    """Yield ``(index, data)`` slabs that tile ``leaf`` exactly once.
+
+    ``row_multiple`` keeps row blocks aligned to the writer's chunk grid so no chunk is
+    written twice.
+    """
+    full = tuple(slice(None) for _ in leaf.shape)
+    if leaf.stacked:
+        for layer, info in enumerate(leaf.sources):
+            data = np.expand_dims(_convert(leaf, source, spec, timer, info, None), SCAN_AXIS)
+            yield full[:SCAN_AXIS] + (slice(layer, layer + 1),) + full[SCAN_AXIS + 1:], data
+        return
+    info = leaf.sources[0]
+    axis = leaf.row_axis
+    if axis is None or not info.shape or info.nbytes <= row_block_bytes:
+        yield full, _convert(leaf, source, spec, timer, info, None)
+        return
+    row_bytes = info.nbytes // info.shape[0]
+    rows = max(row_multiple, (row_block_bytes // row_bytes) // row_multiple * row_multiple)
+    for start in range(0, info.shape[0], rows):
+        stop = min(start + rows, info.shape[0])
+        yield full[:axis] + (slice(start, stop),) + full[axis + 1:], _convert(leaf, source, spec, timer, info, slice(start, stop))
+
+
+def _convert(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer, info, rows: slice | None) -> np.ndarray:
+    with timer.stage("read"):
+        raw = read_tensor(source, info, rows)
+    with timer.stage("transform"):
+        return np.ascontiguousarray(apply_steps(raw, leaf.steps, spec).astype(leaf.dtype, copy=False))
+
+
+_DONE = object()
+
+
+def prefetch(produce: Callable[[], Iterable[Slab]], depth: int = 2) -> Iterator[Slab]:
+    """Run ``produce`` in a thread, at most ``depth`` slabs ahead of the consumer."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def worker() -> None:
+        try:
+            for item in produce():
+                while not stop.is_set():
+                    try:
+                        slots.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put(_DONE)
+        except BaseException as err:  # re-raised in the consumer, with its traceback
+            slots.put(err)
+
+    thread = threading.Thread(target=worker, name="ckptconv-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = slots.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
