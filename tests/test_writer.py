@@ -1,0 +1,352 @@
+"""Tests for ckptconv.writer: layout equal to a plain Orbax save, bounded RSS, atomicity.
+
+Every test that saves runs in a child process: JAX fixes its device count when its
+backend starts, and these tests need 1, 3 and 16 simulated devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ckptconv.writer import LeafWrite, chunk_shape, slab_rows, write_checkpoint, write_shape
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# Prepended to every child script: deterministic leaves, written both ways.
+PRELUDE = """
+import json, os, sys
+import numpy as np, ml_dtypes
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+def values(shape, dtype, seed):
+    return ((np.arange(int(np.prod(shape))) * 7 + seed) % 251 - 125).astype(dtype).reshape(shape)
+
+def layer_slabs(array, axis, rows):
+    def gen():
+        for start in range(0, array.shape[axis], rows):
+            index = [slice(None)] * array.ndim
+            index[axis] = slice(start, start + rows)
+            yield tuple(index), array[tuple(index)].copy()
+    return gen
+
+SMALL = {  # path: (shape, dtype, stream_axis, rows per slab)
+    ("params", "params", "decoder", "layers", "k"): ((16, 6, 32), BF16, 1, 1),
+    ("params", "params", "decoder", "layers", "kt"): ((6, 32, 40), np.dtype(np.float32), 2, 8),
+    ("params", "params", "token_embedder", "embedding"): ((64, 8), np.dtype(np.float32), 0, 16),
+    ("params", "params", "decoder", "replicated"): ((3, 5, 32), BF16, None, None),
+    ("step",): ((), np.dtype(np.int32), None, None),
+}
+
+def small_arrays():
+    return {path: values(shape, dtype, n) for n, (path, (shape, dtype, _, _)) in enumerate(SMALL.items())}
+
+def small_leaves(arrays):
+    from ckptconv.writer import LeafWrite
+    leaves = []
+    for path, (shape, dtype, axis, rows) in SMALL.items():
+        array = arrays[path]
+        slabs = layer_slabs(array, axis, rows) if axis is not None else (lambda a=array: [((slice(None),) * a.ndim, a)])
+        leaves.append(LeafWrite(path, shape, dtype, axis, slabs))
+    return leaves
+
+def nest(flat):
+    tree = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+"""
+
+
+def run_child(script: str, devices: int, out: pathlib.Path,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run PRELUDE + script in a fresh Python whose JAX has `devices` CPU devices.
+
+    The script finds its output directory in $OUT. MALLOC_ARENA_MAX=2 is what the CLI sets.
+    """
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), MALLOC_ARENA_MAX="2", OUT=str(out),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(script)], env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    """The child's report: its last stdout line, as JSON; fail with its stderr otherwise."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+SAVE_BOTH = """
+import jax, orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ckptconv.sharding import MESH_AXIS, partition_spec
+from ckptconv.writer import write_checkpoint, TARGET_FILE_BYTES
+N, out = len(jax.devices()), os.environ["OUT"]
+arrays = small_arrays()
+mesh = Mesh(jax.devices(), (MESH_AXIS,))
+def place(a):  # what MaxText's converter saves: sharded jax.Arrays, or numpy on 1 device
+    return jax.device_put(a, NamedSharding(mesh, PartitionSpec(*partition_spec(a.shape, N)))) if N > 1 else a
+tree = nest({path: place(a) for path, a in arrays.items()})
+manager = ocp.CheckpointManager(out + "/plain", item_names=("items",), item_handlers={
+    "items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)})
+save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES), tree)
+manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(
+    item=tree, save_args=save_args, ocdbt_target_data_file_size=TARGET_FILE_BYTES)),
+    custom_metadata={"scan_layers": True})
+manager.wait_until_finished()
+slabs = []
+write_checkpoint(out + "/streamed", small_leaves(arrays), devices=N,
+                 custom_metadata={"scan_layers": True}, on_slab=lambda leaf, n: slabs.append([leaf.path[-1], n]))
+print(json.dumps({"slabs": slabs}))
+"""
+
+RESTORE_BOTH = """
+import jax, orbax.checkpoint as ocp
+from ckptconv.writer import chunk_shape
+out, report = os.environ["OUT"], {}
+arrays = small_arrays()
+for kind in ("plain", "streamed"):
+    manager = ocp.CheckpointManager(out + "/" + kind, item_names=("items",), item_handlers={
+        "items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)})
+    args = nest({path: ocp.RestoreArgs(restore_type=np.ndarray) for path in arrays})
+    restored = manager.restore(0, args=ocp.args.Composite(items=ocp.args.PyTreeRestore(restore_args=args)))
+    meta = manager.item_metadata(0)["items"]
+    entry = report[kind] = {"custom": manager.metadata(0).custom_metadata, "leaves": {}}
+    for path, expected in arrays.items():
+        got, m = restored["items"], meta
+        for key in path:
+            got, m = got[key], m[key]
+        entry["leaves"]["/".join(path)] = {
+            "equal": bool(np.array_equal(np.asarray(got), expected)) and np.asarray(got).dtype == expected.dtype,
+            "sharding": repr(getattr(m, "sharding", None)),
+            "chunk": list(getattr(getattr(m, "storage", None), "chunk_shape", None) or []),
+        }
+print(json.dumps(report))
+"""
+
+
+def _tree_files(root: pathlib.Path) -> set[str]:
+    """Checkpoint entries except OCDBT data files, whose names are content hashes."""
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.parent.name != "d"}
+
+
+@pytest.fixture(scope="module", params=[1, 16])
+def saved(request, tmp_path_factory) -> tuple[int, pathlib.Path, dict]:
+    """The SMALL tree saved by plain Orbax and by write_checkpoint, then restored on 3 devices."""
+    devices, out = request.param, tmp_path_factory.mktemp(f"layout{request.param}")
+    saved_report = last_json(run_child(SAVE_BOTH, devices, out))
+    restored = last_json(run_child(RESTORE_BOTH, 3, out))
+    return devices, out, {"save": saved_report, "restore": restored}
+
+
+def test_layout_files_and_metadata_match_plain_orbax(saved):
+    devices, out, _ = saved
+    plain, streamed = out / "plain" / "0", out / "streamed" / "0"
+    assert _tree_files(plain) == _tree_files(streamed)
+    expected_items = {"_METADATA", "manifest.ocdbt", "ocdbt.process_0", "commit_success.txt", "d"}
+    if devices > 1:
+        expected_items |= {"_sharding", "array_metadatas"}
+    assert {p.name for p in (streamed / "items").iterdir()} == expected_items
+    for name in ("_METADATA", "_sharding"):
+        if (plain / "items" / name).exists():
+            assert json.loads((streamed / "items" / name).read_text()) == json.loads(
+                (plain / "items" / name).read_text()), name
+    step_meta = [json.loads((root / "_CHECKPOINT_METADATA").read_text()) for root in (plain, streamed)]
+    assert step_meta[0]["custom_metadata"] == step_meta[1]["custom_metadata"] == {"scan_layers": True}
+    assert step_meta[0]["item_handlers"] == step_meta[1]["item_handlers"]
+
+
+def test_array_metadatas_record_shard_write_shape_and_chunks_inside_it(saved):
+    devices, out, _ = saved
+    if devices == 1:
+        pytest.skip("1-device saves hold numpy leaves: Orbax records no array metadata")
+    read = lambda kind: {m["array_metadata"]["param_name"]: m["array_metadata"] for m in json.loads(
+        (out / kind / "0" / "items" / "array_metadatas" / "process_0").read_text())["array_metadatas"]}
+    plain, streamed = read("plain"), read("streamed")
+    assert plain.keys() == streamed.keys()
+    for name, meta in streamed.items():
+        assert meta["write_shape"] == plain[name]["write_shape"], name
+        assert all(w % c == 0 for w, c in zip(meta["write_shape"], meta["chunk_shape"])), name
+
+
+def test_restores_on_other_device_count_with_same_sharding_and_custom_metadata(saved):
+    devices, _, report = saved
+    plain, streamed = report["restore"]["plain"], report["restore"]["streamed"]
+    assert streamed["custom"] == plain["custom"] == {"scan_layers": True}
+    for name, leaf in streamed["leaves"].items():
+        assert leaf["equal"], name
+        assert leaf["sharding"] == plain["leaves"][name]["sharding"], name
+    assert ("checkpoint_sharding_axis" in streamed["leaves"]["params/params/token_embedder/embedding"]
+            ["sharding"]) == (devices > 1)
+    # Layer-streamed leaf: one layer per chunk, as SaveArgs(shard_axes=(1,)) would give.
+    assert streamed["leaves"]["params/params/decoder/layers/k"]["chunk"] == list(
+        chunk_shape((16, 6, 32), BF16, devices, 1, 1))
+    assert streamed["leaves"]["params/params/decoder/layers/k"]["chunk"][1] == 1
+
+
+def test_on_slab_reports_every_slab_in_order(saved):
+    _, _, report = saved
+    counts: dict[str, list[int]] = {}
+    for name, n in report["save"]["slabs"]:
+        counts.setdefault(name, []).append(n)
+    assert counts == {"k": list(range(6)), "kt": list(range(5)), "embedding": list(range(4)),
+                      "replicated": [0], "step": [0]}
+
+
+MEMORY = """
+import resource
+import ml_dtypes, tensorstore as ts, jax
+from ckptconv.writer import LeafWrite, write_checkpoint
+out = os.environ["OUT"]
+shape = (1024, 32, 4096)
+def layer(l):  # generated on the fly: 8 MiB per layer, never a list of slabs
+    row = ((np.arange(shape[0] * shape[2], dtype=np.int32) + 13 * l) % 251).astype(BF16)
+    return row.reshape(shape[0], 1, shape[2])
+slabs = lambda: ((np.s_[:, l:l + 1, :], layer(l)) for l in range(shape[1]))
+leaf = LeafWrite(("params", "params", "decoder", "layers", "mlp", "wi_0", "kernel"), shape, BF16, 1, slabs)
+jax.devices()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+write_checkpoint(out, [leaf], devices=16, custom_metadata={"scan_layers": True})
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+array = ts.open({"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": "file://" + out + "/0/items/",
+                 "path": ".".join(leaf.path) + "/"}}).result()
+checks = [bool(np.array_equal(array[:, l:l + 1, :].read().result(), layer(l))) for l in (0, 17, 31)]
+print(json.dumps({"before": before, "peak": peak, "leaf": 2 * int(np.prod(shape)), "checks": checks,
+                  "chunk": list(array.chunk_layout.read_chunk.shape)}))
+"""
+
+
+def test_streaming_a_256_mib_leaf_stays_far_below_its_size(tmp_path):
+    report = last_json(run_child(MEMORY, 16, tmp_path / "ckpt"))
+    growth = report["peak"] - report["before"]
+    print(f"RSS before {report['before'] / 2**20:.0f} MiB, peak {report['peak'] / 2**20:.0f} MiB, "
+          f"growth {growth / 2**20:.0f} MiB for a {report['leaf'] / 2**20:.0f} MiB leaf")
+    assert growth < 0.5 * report["leaf"]
+    assert report["checks"] == [True, True, True]
+    assert report["chunk"] == [64, 1, 4096]
+
+
+KILLED = """
+import signal
+from ckptconv.writer import LeafWrite, write_checkpoint
+shape = (256, 16, 1024)
+def slabs():
+    for l in range(shape[1]):
+        if l == 8:
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
+write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, 1, slabs)],
+                 devices=4, custom_metadata={})
+"""
+
+RERUN = """
+import orbax.checkpoint as ocp
+from ckptconv.writer import LeafWrite, write_checkpoint
+out, shape = os.environ["OUT"], (256, 16, 1024)
+steps_before = list(ocp.CheckpointManager(out, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps())
+slabs = lambda: ((np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)) for l in range(shape[1]))
+write_checkpoint(out, [LeafWrite(("params", "params", "w"), shape, BF16, 1, slabs)], devices=4, custom_metadata={})
+manager = ocp.CheckpointManager(out, item_names=("items",))
+restored = manager.restore(0, args=ocp.args.Composite(items=ocp.args.PyTreeRestore(
+    restore_args={"params": {"params": {"w": ocp.RestoreArgs(restore_type=np.ndarray)}}})))
+w = restored["items"]["params"]["params"]["w"]
+print(json.dumps({"steps_before": steps_before, "steps_after": list(manager.all_steps()),
+                  "layer9": bool(np.array_equal(w[:, 9:10], values((shape[0], 1, shape[2]), BF16, 9)))}))
+"""
+
+
+def test_killed_write_leaves_no_step_and_a_rerun_succeeds(tmp_path):
+    out = tmp_path / "ckpt"
+    killed = run_child(KILLED, 4, out)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (out / "0").exists()
+    leftovers = [p.name for p in out.iterdir()]
+    assert leftovers and all(".orbax-checkpoint-tmp" in name for name in leftovers), leftovers
+    report = last_json(run_child(RERUN, 4, out))
+    assert report == {"steps_before": [], "steps_after": [0], "layer9": True}
+    assert [p.name for p in out.iterdir()] == ["0"]  # the interrupted run's tmp dir is gone
+
+
+ERRORS = """
+import orbax.checkpoint as ocp
+from ckptconv.writer import LeafWrite, write_checkpoint
+out, report = os.environ["OUT"], {}
+emb = values((64, 8), np.dtype(np.float32), 0)
+bad = lambda: iter([(np.s_[0:4, :], emb[0:4]), (np.s_[4:6, :], emb[4:6]), (np.s_[6:64, :], emb[6:64])])
+try:
+    write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, bad)], devices=16, custom_metadata={})
+except Exception as error:
+    report["misaligned"] = f"{type(error).__name__}: {error}"
+report["steps_after_error"] = list(ocp.CheckpointManager(out).all_steps())
+good = lambda: iter([(np.s_[0:32, :], emb[0:32]), (np.s_[32:64, :], emb[32:64])])
+write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, good)], devices=16, custom_metadata={})
+try:
+    write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, good)], devices=16, custom_metadata={})
+except FileExistsError as error:
+    report["exists"] = str(error)
+print(json.dumps(report))
+"""
+
+
+def test_misaligned_slab_fails_without_a_step_and_complete_step_is_never_overwritten(tmp_path):
+    report = last_json(run_child(ERRORS, 16, tmp_path / "ckpt"))
+    assert "params/emb" in report["misaligned"] and "cuts through chunks" in report["misaligned"]
+    assert report["steps_after_error"] == []
+    assert "already holds a complete step 0" in report["exists"]
+
+
+def test_chunk_shapes_for_typical_leaves():
+    assert chunk_shape((1024, 28, 3072), BF16, 16, 1, 1) == (64, 1, 3072)
+    rows = slab_rows((151936, 1024), BF16, 16, 0)
+    assert rows % 9496 == 0 and chunk_shape((151936, 1024), BF16, 16, 0, rows) == (9496, 1024)
+    rows = slab_rows((1024, 151936), BF16, 16, 1)
+    assert chunk_shape((1024, 151936), BF16, 16, 1, rows) == (64, rows)
+    assert 151936 % rows == 0 and 1024 * rows * 2 <= 64 * 2**20
+    assert chunk_shape((151936, 1024), BF16, 1) == (151936, 1024)  # whole leaf: as MaxText
+
+
+def test_slab_rows_fit_budget_and_tile_the_shard():
+    for shape, devices, axis in [((151936, 1024), 1, 0), ((4096, 32, 14336), 16, 1), ((7, 3), 16, 0)]:
+        rows = slab_rows(shape, BF16, devices, axis)
+        extent = write_shape(shape, devices)[axis]
+        assert rows >= 1 and (extent % rows == 0 or rows % extent == 0)
+
+
+def test_write_shape_splits_replicated_leaves_like_replica_parallel_orbax():
+    assert write_shape((4, 2, 32, 64), 16) == (4, 2, 2, 64)
+    assert write_shape((3,), 16) == (3,)
+    assert write_shape((), 16) == ()
+    assert write_shape((1024, 30), 16) == (64, 30)
+    assert write_shape((30, 1024), 16) == (30, 64)
+
+
+@pytest.mark.parametrize("leaf, message", [
+    (LeafWrite((), (2,), BF16, None, list), "path must be"),
+    (LeafWrite(("a",), (0, 3), BF16, None, list), "empty"),
+    (LeafWrite(("a",), (2, 3), BF16, 2, list), "stream_axis 2"),
+])
+def test_invalid_leaves_are_rejected_before_any_write(leaf, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        write_checkpoint(str(tmp_path), [leaf], devices=1, custom_metadata={})
+    assert not any(tmp_path.iterdir())
+
+
+def test_duplicate_and_nested_paths_are_rejected(tmp_path):
+    a = LeafWrite(("params", "a"), (2,), BF16, None, list)
+    nested = LeafWrite(("params", "a", "b"), (2,), BF16, None, list)
+    for leaves in ([a, a], [a, nested], [nested, a]):
+        with pytest.raises(ValueError, match="nest|duplicate"):
+            write_checkpoint(str(tmp_path), leaves, devices=1, custom_metadata={})
