@@ -1,0 +1,30 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[prefect,test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: setup
+	$(PY) -m flows.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(PY) bench/compare_maxtext.py
+
+clean:
+	rm -rf demo-out .pytest_cache

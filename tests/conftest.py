@@ -1,0 +1,44 @@
+"""Shared fixtures. Each test module that needs a service registers its fixture module here.
+
+JAX reads its device count once per process: the tests that import JAX in-process get 16
+simulated CPU devices (set here, before anything imports JAX); conversions with other
+device counts run the CLI in a fresh process, as production does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=16")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytest_plugins: list[str] = []
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python -m ckptconv ARGS`` in a fresh process (its own JAX, its own device count)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("XLA_FLAGS", None)  # the CLI sets it from --devices, as in production
+    return subprocess.run([sys.executable, "-m", "ckptconv", *args], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=timeout)
+
+
+@pytest.fixture
+def synth_dir(tmp_path):
+    """Factory: write a synthetic checkpoint and return its directory."""
+    from ckptconv import synth
+
+    def make(model=None, name: str = "src", **kwargs) -> Path:
+        directory = tmp_path / name
+        synth.write_checkpoint(model or synth.SynthModel(), str(directory), **kwargs)
+        return directory
+
+    return make
