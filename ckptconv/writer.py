@@ -1,23 +1,19 @@
 """Write a MaxText-compatible Orbax checkpoint slab by slab, never holding a whole leaf.
 
-MaxText's converter builds every leaf as a sharded ``jax.Array`` and hands the tree to
-``CheckpointManager.save``: peak RAM is the whole model. Here each leaf is a small
-placeholder (:class:`_StreamedLeaf`) that a custom Orbax ``TypeHandler`` writes from a
-generator of slabs, so Orbax still lays out and commits the checkpoint itself: the same
-``_METADATA``, ``_sharding``, ``array_metadatas/`` and OCDBT files MaxText writes,
-the same tmp-dir + rename (or ``commit_success.txt`` on GCS) atomicity.
+MaxText's converter builds every leaf as a sharded ``jax.Array`` before saving: peak RAM
+is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a custom Orbax
+``TypeHandler`` writes from a generator of slabs, so Orbax itself still writes the
+layout (``_METADATA``, ``_sharding``, ``array_metadatas/``, OCDBT) and commits atomically.
 
-Two rules keep memory bounded (see FIELD-NOTES, "Writing a huge stacked leaf"):
-no tensorstore transaction spans a leaf (it would buffer all of it), and no chunk
-spans two slabs along the stream axis (tensorstore would rebuild the chunk per write
-and OCDBT would keep every old version). Slabs must therefore start on chunk
-boundaries: one layer per slab always works; for other axes use :func:`slab_rows`.
+Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
+of it) and no chunk spans two slabs (tensorstore would rebuild the chunk on every write
+and OCDBT would keep each old version): see FIELD-NOTES, "Writing a huge stacked leaf".
 
-Orbax internals used (pin orbax-checkpoint 0.12.8): ``ArrayHandler`` and
-``_async_serialize_shardings`` (jax_array_handlers), ``build_array_write_spec``,
-``calculate_chunk_byte_size`` (tensorstore_utils), ``choose_chunk_shape`` (subchunking),
-``get_process_index_for_subdir`` (ocdbt_utils), ``CommitFutureAwaitingContractedSignals``,
-``create_type_handler_registry`` and ``array_metadata_store.Store``.
+Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and
+_async_serialize_shardings, tensorstore_utils.build_array_write_spec and
+calculate_chunk_byte_size, subchunking.choose_chunk_shape,
+ocdbt_utils.get_process_index_for_subdir, future.CommitFutureAwaitingContractedSignals,
+type_handler_registry.create_type_handler_registry, array_metadata_store.Store.
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ from ckptconv.sharding import MESH_AXIS, partition_spec, shard_shape
 TARGET_FILE_BYTES = 2 * 1024**3
 # Slab size slab_rows() aims for: large enough for few, big chunks, small enough to stream.
 SLAB_BYTES = 64 * 1024**2
-# Two writes in flight overlap producing one slab with writing another (~15% faster)
-# for the price of one extra slab in RAM.
+# Two writes in flight overlap making a slab with writing one: ~15% faster, one slab of RAM.
 WRITES_IN_FLIGHT = 2
 
 Slab = tuple[tuple[slice, ...], np.ndarray]
@@ -58,13 +53,14 @@ Slab = tuple[tuple[slice, ...], np.ndarray]
 class LeafWrite:
     """One leaf of the ``items`` tree and how its data arrives.
 
-    ``slabs()`` yields ``(index, data)`` pairs: ``index`` is a tuple of ``slice`` into the
-    global leaf, ``data`` the array for exactly that region, in ``dtype``. The regions tile
-    the leaf once. With ``stream_axis=None`` one slab holds the whole leaf; otherwise each
-    slab must begin (and end, unless at the leaf's end) on a chunk boundary along
-    ``stream_axis`` and span whole chunks on the other axes: the chunk extent along the
-    stream axis is the gcd of the first slab's extent and the shard's, so uniform slabs of
-    any size work, and :func:`slab_rows` gives a size that also makes good chunks.
+    ``slabs()`` yields ``(index, data)``: ``index`` a tuple of one ``slice`` per axis into
+    the global leaf, ``data`` exactly that region in ``dtype``; the regions tile the leaf
+    once. ``stream_axis=None``: one slab holds the whole leaf. Otherwise the chunk extent
+    along ``stream_axis`` is gcd(first slab's thickness, shard extent), and every slab must
+    start and end on that grid (or at the leaf's end) and span whole chunks on other axes:
+    uniform slabs always do. One layer per slab suits a layer axis; for row blocks take
+    :func:`slab_rows`, since e.g. 32768-row slabs of a 9496-row shard give 8-row chunks.
+    Each slab is copied before the next is requested, so producers may reuse buffers.
     """
 
     path: tuple[str, ...]
@@ -106,23 +102,26 @@ def write_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
     return shard
 
 
+def _slab_local(shape: tuple[int, ...], axis: int | None, rows: int | None) -> tuple[int, ...]:
+    """``shape`` with its ``axis`` extent cut to ``gcd(rows, extent)``: what every slab spans."""
+    if axis is None or rows is None:
+        return shape
+    return shape[:axis] + (math.gcd(rows, shape[axis]),) + shape[axis + 1:]
+
+
 def chunk_shape(shape: tuple[int, ...], dtype: np.dtype, devices: int,
                 stream_axis: int | None = None, rows: int | None = None) -> tuple[int, ...]:
     """Chunk shape written for a leaf whose slabs are ``rows`` thick along ``stream_axis``.
 
-    Orbax's own choice (chunk_byte_size as MaxText sets it) for a write shape whose
-    stream-axis extent is cut to ``gcd(rows, shard extent)``; every chunk lies inside
-    one device's shard and one slab. ``rows=1`` on a layer axis equals
-    ``SaveArgs(shard_axes=(axis,))``.
+    Orbax chunks the "local" shape it is given (with MaxText's chunk_byte_size); the
+    writer gives it the write shape cut along the stream axis, so every chunk lies inside
+    one device's shard and one slab. ``rows=1`` equals ``SaveArgs(shard_axes=(axis,))``.
     """
-    target = write_shape(shape, devices)
-    if stream_axis is not None and rows is not None:
-        cut = math.gcd(rows, target[stream_axis])
-        target = target[:stream_axis] + (cut,) + target[stream_axis + 1:]
+    local = _slab_local(write_shape(shape, devices), stream_axis, rows)
     chunk_bytes = ts_utils.calculate_chunk_byte_size(
-        target, np.dtype(dtype), chunk_byte_size=TARGET_FILE_BYTES,
+        local, np.dtype(dtype), chunk_byte_size=TARGET_FILE_BYTES,
         ocdbt_target_data_file_size=TARGET_FILE_BYTES)
-    return tuple(subchunking.choose_chunk_shape(shape, target, np.dtype(dtype), chunk_bytes))
+    return tuple(subchunking.choose_chunk_shape(shape, local, np.dtype(dtype), chunk_bytes))
 
 
 def slab_rows(shape: tuple[int, ...], dtype: np.dtype, devices: int, stream_axis: int = 0,
@@ -163,9 +162,9 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs,
                      slab_shape: tuple[int, ...]) -> tuple[Any, Any]:
     """Create the leaf's zarr3 array in OCDBT with chunks no thicker than a slab."""
     await info.await_path_creation()
-    local, axis = value.write_shape, value.leaf.stream_axis
-    if axis is not None:  # Orbax chunks the "local" shape: cut it to what one slab spans.
-        local = local[:axis] + (math.gcd(slab_shape[axis], local[axis]),) + local[axis + 1:]
+    axis = value.leaf.stream_axis
+    rows = None if axis is None else slab_shape[axis]
+    local = _slab_local(value.write_shape, axis, rows)  # chunks as chunk_shape() predicts
     spec = ts_utils.build_array_write_spec(
         info, arg, global_shape=value.shape, local_shape=local, dtype=value.dtype,
         use_ocdbt=info.is_ocdbt_checkpoint,
@@ -177,33 +176,33 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs,
 async def _stream_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs) -> Any:
     """Write one leaf slab by slab, ``WRITES_IN_FLIGHT`` at most; return its ArrayMetadata."""
     leaf, store, metadata = value.leaf, None, None
-    in_flight: collections.deque = collections.deque()
-    written = done = 0
+    in_flight: collections.deque = collections.deque()  # (tensorstore future, slab bytes)
+    written = 0
     for index, data in leaf.slabs():
         if store is None:  # the first slab's thickness sets the chunk grid
             store, metadata = await _open_leaf(value, info, arg, data.shape)
         region = _region(leaf, index, data, tuple(metadata.chunk_shape))
         # No transaction: each slab commits on its own, so only slabs in flight use RAM.
-        in_flight.append(store[region].write(data, can_reference_source_data_indefinitely=True))
+        write = store[region].write(data)
+        await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
+        in_flight.append((write, data.nbytes))
         written += data.size
         del data
         while len(in_flight) >= WRITES_IN_FLIGHT:
-            await in_flight.popleft()
-            done = _report(value, done)
+            await _settle(value, *in_flight.popleft())
     while in_flight:
-        await in_flight.popleft()
-        done = _report(value, done)
+        await _settle(value, *in_flight.popleft())
     if written != math.prod(leaf.shape):
         raise ValueError(f"{'/'.join(leaf.path)}: slabs covered {written} of "
                          f"{math.prod(leaf.shape)} elements")
     return dataclasses.replace(metadata, write_shape=value.write_shape)
 
 
-def _report(value: _StreamedLeaf, done: int) -> int:
-    """Tell the caller slab ``done`` is on storage; return the next slab number."""
+async def _settle(value: _StreamedLeaf, write: Any, nbytes: int) -> None:
+    """Wait for one slab to be written, then tell the caller how many bytes it held."""
+    await write
     if value.on_slab is not None:
-        value.on_slab(value.leaf, done)
-    return done + 1
+        value.on_slab(value.leaf, nbytes)
 
 
 class _StreamingHandler(jax_array_handlers.ArrayHandler):
@@ -252,10 +251,9 @@ def _validate(leaves: Sequence[LeafWrite]) -> None:
         name = "/".join(leaf.path) or "<empty path>"
         if not leaf.path or not all(isinstance(key, str) and key for key in leaf.path):
             raise ValueError(f"{name}: path must be a non-empty tuple of non-empty str")
-        if leaf.path in seen or any(leaf.path[:n] in seen for n in range(1, len(leaf.path))):
-            raise ValueError(f"{name}: path duplicates or nests inside another leaf")
-        if any(other[:len(leaf.path)] == leaf.path for other in seen):
-            raise ValueError(f"{name}: another leaf nests inside this path")
+        if any(other[:len(leaf.path)] == leaf.path or leaf.path[:len(other)] == other
+               for other in seen):
+            raise ValueError(f"{name}: path duplicates, or nests with, another leaf's path")
         seen.add(leaf.path)
         if any(dim <= 0 for dim in leaf.shape):
             raise ValueError(f"{name}: shape {leaf.shape} is empty (Orbax refuses zero-size arrays)")
@@ -279,21 +277,26 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: 
                      use_compression: bool = True) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
-    Same layout as MaxText's converter (PyTreeCheckpointHandler, OCDBT + zarr3, one 1-D
-    mesh of ``devices`` simulated devices, ``custom_metadata`` on the step). The process
-    must already run JAX with exactly ``devices`` CPU devices. ``on_slab(leaf, n)`` runs
-    in Orbax's writer thread once slab ``n`` of ``leaf`` is written. Orbax commits
-    atomically; temporary directories of an interrupted earlier run are deleted first,
-    and an existing complete step 0 is an error, never overwritten.
+    Same layout as MaxText's converter: PyTreeCheckpointHandler with OCDBT + zarr3, leaves
+    sharded over a 1-D mesh of ``devices`` (numpy leaves when 1), ``custom_metadata`` on
+    the step. For ``devices > 1`` JAX must already run with exactly that many. Leaves are
+    written one after another; ``on_slab(leaf, nbytes)`` runs in Orbax's writer thread
+    each time a slab of ``nbytes`` is on storage (for progress). Orbax commits atomically
+    (rename locally, ``commit_success.txt`` on GCS); temporary directories left by an
+    interrupted earlier run are deleted first; a complete step 0 is never overwritten.
+    Errors raised by ``slabs()`` propagate unchanged and leave no complete step.
     """
     _validate(leaves)
-    if jax.device_count() != devices:
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    if devices > 1 and jax.device_count() != devices:  # 1 device: numpy leaves, any JAX will do
         raise RuntimeError(f"JAX has {jax.device_count()} devices, expected {devices}: set "
                            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} before JAX starts")
     mesh = Mesh(np.array(jax.devices()), (MESH_AXIS,)) if devices > 1 else None
 
     def placeholder(leaf: LeafWrite) -> _StreamedLeaf:
-        sharding = mesh and NamedSharding(mesh, PartitionSpec(*partition_spec(leaf.shape, devices)))
+        spec = PartitionSpec(*partition_spec(leaf.shape, devices))
+        sharding = NamedSharding(mesh, spec) if mesh is not None else None
         return _StreamedLeaf(leaf, sharding, write_shape(leaf.shape, devices), on_slab)
 
     store = array_metadata_store.Store()
