@@ -72,20 +72,14 @@ class LeafWrite:
 
 @dataclass(frozen=True)
 class _StreamedLeaf:
-    """Placeholder Orbax sees as the leaf value: shape and sharding, no data."""
+    """Placeholder Orbax sees as the leaf value: what the array would be, without its data."""
 
     leaf: LeafWrite
+    shape: tuple[int, ...]  # python ints: they end up in JSON metadata
+    dtype: np.dtype
     sharding: NamedSharding | None  # None: written like MaxText's 1-device numpy leaves
     write_shape: tuple[int, ...]
     on_slab: Callable[[LeafWrite, int], None] | None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.leaf.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.leaf.dtype)
 
 
 def write_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
@@ -140,21 +134,21 @@ def slab_rows(shape: tuple[int, ...], dtype: np.dtype, devices: int, stream_axis
     return max(fitting, default=1)
 
 
-def _region(leaf: LeafWrite, index: tuple[slice, ...], data: np.ndarray,
+def _region(value: _StreamedLeaf, index: tuple[slice, ...], data: np.ndarray,
             chunk: tuple[int, ...]) -> tuple[slice, ...]:
     """Normalise a slab's index and reject slabs that would rewrite part of a chunk."""
-    if not isinstance(index, tuple) or len(index) != len(leaf.shape):
-        raise ValueError(f"{'/'.join(leaf.path)}: slab index {index!r} is not a tuple of "
-                         f"{len(leaf.shape)} slices")
-    region = tuple(slice(*s.indices(dim)[:2]) for s, dim in zip(index, leaf.shape))
+    name, shape = "/".join(value.leaf.path), value.shape
+    if not isinstance(index, tuple) or len(index) != len(shape):
+        raise ValueError(f"{name}: slab index {index!r} is not a tuple of {len(shape)} slices")
+    region = tuple(slice(*s.indices(dim)[:2]) for s, dim in zip(index, shape))
     extents = tuple(s.stop - s.start for s in region)
-    if data.shape != extents or data.dtype != np.dtype(leaf.dtype):
-        raise ValueError(f"{'/'.join(leaf.path)}: slab {index} is {data.dtype}{data.shape}, "
-                         f"expected {np.dtype(leaf.dtype)}{extents}")
-    for s, dim, step in zip(region, leaf.shape, chunk):
+    if data.shape != extents or data.dtype != value.dtype:
+        raise ValueError(f"{name}: slab {index} is {data.dtype}{data.shape}, "
+                         f"expected {value.dtype}{extents}")
+    for s, dim, step in zip(region, shape, chunk):
         if s.start % step or (s.stop % step and s.stop != dim):
-            raise ValueError(f"{'/'.join(leaf.path)}: slab {index} cuts through chunks of "
-                             f"{chunk}; start slabs on multiples of the chunk (see slab_rows)")
+            raise ValueError(f"{name}: slab {index} cuts through chunks of {chunk}; "
+                             "start slabs on multiples of the chunk (see slab_rows)")
     return region
 
 
@@ -181,7 +175,7 @@ async def _stream_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs) -> An
     for index, data in leaf.slabs():
         if store is None:  # the first slab's thickness sets the chunk grid
             store, metadata = await _open_leaf(value, info, arg, data.shape)
-        region = _region(leaf, index, data, tuple(metadata.chunk_shape))
+        region = _region(value, index, data, tuple(metadata.chunk_shape))
         # No transaction: each slab commits on its own, so only slabs in flight use RAM.
         write = store[region].write(data)
         await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
@@ -192,9 +186,9 @@ async def _stream_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs) -> An
             await _settle(value, *in_flight.popleft())
     while in_flight:
         await _settle(value, *in_flight.popleft())
-    if written != math.prod(leaf.shape):
+    if written != math.prod(value.shape):
         raise ValueError(f"{'/'.join(leaf.path)}: slabs covered {written} of "
-                         f"{math.prod(leaf.shape)} elements")
+                         f"{math.prod(value.shape)} elements")
     return dataclasses.replace(metadata, write_shape=value.write_shape)
 
 
@@ -295,12 +289,15 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: 
     mesh = Mesh(np.array(jax.devices()), (MESH_AXIS,)) if devices > 1 else None
 
     def placeholder(leaf: LeafWrite) -> _StreamedLeaf:
-        spec = PartitionSpec(*partition_spec(leaf.shape, devices))
+        shape = tuple(int(dim) for dim in leaf.shape)
+        spec = PartitionSpec(*partition_spec(shape, devices))
         sharding = NamedSharding(mesh, spec) if mesh is not None else None
-        return _StreamedLeaf(leaf, sharding, write_shape(leaf.shape, devices), on_slab)
+        return _StreamedLeaf(leaf, shape, np.dtype(leaf.dtype), sharding,
+                             write_shape(shape, devices), on_slab)
 
     store = array_metadata_store.Store()
-    streaming = _StreamingHandler(store if mesh else None, "jax.Array" if mesh else "np.ndarray")
+    sharded = mesh is not None
+    streaming = _StreamingHandler(store if sharded else None, "jax.Array" if sharded else "np.ndarray")
     registry = type_handler_registry.create_type_handler_registry(
         (_StreamedLeaf, streaming),  # standard handlers last: they own the typestrs
         (np.ndarray, type_handlers.NumpyHandler()),

@@ -56,7 +56,8 @@ def small_leaves(arrays):
     for path, (shape, dtype, axis, rows) in SMALL.items():
         array = arrays[path]
         slabs = layer_slabs(array, axis, rows) if axis is not None else (lambda a=array: [((slice(None),) * a.ndim, a)])
-        leaves.append(LeafWrite(path, shape, dtype, axis, slabs))
+        numpy_ints = tuple(np.int64(dim) for dim in shape)  # as a planner may hand them over
+        leaves.append(LeafWrite(path, numpy_ints, dtype, axis, slabs))
     return leaves
 
 def nest(flat):
