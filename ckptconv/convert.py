@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ckptconv import __version__, destination, devices
 from ckptconv.errors import DestinationExistsError
 from ckptconv.monitor import StageTimer, peak_rss_bytes
-from ckptconv.plan import ConversionPlan, make_plan
+from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, SCAN_AXIS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.slabs import leaf_slabs, prefetch
 from ckptconv.sources import Source, open_source
@@ -84,11 +84,14 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     """Stream every leaf to the writer; returns the time the last slab was written (commit follows)."""
     from ckptconv import writer
 
-    def producer(leaf):
-        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer))
+    def producer(leaf, axis):
+        rows = None if axis is None else writer.slab_rows(leaf.shape, leaf.dtype, request.devices, axis)
+        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer, rows))
 
-    leaves = [writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, 1 if leaf.stacked else leaf.row_axis, producer(leaf))
-              for leaf in plan.leaves]
+    leaves = []
+    for leaf in plan.leaves:
+        axis = SCAN_AXIS if leaf.stacked else leaf.row_axis
+        leaves.append(writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, axis, producer(leaf, axis)))
     by_path = {leaf.path: leaf for leaf in plan.leaves}
     written = dict.fromkeys(by_path, 0)
     last_slab = [timer.wall()]
@@ -104,6 +107,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     writer.write_checkpoint(
         request.destination, leaves, devices=request.devices,
         custom_metadata={"scan_layers": request.scan_layers}, on_slab=on_slab, use_compression=request.compression,
+        extra_items=dict(MAXTEXT_EXTRA_ITEMS),
     )
     end = timer.wall()
     timer.add("write", last_slab[0] - begin)

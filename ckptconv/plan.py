@@ -26,6 +26,8 @@ OUTPUT_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), 
 FLOAT_SOURCE_DTYPES = {np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}
 PARAMS_ROOT = ("params", "params")
 SCAN_AXIS = 1  # MaxText's param_scan_axis: layers stack on axis 1
+# Beside the params MaxText's converter saves its TrainState's other fields: step 0, no optimizer.
+MAXTEXT_EXTRA_ITEMS = {"step": 0, "opt_state": {}}
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,15 @@ PartitionSpec = tuple[str | None, ...]
 def partition_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
     """Return the partition spec MaxText uses for a leaf of ``shape`` on ``devices`` devices.
 
-    ``()`` means replicated. ``devices == 1`` never shards (MaxText writes unsharded then).
+    Replicated is ``(None,)`` as MaxText records it (``P(None)``), or ``()`` for a scalar.
+    ``devices == 1`` never shards (MaxText writes unsharded numpy leaves then).
 
     >>> partition_spec((151936, 1024), 16)
     ('checkpoint_sharding_axis',)
     >>> partition_spec((1000, 32, 64), 16)
     (None, 'checkpoint_sharding_axis')
     >>> partition_spec((3,), 16)
-    ()
+    (None,)
     """
     if devices <= 1 or len(shape) == 0:
         return ()
@@ -31,7 +32,7 @@ def partition_spec(shape: tuple[int, ...], devices: int) -> PartitionSpec:
         return (MESH_AXIS,)
     if len(shape) > 1 and shape[1] % devices == 0:
         return (None, MESH_AXIS)
-    return ()
+    return (None,)
 
 
 def shard_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:

@@ -28,11 +28,11 @@ ROW_BLOCK_BYTES = 64 * 1024 * 1024  # rows of a big 2-D tensor read per slab
 
 
 def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer,
-               row_block_bytes: int = ROW_BLOCK_BYTES, row_multiple: int = 1) -> Iterator[Slab]:
+               rows_per_slab: int | None = None) -> Iterator[Slab]:
     """Yield ``(index, data)`` slabs that tile ``leaf`` exactly once.
 
-    ``row_multiple`` keeps row blocks aligned to the writer's chunk grid so no chunk is
-    written twice.
+    ``rows_per_slab`` sizes row blocks of a single big tensor; the writer picks it so slabs
+    start on its chunk grid (``writer.slab_rows``). By default blocks are ~64 MiB.
     """
     full = tuple(slice(None) for _ in leaf.shape)
     if leaf.stacked:
@@ -42,11 +42,11 @@ def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTime
         return
     info = leaf.sources[0]
     axis = leaf.row_axis
-    if axis is None or not info.shape or info.nbytes <= row_block_bytes:
+    row_bytes = info.nbytes // info.shape[0] if info.shape and info.shape[0] else info.nbytes
+    rows = rows_per_slab or max(1, ROW_BLOCK_BYTES // row_bytes)
+    if axis is None or not info.shape or rows >= info.shape[0]:
         yield full, _convert(leaf, source, spec, timer, info, None)
         return
-    row_bytes = info.nbytes // info.shape[0]
-    rows = max(row_multiple, (row_block_bytes // row_bytes) // row_multiple * row_multiple)
     for start in range(0, info.shape[0], rows):
         stop = min(start + rows, info.shape[0])
         yield full[:axis] + (slice(start, stop),) + full[axis + 1:], _convert(leaf, source, spec, timer, info, slice(start, stop))

@@ -70,12 +70,12 @@ def _stored_leaf(path: tuple[str, ...], meta: Any) -> StoredLeaf:
     spec = getattr(sharding, "partition_spec", None)
     return StoredLeaf(
         path=path,
-        shape=tuple(getattr(meta, "shape", ()) or ()),
+        shape=tuple(int(d) for d in getattr(meta, "shape", ()) or ()),
         dtype=str(getattr(meta, "dtype", "")),
-        mesh_shape=None if sharding is None else tuple(sharding.shape),
-        axis_names=None if sharding is None else tuple(sharding.axis_names),
+        mesh_shape=None if sharding is None else tuple(int(d) for d in sharding.shape),
+        axis_names=None if sharding is None else tuple(str(a) for a in sharding.axis_names),
         partition_spec=None if spec is None else tuple(spec),
-        chunk_shape=None if storage is None or storage.chunk_shape is None else tuple(storage.chunk_shape),
+        chunk_shape=None if storage is None or storage.chunk_shape is None else tuple(int(d) for d in storage.chunk_shape),
     )
 
 

@@ -89,7 +89,7 @@ def write_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
     replicas on its first axis divisible by the device count; we record the same.
     """
     shard = shard_shape(shape, devices)
-    if devices > 1 and not partition_spec(shape, devices):
+    if devices > 1 and MESH_AXIS not in partition_spec(shape, devices):
         axis = next((i for i, dim in enumerate(shard) if dim % devices == 0), None)
         if axis is not None:
             shard = shard[:axis] + (shard[axis] // devices,) + shard[axis + 1:]
@@ -268,7 +268,7 @@ def _tree(leaves: Sequence[LeafWrite], make: Callable[[LeafWrite], Any]) -> dict
 
 def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: int,
                      custom_metadata: dict, on_slab: Callable[[LeafWrite, int], None] | None = None,
-                     use_compression: bool = True) -> None:
+                     use_compression: bool = True, extra_items: dict[str, Any] | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
     Same layout as MaxText's converter: PyTreeCheckpointHandler with OCDBT + zarr3, leaves
@@ -279,6 +279,8 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: 
     (rename locally, ``commit_success.txt`` on GCS); temporary directories left by an
     interrupted earlier run are deleted first; a complete step 0 is never overwritten.
     Errors raised by ``slabs()`` propagate unchanged and leave no complete step.
+    ``extra_items`` are small plain values saved beside the leaves by Orbax's standard
+    handlers (MaxText's ``step`` int and empty ``opt_state``).
     """
     _validate(leaves)
     if devices < 1:
@@ -300,6 +302,7 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: 
     streaming = _StreamingHandler(store if sharded else None, "jax.Array" if sharded else "np.ndarray")
     registry = type_handler_registry.create_type_handler_registry(
         (_StreamedLeaf, streaming),  # standard handlers last: they own the typestrs
+        (int, type_handlers.ScalarHandler()),
         (np.ndarray, type_handlers.NumpyHandler()),
         (jax.Array, type_handlers.ArrayHandler(array_metadata_store=store)))
     handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True,
@@ -312,8 +315,9 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], *, devices: 
         if 0 in manager.all_steps():
             raise FileExistsError(f"{destination} already holds a complete step 0; "
                                   "remove it or choose another destination")
-        tree = _tree(leaves, placeholder)
-        save_args = _tree(leaves, lambda _: ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES))
+        tree = {**(extra_items or {}), **_tree(leaves, placeholder)}
+        save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES), tree,
+                                 is_leaf=lambda node: isinstance(node, _StreamedLeaf))
         manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(
             item=tree, save_args=save_args, ocdbt_target_data_file_size=TARGET_FILE_BYTES)),
             custom_metadata=custom_metadata)

@@ -94,7 +94,7 @@ def maxtext_partition(shape, devices):
         return [AXIS]
     if len(shape) > 1 and shape[1] % devices == 0:
         return [None, AXIS]
-    return []
+    return [None]
 
 
 CASES = [  # model_type, tied, scan, devices, dtype, extra config
