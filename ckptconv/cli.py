@@ -24,8 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     convert = commands.add_parser("convert", help="HF safetensors checkpoint -> MaxText Orbax checkpoint")
-    convert.add_argument("source", help="HF checkpoint directory (config.json + *.safetensors)")
-    convert.add_argument("destination", help="output directory; MaxText loads DST/0/items")
+    convert.add_argument("source", help="HF checkpoint (config.json + *.safetensors): a directory, "
+                         "gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
+    convert.add_argument("destination", help="output directory or gs://BUCKET/DIR; MaxText loads DST/0/items")
     convert.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
     convert.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
                          help="stack layers on axis 1 (MaxText scan_layers=true; default)")
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
     convert.add_argument("--no-compression", dest="compression", action="store_false",
                          help="store raw bytes instead of zstd (faster; larger files)")
+    _hf_token_flag(convert)
 
     inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
     inspect.add_argument("destination")
@@ -44,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("source")
     verify.add_argument("destination")
     verify.add_argument("--json", action="store_true")
+    _hf_token_flag(verify)
 
     plan = commands.add_parser("plan", help="check a source and predict the conversion (no JAX, no writes)")
     plan.add_argument("source")
@@ -51,7 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True)
     plan.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     plan.add_argument("--json", action="store_true")
+    _hf_token_flag(plan)
     return parser
+
+
+def _hf_token_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--hf-token-file", metavar="PATH",
+                         help="file holding a Hugging Face token for hf:// sources (default: HF_TOKEN or a saved login)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +81,7 @@ def _convert(args: argparse.Namespace) -> int:
     report = convert(ConvertRequest(
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
-        compression=args.compression,
+        compression=args.compression, hf_token_file=args.hf_token_file,
     ))
     if report.get("skipped"):
         print(f"{args.destination}: already converted from this source with these options; nothing to do")
@@ -95,7 +104,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from ckptconv.verification import verify
 
-    result = verify(args.source, args.destination)
+    result = verify(args.source, args.destination, hf_token_file=args.hf_token_file)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -110,7 +119,7 @@ def _plan(args: argparse.Namespace) -> int:
     from ckptconv.plan import make_plan
     from ckptconv.sources import open_source
 
-    plan = make_plan(open_source(args.source), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
+    plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
     summary = plan_summary(plan)
     if args.json:
         print(json.dumps(summary, indent=2))

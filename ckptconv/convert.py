@@ -34,6 +34,7 @@ class ConvertRequest:
     overwrite: bool = False
     progress: str = "bar"
     compression: bool = True
+    hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -52,7 +53,7 @@ def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
     timer = StageTimer()
     started = _now()
-    source = open_source(request.source)
+    source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)

@@ -97,12 +97,18 @@ class LocalSource:
             self._fds.clear()
 
 
-def open_source(uri: str) -> Source:
-    """Open a source by URI: a local directory, ``gs://bucket/dir`` or ``hf://org/repo[@rev]``."""
-    for prefix, opener in _SCHEMES.items():
+def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
+    """Open a source by URI: a local directory, ``gs://bucket/dir`` or ``hf://org/repo[@rev]``.
+
+    ``hf_token_file`` names a file holding a hub token (else ``HF_TOKEN`` or a saved login).
+    """
+    for prefix, class_name in _SCHEMES.items():
         if uri.startswith(prefix):
-            return opener(uri)
+            from ckptconv import remote_sources  # imported only when needed: it pulls in the cloud clients
+
+            return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
     return LocalSource(uri)
 
 
-_SCHEMES: dict[str, type] = {}
+# URI prefix -> class in ckptconv.remote_sources (by name, so importing this module stays cheap).
+_SCHEMES: dict[str, str] = {"gs://": "GcsSource", "hf://": "HubSource"}

@@ -44,12 +44,12 @@ class VerifyResult:
                 "bytes": self.bytes_checked, "mismatches": self.mismatches, "seconds": round(self.seconds, 3)}
 
 
-def verify(source_uri: str, dst: str) -> VerifyResult:
+def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> VerifyResult:
     start = time.perf_counter()
     stored, custom = read_metadata(dst)
     by_path = {leaf.path: leaf for leaf in stored}
     dtype = _stored_dtype(stored)
-    source = open_source(source_uri)
+    source = open_source(source_uri, hf_token_file=hf_token_file)
     plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1)
     result = VerifyResult()
     planned = {leaf.path for leaf in plan.leaves}

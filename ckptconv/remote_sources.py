@@ -1,0 +1,351 @@
+"""Sources on Google Cloud Storage (``gs://bucket/dir``) and the Hugging Face hub (``hf://org/repo[@rev]``).
+
+Both list their directory once, when opened, and pin every later read to what that listing
+saw: the GCS object generations, or the hub commit the revision resolved to. A conversion
+therefore reads one consistent snapshot even if someone uploads mid-run, and its report
+says exactly which (``provenance()``).
+
+Reads are ranged GETs streamed straight into a buffer of the requested size: no shard is
+downloaded whole and nothing touches the disk, so memory is what the caller asked for.
+Transient failures (429, 5xx, dropped connections, short bodies) are retried with
+exponential backoff, resuming from the last byte received; anything else fails at once
+with one line naming the file.
+
+Credentials: GCS uses Application Default Credentials (``google.auth.default``). The hub
+uses the token in ``hf_token_file`` if given, else huggingface_hub's own lookup (``HF_TOKEN``,
+then a saved ``hf auth login``). The token lives only in request headers: it is never part
+of a message, a ``repr``, the provenance or anything written.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import quote
+
+from ckptconv.errors import BadInputError, CkptConvError
+
+log = logging.getLogger("ckptconv")
+
+# Files a conversion reads; provenance pins these (a README edit does not change a GCS fingerprint).
+CONFIG_FILE = "config.json"
+CHECKPOINT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+
+Sink = Callable[[bytes], None]
+
+
+def checkpoint_files(names) -> list[str]:
+    """The names among ``names`` that a conversion may read: config and safetensors files."""
+    return sorted(n for n in names if n == CONFIG_FILE or n.endswith(CHECKPOINT_SUFFIXES))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: waits ``first_wait * 2**k`` (capped) between attempts."""
+
+    attempts: int = 6
+    first_wait: float = 0.5
+    max_wait: float = 8.0
+
+    def wait(self, failures: int) -> float:
+        return min(self.max_wait, self.first_wait * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)
+
+
+def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int, Sink], None],
+                is_transient: Callable[[BaseException], bool], policy: RetryPolicy) -> bytearray:
+    """``length`` bytes from ``offset``: ``fetch(start, count, sink)`` streams them into ``sink``.
+
+    A failed or short attempt is retried for the bytes still missing, so a dropped
+    connection late in a 100 MB range costs only the rest of it.
+    """
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    done = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal done
+        end = done + len(chunk)
+        if end > length:
+            raise CkptConvError(f"{where}: server sent more than the {length} bytes asked for at offset {offset}")
+        view[done:end] = chunk
+        done = end
+
+    failures = 0
+    while True:
+        before = done
+        try:
+            fetch(offset + done, length - done, sink)
+            if done == length:
+                return buffer
+            error: BaseException = _ShortRead(f"body ended after {done - before} of {length - before} bytes")
+        except CkptConvError:
+            raise
+        except Exception as err:  # classified just below; the non-transient ones re-raise
+            if not is_transient(err):
+                raise
+            error = err
+        failures = 0 if done > before else failures + 1  # progress resets the count
+        if failures >= policy.attempts:
+            raise CkptConvError(f"{where}: giving up after {failures} failed attempts at byte {offset + done}: "
+                                f"{_one_line(error)}")
+        wait = policy.wait(max(failures, 1))
+        log.warning("%s: transient error at byte %d (%s); retrying in %.1fs", where, offset + done,
+                    _one_line(error), wait)
+        time.sleep(wait)
+
+
+class _ShortRead(Exception):
+    """The server closed a response early without an error; the rest is asked for again."""
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+class GcsSource:
+    """``gs://bucket/dir``, read through google-cloud-storage with generation-pinned ranged GETs."""
+
+    retry = RetryPolicy()
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri.rstrip("/")
+        bucket, _, prefix = self.uri[len("gs://"):].partition("/")
+        if not bucket:
+            raise BadInputError(f"{uri}: expected gs://BUCKET/DIR")
+        self._prefix = f"{prefix}/" if prefix else ""
+        self._client = _gcs_client(uri)
+        self._bucket = self._client.bucket(bucket)
+        self._blobs = {blob.name[len(self._prefix):]: blob for blob in self._list(uri)}
+        if not self._blobs:
+            raise BadInputError(f"{uri}: no files there (empty or missing GCS directory)")
+
+    @classmethod
+    def open(cls, uri: str, *, hf_token_file: str | None = None) -> GcsSource:
+        """Open ``uri`` with Application Default Credentials (``hf_token_file`` is for hf:// only)."""
+        return cls(uri)
+
+    def _list(self, uri: str) -> list:
+        from google.api_core import exceptions as gexc
+
+        try:
+            blobs = self._client.list_blobs(self._bucket, prefix=self._prefix, delimiter="/")
+            return [blob for blob in blobs if not blob.name.endswith("/")]
+        except (gexc.Forbidden, gexc.Unauthorized) as err:
+            raise BadInputError(f"{uri}: permission denied listing the directory ({_one_line(err)}); "
+                                "check the Application Default Credentials") from None
+        except gexc.NotFound:
+            raise BadInputError(f"{uri}: bucket not found") from None
+
+    def _blob(self, name: str):
+        blob = self._blobs.get(name)
+        if blob is None:
+            raise BadInputError(f"{self.uri}/{name}: file not found")
+        return blob
+
+    def exists(self, name: str) -> bool:
+        return name in self._blobs
+
+    def size(self, name: str) -> int:
+        return int(self._blob(name).size)
+
+    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+        from google.api_core import exceptions as gexc
+        from google.cloud.storage.retry import _should_retry  # the library's own "transient" test
+
+        where = f"{self.uri}/{name}"
+        listed = self._blob(name)
+        if offset + length > listed.size:
+            raise BadInputError(f"{where}: file ends at byte {listed.size}, expected {length} bytes "
+                                f"from offset {offset} (truncated?)")
+        if length == 0:
+            return bytearray()
+        pinned = self._bucket.blob(listed.name, generation=listed.generation)
+
+        def fetch(start: int, count: int, sink: Sink) -> None:
+            try:
+                pinned.download_to_file(_SinkFile(sink), start=start, end=start + count - 1, raw_download=True,
+                                        checksum=None, retry=None)
+            except gexc.NotFound:
+                raise CkptConvError(f"{where}: generation {listed.generation} is gone "
+                                    "(the object changed during the conversion?)") from None
+            except (gexc.Forbidden, gexc.Unauthorized) as err:
+                raise BadInputError(f"{where}: permission denied ({_one_line(err)}); "
+                                    "check the Application Default Credentials") from None
+
+        return ranged_read(where, offset, length, fetch, _should_retry, self.retry)
+
+    def list_names(self) -> list[str]:
+        return sorted(self._blobs)
+
+    def provenance(self) -> dict:
+        return {"uri": self.uri, "kind": "gcs",
+                "generations": {name: int(self._blobs[name].generation) for name in checkpoint_files(self._blobs)}}
+
+
+def _gcs_client(uri: str):
+    """A storage client on ADC; reads need no project, so none is required."""
+    import google.auth.exceptions
+    from google.cloud import storage
+
+    try:
+        return storage.Client(project=None)
+    except google.auth.exceptions.DefaultCredentialsError as err:
+        raise BadInputError(f"{uri}: no Google credentials ({_one_line(err)}); run "
+                            "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
+
+
+class _SinkFile:
+    """The file-like object google-cloud-storage downloads into: forwards every write to a sink."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    def write(self, data: bytes) -> int:
+        self._sink(data)
+        return len(data)
+
+
+class HubSource:
+    """``hf://org/repo[@revision]``: the revision resolved once to a commit, files read by HTTP range."""
+
+    retry = RetryPolicy()
+    transient_status = frozenset({408, 429, 500, 502, 503, 504})
+
+    def __init__(self, uri: str, token: str | None = None) -> None:
+        from huggingface_hub import HfApi, constants
+        from huggingface_hub.utils import build_hf_headers
+
+        self.uri = uri.rstrip("/")
+        self.repo, self.revision = parse_hub_uri(self.uri)
+        self._endpoint = constants.ENDPOINT
+        self._headers = build_hf_headers(token=token)  # holds the token; never printed
+        info = self._model_info(HfApi(endpoint=self._endpoint), token)
+        self.commit = info.sha
+        if not self.commit:
+            raise CkptConvError(f"{self.uri}: the hub did not say which commit {self.revision!r} is")
+        self._sizes = {s.rfilename: s.size for s in info.siblings or [] if "/" not in s.rfilename}
+        self._blob_ids = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []}
+
+    @classmethod
+    def open(cls, uri: str, *, hf_token_file: str | None = None) -> HubSource:
+        """Open ``uri``; the token comes from ``hf_token_file``, else HF_TOKEN or a saved login."""
+        return cls(uri, read_token_file(hf_token_file) if hf_token_file else None)
+
+    def _model_info(self, api, token: str | None):
+        from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
+                                            RevisionNotFoundError)
+
+        failures = 0
+        while True:
+            try:
+                return api.model_info(self.repo, revision=self.revision, files_metadata=True, token=token)
+            except RevisionNotFoundError:
+                raise BadInputError(f"{self.uri}: revision {self.revision!r} not found") from None
+            except GatedRepoError:
+                raise BadInputError(f"{self.uri}: gated repository; accept its terms on the hub and pass a token "
+                                    "(HF_TOKEN or --hf-token-file)") from None
+            except RepositoryNotFoundError:
+                raise BadInputError(f"{self.uri}: repository not found, or private and the token (HF_TOKEN or "
+                                    "--hf-token-file) is missing or lacks access") from None
+            except HfHubHTTPError as err:
+                status = err.response.status_code if err.response is not None else None
+                if status in (401, 403):
+                    raise BadInputError(f"{self.uri}: access denied (HTTP {status}); check the token") from None
+                if status not in self.transient_status:
+                    raise CkptConvError(f"{self.uri}: hub API error: {_one_line(err)}") from None
+                error: BaseException = err
+            except Exception as err:
+                if not self._transient(err):
+                    raise
+                error = err
+            failures += 1
+            if failures >= self.retry.attempts:
+                raise CkptConvError(f"{self.uri}: hub API unreachable after {failures} attempts: {_one_line(error)}")
+            time.sleep(self.retry.wait(failures))
+
+    def _transient(self, err: BaseException) -> bool:
+        import httpx2
+
+        return isinstance(err, (httpx2.TransportError, _TransientStatus))
+
+    def _url(self, name: str) -> str:
+        return f"{self._endpoint}/{self.repo}/resolve/{self.commit}/{quote(name)}"
+
+    def exists(self, name: str) -> bool:
+        return name in self._sizes
+
+    def size(self, name: str) -> int:
+        if name not in self._sizes:
+            raise BadInputError(f"{self.uri}/{name}: file not found at commit {self.commit}")
+        size = self._sizes[name]
+        if size is None:
+            raise CkptConvError(f"{self.uri}/{name}: the hub did not report the file size")
+        return size
+
+    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+        from huggingface_hub.utils import get_session
+
+        where = f"{self.uri}/{name}"
+        size = self.size(name)
+        if offset + length > size:
+            raise BadInputError(f"{where}: file ends at byte {size}, expected {length} bytes from offset {offset} "
+                                "(truncated?)")
+        if length == 0:
+            return bytearray()
+        url = self._url(name)
+
+        def fetch(start: int, count: int, sink: Sink) -> None:
+            headers = {**self._headers, "Range": f"bytes={start}-{start + count - 1}"}
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+                status = response.status_code
+                if status in self.transient_status:
+                    raise _TransientStatus(f"HTTP {status}")
+                if status in (401, 403, 404):
+                    raise BadInputError(f"{where}: HTTP {status} reading commit {self.commit} "
+                                        "(token missing or lacks access?)")
+                whole = status == 200 and start == 0 and count == size
+                if status != 206 and not whole:
+                    raise CkptConvError(f"{where}: expected 206 Partial Content for a range read, got HTTP {status}")
+                for chunk in response.iter_bytes():  # as it arrives: a cut keeps what came
+                    sink(chunk)
+
+        return ranged_read(where, offset, length, fetch, self._transient, self.retry)
+
+    def list_names(self) -> list[str]:
+        return sorted(self._sizes)
+
+    def provenance(self) -> dict:
+        return {"uri": self.uri, "kind": "hf", "repo": self.repo, "revision": self.revision,
+                "commit": self.commit,
+                "files": {name: self._blob_ids.get(name) for name in checkpoint_files(self._sizes)}}
+
+
+class _TransientStatus(Exception):
+    """A 429/5xx answer to a ranged read: worth another try."""
+
+
+def parse_hub_uri(uri: str) -> tuple[str, str]:
+    """``hf://org/repo[@revision]`` -> ``("org/repo", revision or "main")``."""
+    repo, _, revision = uri[len("hf://"):].partition("@")
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise BadInputError(f"{uri}: expected hf://ORG/REPO or hf://ORG/REPO@REVISION")
+    return repo, revision or "main"
+
+
+def read_token_file(path: str) -> str:
+    """The hub token stored in ``path`` (surrounding whitespace removed); errors never show it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as err:
+        raise BadInputError(f"{path}: cannot read the hub token file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise BadInputError(f"{path}: the hub token file is not text") from None
+    if not token:
+        raise BadInputError(f"{path}: the hub token file is empty")
+    return token
