@@ -83,12 +83,21 @@ def write_report(report_path: str, report: dict) -> None:
 
 
 def clear(destination: str) -> None:
-    """Remove what ckptconv writes at ``destination`` (step dir, leftovers, report); nothing else."""
+    """Remove what ckptconv writes at ``destination`` (step dir, leftovers, report); nothing else.
+
+    The report goes first: without it nothing reads as complete, so a crash part-way through
+    removing the step (file by file locally, batch by batch on GCS, in no useful order) cannot
+    leave a checkpoint with missing files that still reads as complete.
+    """
     root = path(destination)
     if not root.exists():
         return
+    try:
+        (root / REPORT_NAME).unlink()
+    except FileNotFoundError:
+        pass
     for child in root.iterdir():
-        if child.name in (STEP, REPORT_NAME) or TMP_MARKER in child.name:
+        if child.name == STEP or TMP_MARKER in child.name:
             if child.is_dir():
                 child.rmtree()
             else:

@@ -1,0 +1,135 @@
+"""Crash and rerun: a converting process SIGKILLed part-way never leaves DST reading as complete,
+and rerunning the same command cleans the leftovers, converts again and verifies bit for bit.
+
+How a rerun recovers (by design, see convert.py): Orbax commits a step as a whole (a tmp dir
+renamed into place locally, ``commit_success.txt`` on GCS) and OCDBT files are content-named,
+so a half-written step cannot be continued; the rerun deletes it and starts over. Only our
+report, written last, makes a checkpoint "complete".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ckptconv import destination, synth
+from tests.conftest import ROOT, run_cli
+
+# ~130 MB of bf16 in three shards: about 2 s of writing here, several progress events.
+MEDIUM = synth.SynthModel(vocab_size=32000, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=4,
+                          head_dim=64, intermediate_size=1536)
+
+
+def convert_and_kill(src: str, dst: str, fraction: float, devices: int = 4) -> tuple[int, list[dict]]:
+    """Run ``convert`` and SIGKILL it once its progress reaches ``fraction`` of the bytes.
+
+    Returns the exit status (-9 if the kill landed) and the progress events seen.
+    """
+    env = {**os.environ}
+    env.pop("XLA_FLAGS", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ckptconv", "convert", src, dst, "--devices", str(devices), "--progress", "jsonl"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    events = []
+    try:
+        for line in process.stderr:
+            if not line.startswith("CKPTCONV "):
+                continue
+            event = json.loads(line.removeprefix("CKPTCONV "))
+            events.append(event)
+            if event["event"] == "progress" and event["bytes"] >= fraction * event["total_bytes"] > 0:
+                os.kill(process.pid, signal.SIGKILL)
+                break
+        return process.wait(timeout=120), events
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def assert_incomplete(dst: str) -> None:
+    inspected = run_cli("inspect", dst)
+    assert inspected.returncode == 1 and f"{dst}: INCOMPLETE" in inspected.stdout, inspected.stdout + inspected.stderr
+
+
+def assert_rerun_recovers(src: str, dst: str) -> None:
+    rerun = run_cli("convert", src, dst, "--devices", "4", "--progress", "none")
+    assert rerun.returncode == 0 and "nothing to do" not in rerun.stdout, rerun.stdout + rerun.stderr
+    inspected = run_cli("inspect", dst)
+    assert inspected.returncode == 0 and f"{dst}: complete" in inspected.stdout and "leftovers" not in inspected.stdout
+    verified = run_cli("verify", src, dst)
+    assert verified.returncode == 0 and "verify: OK" in verified.stdout, verified.stdout + verified.stderr
+
+
+@pytest.fixture(scope="module")
+def medium_src(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("medium") / "src"
+    synth.write_checkpoint(MEDIUM, str(directory), max_shard_bytes=50_000_000)
+    return directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.1, 0.6, 1.0], ids=["early", "middle", "all-bytes-before-commit"])
+def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
+    dst = str(tmp_path / "dst")
+    status, events = convert_and_kill(str(medium_src), dst, fraction)
+    assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
+    assert not any(event["event"] == "done" for event in events)
+    state = destination.inspect_state(dst)
+    assert not state.complete and state.leftovers and state.report is None
+    assert_incomplete(dst)
+    assert_rerun_recovers(str(medium_src), dst)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.3, 1.0], ids=["middle", "all-bytes-before-commit"])
+def test_gcs_kill_then_rerun(gcs, medium_src, fraction):
+    src = gcs.upload_dir(medium_src, f"gs://{gcs.new_bucket('src')}/medium")
+    dst = f"gs://{gcs.new_bucket('zoo')}/medium"
+    status, events = convert_and_kill(src, dst, fraction)
+    assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
+    objects = gcs.objects(dst)
+    assert objects and destination.REPORT_NAME not in objects and "0/commit_success.txt" not in objects
+    assert_incomplete(dst)
+    unfinished = run_cli("verify", src, dst)
+    assert unfinished.returncode != 0 and "verify: OK" not in unfinished.stdout
+    assert_rerun_recovers(src, dst)
+
+
+@pytest.mark.slow
+def test_checkpoint_without_report_is_incomplete_and_needs_overwrite(tmp_path, synth_dir):
+    """A crash after Orbax committed but before our report (a window of milliseconds, simulated):
+    never complete; the rerun refuses to guess whose checkpoint it is, ``--overwrite`` redoes it."""
+    src, dst = synth_dir(), tmp_path / "dst"
+    assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
+    (dst / destination.REPORT_NAME).unlink()
+    assert_incomplete(str(dst))
+    refused = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
+    assert refused.returncode == 2 and "--overwrite" in refused.stderr
+    redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", "--overwrite")
+    assert redone.returncode == 0, redone.stderr
+    assert destination.inspect_state(str(dst)).complete
+
+
+def test_crash_while_clearing_never_reads_complete(tmp_path, synth_dir, monkeypatch):
+    """``--overwrite`` removes the report before anything else, so dying mid-removal is never 'complete'."""
+    from etils import epath
+
+    src, dst = synth_dir(), tmp_path / "dst"
+    assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
+    assert destination.inspect_state(str(dst)).complete
+
+    def crash(self, *args, **kwargs):
+        raise KeyboardInterrupt("simulated crash while removing the step")
+
+    monkeypatch.setattr(type(epath.Path(str(dst))), "rmtree", crash)
+    with pytest.raises(KeyboardInterrupt):
+        destination.clear(str(dst))
+    state = destination.inspect_state(str(dst))
+    assert state.checkpoint and not state.complete
