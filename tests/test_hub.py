@@ -62,6 +62,10 @@ def test_revision_with_token_file_converts_and_verifies(tmp_path, hub, private_r
     assert all(call.range and not call.range.endswith("-") for call in hub_calls + cdn_calls
                if "/resolve/" in call.path or call.server == "cdn")
     assert all(f"/{private_repo['v1']}/" in call.path for call in hub_calls + cdn_calls if "resolve" in call.path)
+    # ...and together they read the shard exactly once: header, then each tensor's own bytes.
+    size = hub.repos["org/private"].commits[private_repo["v1"]].files["model.safetensors"].stat().st_size
+    lengths = [int(b) - int(a) + 1 for a, b in (c.range.removeprefix("bytes=").split("-") for c in cdn_calls)]
+    assert sum(lengths) == size and max(lengths) < size / 2
     assert not any(Path(hub.client_env["HF_HOME"]).rglob("*.safetensors"))  # streamed, nothing cached
 
     checked = run_cli("verify", "hf://org/private@v1", str(dst), "--hf-token-file", str(tokens), env=hub.client_env)
