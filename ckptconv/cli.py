@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ckptconv: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `ckptconv inspect DST | head`
+        sys.stderr.close()
+        return 0
 
 
 def _convert(args: argparse.Namespace) -> int:

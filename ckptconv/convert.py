@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices
 from ckptconv.errors import DestinationExistsError
-from ckptconv.monitor import StageTimer, peak_rss_bytes
+from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, SCAN_AXIS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
-from ckptconv.slabs import leaf_slabs, prefetch
+from ckptconv.slabs import SLAB_BYTES, leaf_slabs, prefetch
 from ckptconv.sources import Source, open_source
 
 
@@ -70,6 +70,7 @@ def convert(request: ConvertRequest) -> dict:
     if not state.empty:
         destination.clear(request.destination)
     devices.configure(request.devices)
+    tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     write_done = _write(plan, source, request, timer, progress)
@@ -86,7 +87,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     from ckptconv import writer
 
     def producer(leaf, axis):
-        rows = None if axis is None else writer.slab_rows(leaf.shape, leaf.dtype, request.devices, axis)
+        rows = None if axis is None else writer.slab_rows(leaf.shape, leaf.dtype, request.devices, axis, SLAB_BYTES)
         return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer, rows))
 
     leaves = []

@@ -56,3 +56,24 @@ class StageTimer:
     def as_dict(self) -> dict[str, float]:
         with self._lock:
             return {name: round(value, 3) for name, value in self.seconds.items()}
+
+
+def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
+    """Make freed slab buffers go back to the OS, so RSS tracks what is alive.
+
+    glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MiB),
+    after which slab-sized buffers come from the heap and stay resident when freed; and each
+    tensorstore thread may get its own arena. Fixing the threshold and capping arenas (what
+    ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_ARENA_MAX`` do, but settable after start) keeps the
+    peak at the live data. A no-op where glibc's ``mallopt`` is missing.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_mmap_threshold, m_arena_max = -3, -8
+        libc.mallopt(m_mmap_threshold, mmap_threshold)
+        libc.mallopt(m_arena_max, arenas)
+    except (OSError, AttributeError):
+        pass

@@ -24,7 +24,19 @@ from ckptconv.transforms import apply_steps
 Index = tuple[slice, ...]
 Slab = tuple[Index, np.ndarray]
 
-ROW_BLOCK_BYTES = 64 * 1024 * 1024  # rows of a big 2-D tensor read per slab
+SLAB_BYTES = 16 * 1024 * 1024  # target slab size: big enough for few storage commits, small enough to stream
+ROW_BLOCK_BYTES = SLAB_BYTES
+
+
+def layers_per_slab(leaf: LeafPlan) -> int:
+    """Layers stacked into one slab: the largest divisor of the layer count within ``SLAB_BYTES``.
+
+    Every storage write is an OCDBT commit, so a 2 MiB layer per write is slow; a divisor
+    keeps all slabs the same thickness, which the writer's chunk grid needs.
+    """
+    layers = leaf.shape[SCAN_AXIS]
+    layer_bytes = max(1, leaf.nbytes // layers)
+    return max(k for k in range(1, layers + 1) if layers % k == 0 and (k == 1 or k * layer_bytes <= SLAB_BYTES))
 
 
 def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer,
@@ -36,9 +48,12 @@ def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTime
     """
     full = tuple(slice(None) for _ in leaf.shape)
     if leaf.stacked:
-        for layer, info in enumerate(leaf.sources):
-            data = np.expand_dims(_convert(leaf, source, spec, timer, info, None), SCAN_AXIS)
-            yield full[:SCAN_AXIS] + (slice(layer, layer + 1),) + full[SCAN_AXIS + 1:], data
+        group = layers_per_slab(leaf)
+        for first in range(0, len(leaf.sources), group):
+            slab = np.empty((*leaf.shape[:SCAN_AXIS], group, *leaf.shape[SCAN_AXIS + 1:]), dtype=leaf.dtype)
+            for offset, info in enumerate(leaf.sources[first:first + group]):
+                slab[(slice(None),) * SCAN_AXIS + (offset,)] = _convert(leaf, source, spec, timer, info, None)
+            yield full[:SCAN_AXIS] + (slice(first, first + group),) + full[SCAN_AXIS + 1:], slab
         return
     info = leaf.sources[0]
     axis = leaf.row_axis

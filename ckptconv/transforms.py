@@ -30,8 +30,20 @@ class Step:
     exact: bool = True  # True when the step only moves values (no arithmetic)
 
 
-def _transpose(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    return np.ascontiguousarray(x.T)
+def _transpose(x: np.ndarray, spec: ModelSpec, block: int = 16) -> np.ndarray:
+    """``x.T`` made contiguous, copied in bands of ``block`` rows.
+
+    A plain strided copy of a large matrix misses the cache on every element; bands whose
+    source rows stay in cache copy ~2x faster. 2-byte dtypes are moved as uint16 (bfloat16
+    has no fast copy loop in numpy).
+    """
+    if x.ndim != 2:
+        return np.ascontiguousarray(x.T)
+    raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
+    out = np.empty(raw.shape[::-1], dtype=raw.dtype)
+    for start in range(0, raw.shape[0], block):
+        out[:, start:start + block] = raw[start:start + block].T
+    return out.view(x.dtype)
 
 
 TRANSPOSE = Step("transpose", _transpose, lambda s, spec: tuple(reversed(s)))
