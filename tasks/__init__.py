@@ -1,0 +1,13 @@
+"""Prefect tasks around the ``ckptconv`` CLI: each runs the CLI in a fresh child process.
+
+Nothing here imports JAX or Orbax (not even indirectly): the device count of a conversion is
+fixed when its JAX starts, so every conversion, plan, verify and inspect gets its own process.
+"""
+
+from tasks.checks import inspect_checkpoint, sharding_check, verify_checkpoint
+from tasks.convert import convert_checkpoint
+from tasks.job import Conversion
+from tasks.plan import plan_conversion
+
+__all__ = ["Conversion", "convert_checkpoint", "inspect_checkpoint", "plan_conversion", "sharding_check",
+           "verify_checkpoint"]

@@ -1,0 +1,127 @@
+"""Run ``python -m ckptconv ...`` in a fresh process: its own JAX, its own device count.
+
+The conversion child is started with Popen and reaped with ``os.wait4`` on its pid, so its
+peak RSS comes from the kernel (``ru_maxrss``) for this one child, not from a sampling thread
+and not from ``RUSAGE_CHILDREN`` (a maximum over every child this process ever waited for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ckptconv.devices import device_env
+from tasks.failures import BadInput, ChildFailed, failure
+
+CLI = [sys.executable, "-m", "ckptconv"]
+TAIL_LINES = 40
+
+
+def child_env(devices: int) -> dict[str, str]:
+    """This environment plus the child's device count, glibc arena cap and unbuffered output."""
+    return {**device_env(devices), "MALLOC_ARENA_MAX": "2", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class ChildResult:
+    """How a child ended: exit code (negative: killed by that signal), kernel peak RSS, last lines."""
+
+    returncode: int
+    peak_rss_bytes: int
+    seconds: float
+    tail: list[str] = field(default_factory=list)
+    timed_out: bool = False
+
+    def check(self, what: str, timeout: float | None = None) -> None:
+        """Raise the failure class that matches a non-zero exit (see ``tasks.failures``)."""
+        if self.returncode != 0 or self.timed_out:
+            raise failure(what, self.returncode, self.tail, self.timed_out, timeout)
+
+
+def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, int], None],
+                 timeout: float | None = None) -> ChildResult:
+    """Run the CLI with ``args``; ``on_line(line, pid)`` sees every output line; killed after ``timeout`` s."""
+    start = time.monotonic()
+    proc = subprocess.Popen(CLI + args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace")
+    timed_out = threading.Event()
+    timer = threading.Timer(timeout, _kill, (proc.pid, timed_out)) if timeout else None
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    reaped = False
+    try:
+        if timer:
+            timer.start()
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            tail.append(line)
+            on_line(line, proc.pid)
+        if timer:
+            timer.cancel()
+            timer.join()
+        status, usage = _reap(proc, None if timed_out.is_set() else _remaining(start, timeout), timed_out)
+        reaped = True
+    finally:
+        if timer:
+            timer.cancel()
+        if not reaped:  # an exception (or cancellation) in this thread: never leave the child running
+            _kill(proc.pid, None)
+            _reap(proc, None, None)
+        proc.stdout.close()
+    return ChildResult(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, time.monotonic() - start,
+                       list(tail), timed_out.is_set())
+
+
+def run_json(args: list[str], env: dict[str, str], timeout: float, ok_codes: tuple[int, ...] = (0,)) -> dict:
+    """Run a CLI command that prints JSON on stdout; failures raise the classes in ``tasks.failures``."""
+    what = f"ckptconv {args[0]}"
+    try:
+        done = subprocess.run(CLI + args, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise failure(what, -signal.SIGKILL, [], True, timeout) from None
+    tail = done.stderr.splitlines()[-TAIL_LINES:]
+    if done.returncode not in ok_codes:
+        raise failure(what, done.returncode, tail, False, timeout)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        error = BadInput if done.returncode == 2 else ChildFailed
+        raise error(f"{what}: exit {done.returncode} without JSON output: {(tail or ['no output'])[-1]}") from None
+
+
+def _kill(pid: int, flag: threading.Event | None) -> None:
+    if flag is not None:
+        flag.set()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _remaining(start: float, timeout: float | None) -> float | None:
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+
+
+def _reap(proc: subprocess.Popen, timeout: float | None,
+          timed_out: threading.Event | None) -> tuple[int, os.struct_rusage]:
+    """``wait4`` the child (SIGKILL it first if it outlives ``timeout``); tell Popen it is gone."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        flags = 0 if deadline is None else os.WNOHANG
+        pid, status, usage = os.wait4(proc.pid, flags)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return status, usage
+        if time.monotonic() >= deadline:
+            _kill(proc.pid, timed_out)
+            deadline = None
+        else:
+            time.sleep(0.05)

@@ -1,0 +1,62 @@
+"""The conversion task: one ``ckptconv convert`` in a fresh child process, admitted by memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from typing import Callable
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import task_run
+from prefect.tasks import exponential_backoff
+
+from tasks.admission import admitted, configured_limit, ensure_limit, slots_needed
+from tasks.child import child_env, stream_child
+from tasks.failures import retryable
+from tasks.job import Conversion
+from tasks.progress import PREFIX, ProgressReporter
+
+DEFAULT_TIMEOUT_SECONDS = 6 * 3600
+KILL_HOOK = "CKPTCONV_TEST_KILL_ON_ATTEMPT"
+
+
+@task(name="convert-checkpoint", task_run_name="convert-{job.slug}", cache_policy=NO_CACHE,
+      retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=10), retry_jitter_factor=0.5,
+      retry_condition_fn=retryable)
+def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
+                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
+    """Convert in a child holding its predicted GiB of the worker's memory limit; returns the report."""
+    logger = get_run_logger()
+    limit = ensure_limit(configured_limit())
+    gb = slots_needed(predicted_peak_bytes, limit)
+    logger.info("waiting for %d GB of %s (%d GB)", gb, limit.name, limit.gb)
+    with tempfile.TemporaryDirectory(prefix="ckptconv-") as tmp, admitted(limit, gb) as admission:
+        logger.info("admitted: holding %d GB of %s", gb, limit.name)
+        progress = ProgressReporter(job.slug, logger)
+        report_path = os.path.join(tmp, "report.json")
+        result = stream_child(job.convert_args(report_path), child_env(job.devices),
+                              _kill_hook(progress.on_line), timeout_seconds)
+        result.check(f"ckptconv convert {job.source}", timeout_seconds)
+        with open(report_path) as f:
+            report = json.load(f)
+    progress.finish("skipped: output already complete" if report.get("skipped") else "complete")
+    logger.info("peak RSS: kernel (wait4) %d bytes, report %d bytes", result.peak_rss_bytes, report["peak_rss_bytes"])
+    return {**report, "kernel_peak_rss_bytes": result.peak_rss_bytes, "child_seconds": round(result.seconds, 3),
+            "attempts": task_run.run_count, "admission": admission}
+
+
+def _kill_hook(on_line: Callable[[str, int], None]) -> Callable[[str, int], None]:
+    """Test hook: with CKPTCONV_TEST_KILL_ON_ATTEMPT=N, SIGKILL the child at its first event on attempt N."""
+    attempt = os.environ.get(KILL_HOOK)
+    if not attempt or int(attempt) != task_run.run_count:
+        return on_line
+
+    def killing(line: str, pid: int) -> None:
+        on_line(line, pid)
+        if line.startswith(PREFIX):
+            os.kill(pid, signal.SIGKILL)
+
+    return killing

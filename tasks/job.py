@@ -1,0 +1,40 @@
+"""What to convert and how, in the CLI's words: one value the tasks pass along."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+def slugify(text: str) -> str:
+    """Lowercase letters, digits and single dashes: the only characters artifact keys allow."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "model"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One ``ckptconv convert SOURCE DESTINATION`` with its layout options."""
+
+    source: str
+    destination: str
+    devices: int = 16
+    scan_layers: bool = True
+    dtype: str = "bfloat16"
+    overwrite: bool = False
+    name: str | None = None
+
+    @property
+    def slug(self) -> str:
+        """Stable key for this model's artifacts: ``name``, else the destination's last path part."""
+        return slugify(self.name or self.destination.rstrip("/").rsplit("/", 1)[-1])
+
+    def layout_args(self) -> list[str]:
+        """The CLI flags shared by ``plan`` and ``convert``."""
+        scan = "--scan-layers" if self.scan_layers else "--no-scan-layers"
+        return ["--devices", str(self.devices), scan, "--dtype", self.dtype]
+
+    def convert_args(self, report_path: str) -> list[str]:
+        """``convert`` arguments with machine-readable progress and the report written to ``report_path``."""
+        extra = ["--overwrite"] if self.overwrite else []
+        return ["convert", self.source, self.destination, *self.layout_args(),
+                "--progress", "jsonl", "--report", report_path, *extra]
