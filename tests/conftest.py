@@ -20,7 +20,7 @@ os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytest_plugins: list[str] = ["tests.gcs_server", "tests.hub_server"]
+pytest_plugins: list[str] = ["tests.gcs_server", "tests.hub_server", "tests.prefect_fixtures"]
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -1,0 +1,79 @@
+"""Prefect for the tests: a private PREFECT_HOME, no telemetry, and one session-wide test server.
+
+Registered from ``conftest.py``'s ``pytest_plugins``. Prefect reads its settings when it is
+first imported, so the environment is set in ``pytest_configure``, before test modules load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+
+import pytest
+
+_HOME: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    home = tempfile.mkdtemp(prefix="ckptconv-prefect-home-")
+    _HOME.append(home)
+    os.environ.update({
+        "PREFECT_HOME": home,
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+        "PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "0.3",
+    })
+    os.environ.pop("PREFECT_API_URL", None)  # never a server configured outside the tests
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for home in _HOME:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect server (SQLite) for every flow and task test in the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture
+def memory_limit(monkeypatch):
+    """Factory: point conversions at a fresh memory limit of ``gb`` GB; returns its name."""
+
+    def make(gb: int = 8) -> str:
+        name = f"ckptconv-memory-gb-test-{uuid.uuid4().hex[:8]}"
+        monkeypatch.setenv("CKPTCONV_MEMORY_LIMIT", name)
+        monkeypatch.setenv("CKPTCONV_MEMORY_GB", str(gb))
+        return name
+
+    return make
+
+
+def latest_artifact(key: str):
+    """The newest artifact stored under ``key``, read back through the Prefect client."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                      sort=ArtifactSort.CREATED_DESC, limit=1)
+    assert found, f"no artifact with key {key!r}"
+    return found[0]
+
+
+def task_runs(flow_run_id) -> dict[str, object]:
+    """Task runs of one flow run by name (nested ones included)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run for run in runs}

@@ -1,0 +1,159 @@
+"""The flows and tasks against a real (temporary) Prefect server; artifacts are read back from it.
+
+All tests share one session-wide ``prefect_test_harness`` (tests/prefect_fixtures.py). Every
+conversion, plan, verify and inspect runs ``python -m ckptconv`` in a child process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+
+import pytest
+import yaml
+from prefect import flow
+
+import flows.model
+from flows.model import convert_model
+from flows.zoo import convert_zoo
+from tasks import Conversion, convert_checkpoint
+from tasks.admission import GIB
+from tasks.convert import KILL_HOOK
+from tasks.failures import retryable
+from tasks.progress import ProgressReporter
+from tests.prefect_fixtures import latest_artifact, task_runs
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def _table(key: str) -> list[dict]:
+    artifact = latest_artifact(key)
+    assert artifact.type == "table"
+    return json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+
+
+def test_convert_model_converts_verifies_and_publishes(synth_dir, tmp_path, memory_limit):
+    limit = memory_limit(8)
+    source, destination = synth_dir(), tmp_path / "qwen3-tiny"
+    row = convert_model(source=str(source), destination=str(destination), devices=4, scan_layers=True, dtype="bfloat16")
+    assert (row["model"], row["status"], row["retries"], row["held_gb"]) == ("qwen3-tiny", "complete", 0, 1)
+    assert (destination / "0" / "items" / "_METADATA").exists()
+
+    stages = _table("conversion-qwen3-tiny")
+    assert [r["stage"] for r in stages] == ["plan", "read", "transform", "write", "commit", "total (wall)"]
+    assert all(isinstance(r["seconds"], (int, float)) and r["seconds"] >= 0 for r in stages)
+    total = stages[-1]
+    assert total["bytes"] == 213760 and 50 * 2**20 < total["peak_rss_bytes"] < 2 * GIB  # kernel figure (wait4)
+    report = json.loads((destination / "ckptconv-report.json").read_text())
+    assert total["seconds"] == report["wall_seconds"]
+
+    summary = latest_artifact("conversion-qwen3-tiny-summary").data
+    for text in (f"`{source}` (kind local)", f"`{destination}`", "4 devices, scan_layers=true, bfloat16",
+                 "| verify | OK: 13 leaves, 24 tensors", "(kernel, wait4)", f"held 1 GB of `{limit}` (limit 8 GB)",
+                 "| sharding | 13 leaves sharded over 4 devices, 1 replicated; chunks within shards |",  # + MaxText's step
+                 "| attempts | 1 |"):
+        assert text in summary, text
+    assert latest_artifact("conversion-qwen3-tiny-output").data.endswith(f"(file://{destination})")
+    assert latest_artifact("conversion-qwen3-tiny-progress").data == 100
+
+    again = convert_model(source=str(source), destination=str(destination), devices=4)
+    assert again["status"] == "skipped"
+    summary = latest_artifact("conversion-qwen3-tiny-summary").data
+    assert "| status | skipped" in summary and "| verify | not rerun" in summary
+
+
+def test_progress_artifact_follows_the_child_lines():
+    key = "conversion-progress-probe-progress"
+    seen = []
+
+    @flow
+    def feed() -> None:
+        reporter = ProgressReporter("progress-probe", logging.getLogger("probe"))
+        seen.append(latest_artifact(key).data)
+        for done in (25, 50):
+            reporter.on_line('CKPTCONV {"event": "progress", "tensors": %d, "total_tensors": 100, "bytes": %d, '
+                             '"total_bytes": 100, "rss_bytes": 1000000}' % (done, done), 1234)
+            seen.append(latest_artifact(key).data)
+        reporter.finish("complete")
+        seen.append(latest_artifact(key).data)
+
+    feed()
+    assert seen == [0, 25, 50, 100]
+    assert latest_artifact(key).description == "complete"
+
+
+def test_sigkilled_conversion_is_retried_and_completes(synth_dir, tmp_path, memory_limit, monkeypatch):
+    memory_limit(8)
+    monkeypatch.setenv(KILL_HOOK, "1")  # the task SIGKILLs its child at the child's first event, attempt 1 only
+    # the decorator's backoff (10 s, 20 s, 40 s) without the wait; retries and retry_condition_fn stay as declared
+    monkeypatch.setattr(flows.model, "convert_checkpoint", convert_checkpoint.with_options(retry_delay_seconds=0))
+    assert (flows.model.convert_checkpoint.retries, flows.model.convert_checkpoint.retry_condition_fn) == (3, retryable)
+    destination = tmp_path / "killed-once"
+    state = convert_model(source=str(synth_dir()), destination=str(destination), devices=4, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["retries"] == 1
+    runs = task_runs(state.state_details.flow_run_id)
+    assert runs["convert-killed-once"].run_count == 2
+    assert runs["verify-killed-once"].state.is_completed()
+    summary = latest_artifact("conversion-killed-once-summary").data
+    assert "| attempts | 2 |" in summary and "| verify | OK" in summary
+
+
+def test_bad_input_fails_once_and_its_message_reaches_the_flow_run(synth_dir, tmp_path, memory_limit):
+    memory_limit(8)
+    source = synth_dir(name="broken")
+    os.remove(source / "config.json")
+    state = convert_model(source=str(source), destination=str(tmp_path / "never"), devices=4, return_state=True)
+    assert state.is_failed()
+    assert "BadInput" in state.message and "config.json: missing" in state.message
+    runs = task_runs(state.state_details.flow_run_id)
+    assert runs["plan-never"].run_count == 1 and "convert-never" not in runs
+
+    @flow
+    def convert_directly() -> dict:  # the conversion task on its own: exit 2 is final too
+        return convert_checkpoint(Conversion(str(source), str(tmp_path / "never"), devices=4), GIB)
+
+    state = convert_directly(return_state=True)
+    assert state.is_failed() and "exit 2" in state.message and "config.json: missing" in state.message
+    assert task_runs(state.state_details.flow_run_id)["convert-never"].run_count == 1
+
+
+def test_zoo_packs_by_memory_and_reports_the_broken_model(synth_dir, tmp_path, memory_limit):
+    memory_limit(1)  # each tiny model is predicted at ~0.7 GiB -> 1 GB: the two good ones must take turns
+    models = []
+    for name in ("zoo-a", "zoo-b", "zoo-broken"):
+        source = synth_dir(name=f"src-{name}")
+        models.append({"name": name, "source": str(source), "destination": str(tmp_path / "out" / name)})
+    os.remove(tmp_path / "src-zoo-broken" / "config.json")
+    manifest = tmp_path / "zoo.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "test-zoo", "defaults": {"devices": 4, "pool": "cpu-pool"},
+                                        "models": models}))
+
+    state = convert_zoo(manifest=str(manifest), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("1 of 3 models failed") and "zoo-broken: BadInput" in state.message
+
+    rows = {row["model"]: row for row in _table("zoo-test-zoo")}
+    assert [rows[m]["status"] for m in ("zoo-a", "zoo-b", "zoo-broken")] == ["complete", "complete", "failed"]
+    assert "config.json: missing" in rows["zoo-broken"]["error"] and rows["zoo-broken"]["retries"] == 0
+    for name in ("zoo-a", "zoo-b"):
+        row = rows[name]
+        assert row["error"] is None and row["retries"] == 0 and row["held_gb"] == 1
+        assert row["wall_seconds"] > 0 and 50 < row["peak_rss_mib"] < 2048 and row["output_mib"] == 0.2
+        assert "| verify | OK" in latest_artifact(f"conversion-{name}-summary").data
+    windows = [(dt.datetime.fromisoformat(r["admitted_at"]), dt.datetime.fromisoformat(r["released_at"]), r["held_gb"])
+               for r in rows.values() if r["held_gb"]]
+    assert _max_concurrent_gb(windows) <= 1
+
+
+def _max_concurrent_gb(windows: list[tuple[dt.datetime, dt.datetime, int]]) -> int:
+    """Largest sum of GB held at any instant (a release at t happens before an admission at t)."""
+    events = sorted([(start, 1, gb) for start, _, gb in windows] + [(end, 0, -gb) for _, end, gb in windows])
+    held = peak = 0
+    for _, _, change in events:
+        held += change
+        peak = max(peak, held)
+    return peak
+
