@@ -34,8 +34,7 @@ def demo_model():
 
 
 def main() -> int:
-    for key, value in SETTINGS.items():
-        os.environ.setdefault(key, value)
+    os.environ.update(SETTINGS)
     os.environ.pop("PREFECT_API_URL", None)  # always the temporary local server, never a configured one
     from ckptconv import synth
 

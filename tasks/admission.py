@@ -5,7 +5,8 @@ whose size is the host's RAM in GiB minus some headroom. A conversion occupies
 ``ceil(predicted peak / GiB)`` slots of it while its child runs, so several small models
 share a VM but two that together exceed its RAM never run at once. Settings (environment,
 e.g. a deployment's job variables): ``CKPTCONV_MEMORY_LIMIT`` (name),
-``CKPTCONV_MEMORY_GB`` (size; default RAM minus ``CKPTCONV_MEMORY_HEADROOM_GB``, default 2).
+``CKPTCONV_MEMORY_GB`` (size; default RAM, or the container's memory limit, minus
+``CKPTCONV_MEMORY_HEADROOM_GB``, default 2).
 An existing limit keeps the size it has on the server; a missing one is created.
 """
 
@@ -29,6 +30,7 @@ from tasks.job import slugify
 
 GIB = 1024**3
 DEFAULT_HEADROOM_GB = 2
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,22 @@ def configured_limit(env: Mapping[str, str] = os.environ) -> MemoryLimit:
     name = env.get("CKPTCONV_MEMORY_LIMIT") or f"ckptconv-memory-gb-{slugify(socket.gethostname())}"
     if env.get("CKPTCONV_MEMORY_GB"):
         return MemoryLimit(name, int(env["CKPTCONV_MEMORY_GB"]))
-    ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // GIB
+    ram_gb = ram_bytes() // GIB
     return MemoryLimit(name, max(1, ram_gb - int(env.get("CKPTCONV_MEMORY_HEADROOM_GB", DEFAULT_HEADROOM_GB))))
+
+
+def ram_bytes() -> int:
+    """Physical memory, or the container's cgroup memory limit if that is lower (workers run in containers)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return min(physical, int(text))
+    return physical
 
 
 def ensure_limit(wanted: MemoryLimit) -> MemoryLimit:

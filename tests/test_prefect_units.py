@@ -14,7 +14,7 @@ from prefect.states import Failed
 
 from flows.artifacts import output_link, stage_rows, summary_markdown, zoo_row
 from flows.zoo import ManifestError, load_manifest
-from tasks.admission import GIB, MemoryLimit, configured_limit, slots_needed
+from tasks.admission import GIB, MemoryLimit, configured_limit, ram_bytes, slots_needed
 from tasks.checks import sharding_check
 from tasks.child import child_env, run_json, stream_child
 from tasks.failures import (BadInput, ChildFailed, ChildKilled, ChildTimeout, TooBigForWorker, TransientIOError,
@@ -114,7 +114,7 @@ def test_memory_limit_is_configured_per_host():
     assert configured_limit({"CKPTCONV_MEMORY_GB": "7", "CKPTCONV_MEMORY_LIMIT": "x"}) == MemoryLimit("x", 7)
     default = configured_limit({})
     assert default.name.startswith("ckptconv-memory-gb-") and default.gb >= 1
-    assert configured_limit({"CKPTCONV_MEMORY_HEADROOM_GB": "0"}).gb >= default.gb
+    assert configured_limit({"CKPTCONV_MEMORY_HEADROOM_GB": "0"}).gb == default.gb + 2 == ram_bytes() // GIB
 
 
 def _leaf(name, shape, mesh, spec, chunk):
