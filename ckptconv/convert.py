@@ -88,7 +88,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
 
     def producer(leaf, axis):
         rows = None if axis is None else writer.slab_rows(leaf.shape, leaf.dtype, request.devices, axis, SLAB_BYTES)
-        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer, rows))
+        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer, rows, request.devices))
 
     leaves = []
     for leaf in plan.leaves:

@@ -17,6 +17,7 @@ import numpy as np
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import SCAN_AXIS, LeafPlan
 from ckptconv.safetensors_io import read_tensor
+from ckptconv.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.sources import Source
 from ckptconv.spec import ModelSpec
 from ckptconv.transforms import apply_steps
@@ -40,20 +41,17 @@ def layers_per_slab(leaf: LeafPlan) -> int:
 
 
 def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer,
-               rows_per_slab: int | None = None) -> Iterator[Slab]:
+               rows_per_slab: int | None = None, devices: int = 1) -> Iterator[Slab]:
     """Yield ``(index, data)`` slabs that tile ``leaf`` exactly once.
 
     ``rows_per_slab`` sizes row blocks of a single big tensor; the writer picks it so slabs
-    start on its chunk grid (``writer.slab_rows``). By default blocks are ~64 MiB.
+    start on its chunk grid (``writer.slab_rows``). By default blocks are ~``SLAB_BYTES``.
+    ``devices`` lets a layer bigger than ``SLAB_BYTES`` go out in pieces of whole device
+    shards (its chunks never cross a shard), so the write queue never holds whole layers.
     """
     full = tuple(slice(None) for _ in leaf.shape)
     if leaf.stacked:
-        group = layers_per_slab(leaf)
-        for first in range(0, len(leaf.sources), group):
-            slab = np.empty((*leaf.shape[:SCAN_AXIS], group, *leaf.shape[SCAN_AXIS + 1:]), dtype=leaf.dtype)
-            for offset, info in enumerate(leaf.sources[first:first + group]):
-                slab[(slice(None),) * SCAN_AXIS + (offset,)] = _convert(leaf, source, spec, timer, info, None)
-            yield full[:SCAN_AXIS] + (slice(first, first + group),) + full[SCAN_AXIS + 1:], slab
+        yield from _stacked_slabs(leaf, source, spec, timer, devices, full)
         return
     info = leaf.sources[0]
     axis = leaf.row_axis
@@ -65,6 +63,33 @@ def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTime
     for start in range(0, info.shape[0], rows):
         stop = min(start + rows, info.shape[0])
         yield full[:axis] + (slice(start, stop),) + full[axis + 1:], _convert(leaf, source, spec, timer, info, slice(start, stop))
+
+
+def _stacked_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer, devices: int,
+                   full: Index) -> Iterator[Slab]:
+    group = layers_per_slab(leaf)
+    if group == 1:
+        pieces = _shard_pieces(leaf, devices)
+        for layer, info in enumerate(leaf.sources):
+            data = np.expand_dims(_convert(leaf, source, spec, timer, info, None), SCAN_AXIS)
+            for rows in pieces:
+                yield (rows, slice(layer, layer + 1)) + full[SCAN_AXIS + 1:], data[rows]
+        return
+    for first in range(0, len(leaf.sources), group):
+        slab = np.empty((*leaf.shape[:SCAN_AXIS], group, *leaf.shape[SCAN_AXIS + 1:]), dtype=leaf.dtype)
+        for offset, info in enumerate(leaf.sources[first:first + group]):
+            slab[(slice(None),) * SCAN_AXIS + (offset,)] = _convert(leaf, source, spec, timer, info, None)
+        yield full[:SCAN_AXIS] + (slice(first, first + group),) + full[SCAN_AXIS + 1:], slab
+
+
+def _shard_pieces(leaf: LeafPlan, devices: int) -> list[slice]:
+    """Axis-0 ranges of whole device shards, ~``SLAB_BYTES`` each, covering one layer."""
+    extent = shard_shape(leaf.shape, devices)[0]
+    if MESH_AXIS not in partition_spec(leaf.shape, devices)[:1]:
+        return [slice(None)]
+    shard_bytes = leaf.nbytes // leaf.shape[SCAN_AXIS] // devices
+    step = extent * max(1, SLAB_BYTES // max(1, shard_bytes))
+    return [slice(start, min(start + step, leaf.shape[0])) for start in range(0, leaf.shape[0], step)]
 
 
 def _convert(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer, info, rows: slice | None) -> np.ndarray:
