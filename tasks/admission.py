@@ -16,6 +16,7 @@ import datetime as dt
 import math
 import os
 import socket
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Mapping
@@ -30,6 +31,7 @@ from tasks.job import slugify
 
 GIB = 1024**3
 DEFAULT_HEADROOM_GB = 2
+_CREATING = threading.Lock()  # one creator per process: concurrent zoo entries would race
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
 
 
@@ -66,7 +68,7 @@ def ram_bytes() -> int:
 
 def ensure_limit(wanted: MemoryLimit) -> MemoryLimit:
     """Create the limit if the server lacks it; return it as the server has it."""
-    with get_client(sync_client=True) as client:
+    with _CREATING, get_client(sync_client=True) as client:
         try:
             return MemoryLimit(wanted.name, client.read_global_concurrency_limit_by_name(wanted.name).limit)
         except ObjectNotFound:
@@ -74,7 +76,7 @@ def ensure_limit(wanted: MemoryLimit) -> MemoryLimit:
         try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=wanted.name, limit=wanted.gb))
             return wanted
-        except ObjectAlreadyExists:  # another conversion on this worker created it first
+        except ObjectAlreadyExists:  # another process on this worker created it first
             return MemoryLimit(wanted.name, client.read_global_concurrency_limit_by_name(wanted.name).limit)
 
 
