@@ -64,7 +64,7 @@ def failure(what: str, returncode: int, tail: list[str], timed_out: bool, timeou
     if timed_out:
         return ChildTimeout(f"{what}: no result after {timeout:g} s; the child was killed")
     if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else "?"
+        name = _signal_name(-returncode)
         hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
         return ChildKilled(f"{what}: killed by {name} (exit {returncode}){hint}")
     message = f"{what}: exit {returncode}: {error_line(tail)}"
@@ -73,3 +73,10 @@ def failure(what: str, returncode: int, tail: list[str], timed_out: bool, timeou
     if any(TRANSIENT.search(line) for line in tail[-20:]):
         return TransientIOError(message)
     return ChildFailed(message)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
