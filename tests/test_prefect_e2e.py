@@ -78,9 +78,13 @@ def test_deployed_convert_model_runs_on_a_process_worker(prefect_api, synth_dir,
     config = (ROOT / "deploy" / "prefect.yaml").read_text()
     assert "directory: /opt/ckptconv" in config
     (tmp_path / "prefect.yaml").write_text(config.replace("directory: /opt/ckptconv", f"directory: {ROOT}"))
-    deployed = _prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(tmp_path / "prefect.yaml"), env=env)
-    for name in ("convert-model/convert-model-cpu", "convert-model/convert-model-tpu", "convert-zoo/nightly-zoo"):
-        assert f"Deployment '{name}' successfully created" in deployed.replace("\n", " ").replace("│", "").replace("  ", " ")
+    _prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(tmp_path / "prefect.yaml"), env=env)
+    deployments = {name: httpx.get(f"{api}/deployments/name/{name}", timeout=10).json() for name in (
+        "convert-model/convert-model-cpu", "convert-model/convert-model-tpu", "convert-zoo/nightly-zoo")}
+    assert [d["work_pool_name"] for d in deployments.values()] == ["cpu-pool", "tpu-pool", "cpu-pool"]
+    assert deployments["convert-model/convert-model-cpu"]["job_variables"]["env"]["MALLOC_ARENA_MAX"] == "2"
+    schedule = deployments["convert-zoo/nightly-zoo"]["schedules"][0]["schedule"]
+    assert (schedule["cron"], schedule["timezone"]) == ("0 2 * * *", "Europe/Zurich")
 
     source, destination = synth_dir(), tmp_path / "e2e-out"
     started = _prefect("deployment", "run", "convert-model/convert-model-cpu", "--param", f"source={source}",
