@@ -27,4 +27,4 @@ bench: setup
 	$(PY) bench/compare_maxtext.py
 
 clean:
-	rm -rf demo-out .pytest_cache
+	rm -rf demo-out .pytest_cache .prefect

@@ -6,6 +6,7 @@ whatever is already at the destination (skip, refuse, or clean leftovers and wri
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -51,6 +52,7 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 
 def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
+    request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     timer = StageTimer()
     started = _now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)

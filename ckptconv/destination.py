@@ -9,6 +9,7 @@ Works on local paths and ``gs://`` through ``etils.epath`` (fsspec/gcsfs), as Or
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from etils import epath
@@ -17,6 +18,11 @@ STEP = "0"
 REPORT_NAME = "ckptconv-report.json"
 COMMIT_MARKER = "commit_success.txt"
 TMP_MARKER = ".orbax-checkpoint-tmp"
+
+
+def absolute(destination: str) -> str:
+    """``destination`` as Orbax needs it: URIs unchanged, local paths made absolute."""
+    return destination if "://" in destination else os.path.abspath(destination)
 
 
 def path(destination: str) -> epath.Path:

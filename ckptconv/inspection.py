@@ -11,6 +11,7 @@ from ckptconv.stored import read_metadata
 
 
 def inspect_checkpoint(dst: str) -> dict:
+    dst = destination.absolute(dst)
     state = destination.inspect_state(dst)
     result = {"destination": dst, "complete": state.complete, "leftovers": list(state.leftovers),
               "report": state.report, "custom_metadata": {}, "leaves": []}

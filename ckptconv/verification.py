@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ckptconv import destination
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import OUTPUT_DTYPES, make_plan
 from ckptconv.slabs import leaf_slabs
@@ -46,6 +47,7 @@ class VerifyResult:
 
 def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> VerifyResult:
     start = time.perf_counter()
+    dst = destination.absolute(dst)
     stored, custom = read_metadata(dst)
     by_path = {leaf.path: leaf for leaf in stored}
     dtype = _stored_dtype(stored)

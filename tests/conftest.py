@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 pytest_plugins: list[str] = ["tests.gcs_server", "tests.hub_server", "tests.prefect_fixtures"]
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run ``python -m ckptconv ARGS`` in a fresh process (its own JAX, its own device count)."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("XLA_FLAGS", None)  # the CLI sets it from --devices, as in production
     return subprocess.run([sys.executable, "-m", "ckptconv", *args], capture_output=True, text=True,
-                          env=full_env, cwd=ROOT, timeout=timeout)
+                          env=full_env, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture

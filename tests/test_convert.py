@@ -162,3 +162,13 @@ def test_sharded_index_checkpoint_and_rerun(tmp_path, synth_dir):
     assert replaced.returncode == 0, replaced.stderr
     assert json.loads((dst / "ckptconv-report.json").read_text())["devices"] == 1
     assert run_cli("verify", str(src), str(dst)).returncode == 0
+
+
+def test_relative_destination(tmp_path, synth_dir):
+    """Orbax wants absolute paths; the CLI accepts what a user types."""
+    src = synth_dir()
+    result = run_cli("convert", str(src), "out/model", "--devices", "1", "--progress", "none", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "model" / "0" / "items" / "_METADATA").exists()
+    assert run_cli("verify", str(src), "out/model", cwd=tmp_path).returncode == 0
+    assert run_cli("inspect", "out/model", cwd=tmp_path).returncode == 0
