@@ -60,6 +60,7 @@ MAXTEXT_MARKS = [
     ("Starting weight transformation", "transform"),
     ("Weight transformation preparation complete", "transform done"),
     ("Starting checkpoint save", "save"),
+    ("Shard weights across", "shard to devices"),
     ("Conversion complete", "done"),
 ]
 # Offline and hermetic: no hub, no GCE metadata server probes (dead loopback port), no telemetry.
@@ -86,6 +87,7 @@ class Run:
     wall_seconds: float = 0.0
     peak_rss_bytes: int = 0
     sampled_peak_bytes: int = 0
+    cpu_seconds: float = 0.0  # user + system of the child (ru_utime + ru_stime): the work, whatever the load
     killed: str | None = None  # "timeout" / "rss cap" when the harness killed it
     load_before: list[float] = field(default_factory=list)
     load_after: list[float] = field(default_factory=list)
@@ -114,6 +116,7 @@ def measure(run: Run, env: dict[str, str], *, timeout: float, rss_cap: int | Non
     start = time.monotonic()
     proc = subprocess.Popen(run.cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
+    _oom_first(proc.pid)
     samples: list[tuple[float, int]] = []
     done = threading.Event()
 
@@ -152,7 +155,7 @@ def measure(run: Run, env: dict[str, str], *, timeout: float, rss_cap: int | Non
                     run.marks.append((round(t, 3), label))
                     break
 
-    with open(log_path, "w") as log:
+    with open(log_path, "w", buffering=1) as log:
         log.write("$ " + " ".join(run.cmd) + "\n")
         threads = [threading.Thread(target=sampler, daemon=True), threading.Thread(target=reader, args=(log,), daemon=True)]
         for thread in threads:
@@ -165,12 +168,23 @@ def measure(run: Run, env: dict[str, str], *, timeout: float, rss_cap: int | Non
             thread.join(timeout=10)
     run.returncode = proc.returncode
     run.peak_rss_bytes = usage.ru_maxrss * 1024
+    run.cpu_seconds = round(usage.ru_utime + usage.ru_stime, 2)
     run.sampled_peak_bytes = max((r for _, r in samples), default=0)
     run.load_after = [round(x, 2) for x in os.getloadavg()]
     status_text = "ok" if run.ok else f"FAILED (exit {run.returncode}{', ' + run.killed if run.killed else ''})"
-    print(f"  {run.name:<28} wall {run.wall_seconds:7.1f} s  peak RSS {run.peak_rss_bytes / GIB:6.2f} GiB  "
+    print(f"  {run.name:<28} wall {run.wall_seconds:7.1f} s  cpu {run.cpu_seconds:7.1f} s  "
+          f"peak RSS {run.peak_rss_bytes / GIB:6.2f} GiB  "
           f"load {run.load_before[0]:.1f}->{run.load_after[0]:.1f}  {status_text}", flush=True)
     return run, samples
+
+
+def _oom_first(pid: int) -> None:
+    """Make the benchmarked child the kernel's first OOM victim, before anyone else's work on a shared machine."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
 
 
 def _vm_rss(pid: int) -> int | None:
@@ -332,7 +346,7 @@ def bench_small(ctx: dict, args, results: dict) -> None:
     if not args.keep_outputs:
         for tool in ("ckptconv", "maxtext-lazy", "maxtext-eager"):
             _rm(WORK / "out" / _out_name(tool, shape, last))
-    plot(ctx, plot_samples, results)
+    plot(ctx, plot_samples, results, "0.6b", "qwen3-0.6b shape")
 
 
 def _out_name(tool: str, shape: str, index: int) -> str:
@@ -372,41 +386,45 @@ def bench_large(ctx: dict, args, results: dict) -> None:
     results["inputs"][shape] = {"path": str(src), "bytes": dir_bytes(src)}
     print(f"\n== {shape}: {src} ({dir_bytes(src) / GIB:.2f} GiB); {args.repeats_8b} rounds of cp and ckptconv",
           flush=True)
+    plot_samples = {}
     for i in range(args.repeats_8b):
         run, _ = run_cp(shape, i, src, args.timeout_8b)
         results["runs"].append(asdict(run))
-        run, _ = run_ckptconv(shape, i, src, ctx["mt_env"], args.timeout_8b)
+        run, samples = run_ckptconv(shape, i, src, ctx["mt_env"], args.timeout_8b)
         results["runs"].append(asdict(run))
+        plot_samples.setdefault("ckptconv", []).append((run, samples))
         _rm(WORK / "out" / _out_name("ckptconv", shape, i))
     if args.maxtext_8b == "skip":
         results["notes"].append("MaxText 8B not run (--maxtext-8b skip)")
+        plot(ctx, plot_samples, results, shape, "Llama-3-8B shape")
         return
-    cap = min(int(args.maxtext_8b_cap_gib * GIB), mem_available() - 4 * GIB)
+    cap = min(int(args.maxtext_8b_cap_gib * GIB), mem_available() - 3 * GIB)
     results["maxtext_8b_cap_bytes"] = cap
     print(f"  MaxText lazy on 8B, killed if RSS > {cap / GIB:.1f} GiB or after {args.maxtext_8b_timeout:.0f} s", flush=True)
     run, samples = run_maxtext(ctx, shape, 0, src, True, args.maxtext_8b_timeout, cap)
     results["runs"].append(asdict(run))
-    results["maxtext_8b_samples"] = samples[::10]
+    plot_samples["maxtext-lazy"] = [(run, samples)]
     _rm(WORK / "out" / _out_name("maxtext-lazy", shape, 0))
+    plot(ctx, plot_samples, results, shape, "Llama-3-8B shape")
 
 
-def plot(ctx: dict, plot_samples: dict, results: dict) -> None:
-    """RSS over time of the median-wall run of each tool on 0.6B, drawn by plot_rss.py in MaxText's venv."""
+def plot(ctx: dict, plot_samples: dict, results: dict, shape: str, title: str) -> None:
+    """RSS over time of the median-wall run of each tool, drawn by plot_rss.py in MaxText's venv."""
     colors = {"ckptconv": "tab:green", "maxtext-lazy": "tab:blue", "maxtext-eager": "tab:red"}
     series = []
     for tool, runs in plot_samples.items():
         ok = [(run, samples) for run, samples in runs if run.ok] or runs
         run, samples = sorted(ok, key=lambda rs: rs[0].wall_seconds)[len(ok) // 2]
-        series.append({"label": f"{tool} (run {run.index})", "color": colors[tool], "t": [t for t, _ in samples],
+        label = f"{tool} (run {run.index})" + ("" if run.ok else f", killed: {run.killed}" if run.killed else f", exit {run.returncode}")
+        series.append({"label": label, "color": colors[tool], "t": [t for t, _ in samples],
                        "rss": [r for _, r in samples], "peak": run.peak_rss_bytes, "markers": run.marks})
-    data = {"title": "qwen3-0.6b shape, 16 simulated devices: RSS every 50 ms (/proc/PID/status VmRSS)",
-            "series": series}
-    data_path = WORK / "rss_0.6b.json"
+    data = {"title": f"{title}, 16 simulated devices: RSS every 50 ms (/proc/PID/status VmRSS)", "series": series}
+    data_path = WORK / f"rss_{shape}.json"
     data_path.write_text(json.dumps(data))
-    proc = subprocess.run([ctx["mt_python"], str(BENCH / "plot_rss.py"), str(data_path), str(BENCH / "rss_0.6b.png")],
+    proc = subprocess.run([ctx["mt_python"], str(BENCH / "plot_rss.py"), str(data_path), str(BENCH / f"rss_{shape}.png")],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        results["notes"].append("plot failed: " + proc.stderr.strip().splitlines()[-1])
+        results["notes"].append(f"plot {shape} failed: " + proc.stderr.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,10 +446,11 @@ def summarise(results: dict) -> dict:
                 "runs": len(runs), "ok": sum(r["returncode"] == 0 and r["killed"] is None for r in runs),
                 "wall": median_of(runs, lambda r: r["wall_seconds"]),
                 "rss": median_of(runs, lambda r: r["peak_rss_bytes"]),
+                "cpu": median_of(runs, lambda r: r.get("cpu_seconds", 0.0)),
                 "walls": [r["wall_seconds"] for r in runs], "rsss": [r["peak_rss_bytes"] for r in runs],
                 "failures": [f"{r['name']}: exit {r['returncode']}" + (f", killed: {r['killed']}" if r["killed"] else "")
                              + f" after {r['wall_seconds']:.0f} s at {r['peak_rss_bytes'] / GIB:.2f} GiB"
-                             + (f" (last stage: {r['marks'][-1][1]})" if r["marks"] else "")
+                             + (f" (last stage: {r['marks'][-1][1]}{_last_progress(r['last_lines'])})" if r["marks"] else "")
                              for r in runs if not (r["returncode"] == 0 and r["killed"] is None)],
             }
             stage_runs = [r["report"]["stage_seconds"] for r in runs if r.get("report")]
@@ -439,6 +458,12 @@ def summarise(results: dict) -> dict:
                 rows[(shape, tool)]["stages"] = {k: statistics.median(s[k] for s in stage_runs) for k in stage_runs[0]}
                 rows[(shape, tool)]["report_wall"] = statistics.median(r["report"]["wall_seconds"] for r in runs if r.get("report"))
     return rows
+
+
+def _last_progress(lines: list[str]) -> str:
+    """The last tqdm count a child printed (``5/12``), if any: how far a killed run got."""
+    found = re.findall(r"(\d+)/(\d+) \[", "\n".join(lines))
+    return f", progress bar at {found[-1][0]}/{found[-1][1]}" if found else ""
 
 
 def targets(rows: dict) -> list[tuple[str, str, str, bool | None]]:
@@ -494,12 +519,14 @@ def write_results(results: dict, path: Path) -> None:
     lines += ["", "## Medians", "",
               "Peak RSS is the kernel's high-water mark of each child (`os.wait4` ru_maxrss); wall is measured "
               "from outside, process start to exit (Python start-up and imports included, the same for both tools).",
-              "", "| shape | tool | runs ok | median wall (s) | median peak RSS (GiB) | walls (s) | peak RSS (GiB) |",
-              "|---|---|---|---|---|---|---|"]
+              "CPU is the child's user + system seconds (rusage): the work done, less sensitive to other load than wall.",
+              "", "| shape | tool | runs ok | median wall (s) | median peak RSS (GiB) | median CPU (s) | walls (s) | peak RSS (GiB) |",
+              "|---|---|---|---|---|---|---|---|"]
     for (shape, tool), row in rows.items():
         wall = f"{row['wall']:.1f}" if row["wall"] else "-"
         rss = f"{row['rss'] / GIB:.2f}" if row["rss"] else "-"
-        lines.append(f"| {shape} | {tool} | {row['ok']}/{row['runs']} | {wall} | {rss} | "
+        cpu = f"{row['cpu']:.1f}" if row["cpu"] else "-"
+        lines.append(f"| {shape} | {tool} | {row['ok']}/{row['runs']} | {wall} | {rss} | {cpu} | "
                      f"{', '.join(f'{w:.1f}' for w in row['walls'])} | {', '.join(f'{r / GIB:.2f}' for r in row['rsss'])} |")
     lines += ["", "Ratios ours / theirs (medians):", ""]
     for shape in SHAPES:
@@ -536,14 +563,18 @@ def write_results(results: dict, path: Path) -> None:
     lines += ["", "## RSS over time (0.6B)", "", "![RSS over time](rss_0.6b.png)", "",
               "Median-wall run of each tool, sampled every 50 ms; dashed: the kernel high-water mark; dotted: stage marks "
               "(ckptconv's `--progress jsonl` events, MaxText's log lines).", ""]
+    if (BENCH / "rss_8b.png").exists() and "8b" in results["inputs"]:
+        lines += ["## RSS over time (8B)", "", "![RSS over time, 8B](rss_8b.png)", ""]
     if results.get("maxtext_8b_cap_bytes"):
         lines += [f"MaxText on 8B ran under a watchdog: SIGKILL when RSS passed {results['maxtext_8b_cap_bytes'] / GIB:.1f} GiB "
-                  "(min of the cap and MemAvailable - 4 GiB at that moment) or after the timeout.", ""]
-    lines += ["## All runs", "", "| run | exit | wall (s) | peak RSS (GiB) | sampled peak (GiB) | load before | load after |",
-              "|---|---|---|---|---|---|---|"]
+                  "(the smaller of `--maxtext-8b-cap-gib` and MemAvailable - 3 GiB at that moment) or after the timeout, so a "
+                  "killed run needed more than that: its peak is a lower bound. Every benchmarked child runs with "
+                  "`oom_score_adj=1000`, so on a shared machine the kernel would pick it before anyone else's work.", ""]
+    lines += ["## All runs", "", "| run | exit | wall (s) | CPU (s) | peak RSS (GiB) | sampled peak (GiB) | load before | load after |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         exit_ = str(r["returncode"]) + (f" ({r['killed']})" if r["killed"] else "")
-        lines.append(f"| {r['name']} | {exit_} | {r['wall_seconds']:.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
+        lines.append(f"| {r['name']} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
                      f"{r['sampled_peak_bytes'] / GIB:.2f} | {' '.join(map(str, r['load_before']))} | {' '.join(map(str, r['load_after']))} |")
     inputs = ", ".join(f"{k}: {v['bytes'] / GIB:.2f} GiB" for k, v in results["inputs"].items())
     lines += ["", "## Notes", "", f"- Inputs (random bf16, `ckptconv.synth`): {inputs}. "
@@ -552,7 +583,9 @@ def write_results(results: dict, path: Path) -> None:
               "- cp: `cp -r SRC NEW && sync` on the same disk, the same bytes in and out.",
               "- MaxText runs offline (`HF_HUB_OFFLINE=1`, empty `HF_HOME`): with a local `hf_model_path` it reads only "
               "`*.safetensors` (and the index); the model's shapes come from its built-in table for `model_name`.",
-              ] + [f"- {n}" for n in results["notes"]]
+              ] + (["- 8B: MaxText 0.2.5 has no Llama 3 (non-3.1) entry, so it runs as `llama3.1-8b` (same shapes; its mapping "
+                    "would also permute q/k for Llama 3.1 RoPE, where ckptconv follows the checkpoint's `config.json`, which has no "
+                    "`rope_scaling`). The 8B outputs are not compared."] if "8b" in results["inputs"] else []) + [f"- {n}" for n in results["notes"]]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -603,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats-8b", type=int, default=2, help="rounds of cp and ckptconv on 8B")
     parser.add_argument("--maxtext-8b", choices=("run", "skip"), default="run",
                         help="run MaxText on 8B under the RSS cap and timeout, or skip it")
-    parser.add_argument("--maxtext-8b-cap-gib", type=float, default=16.0, help="kill MaxText 8B beyond this RSS")
+    parser.add_argument("--maxtext-8b-cap-gib", type=float, default=20.0,
+                        help="kill MaxText 8B beyond this RSS (also never above MemAvailable - 3 GiB)")
     parser.add_argument("--maxtext-8b-timeout", type=float, default=1800.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="per 0.6B run, seconds")
     parser.add_argument("--timeout-8b", type=float, default=3600.0, help="per 8B ckptconv or cp run, seconds")
