@@ -64,13 +64,16 @@ def convert(request: ConvertRequest) -> dict:
         report = {**state.report, "status": "complete", "skipped": True}
         _write_extra_report(request, report)
         return report
-    if (state.checkpoint or state.report) and not request.overwrite:
-        raise DestinationExistsError(
-            f"{request.destination}: a checkpoint from a different source or options is already there; "
-            "pass --overwrite to replace it"
-        )
+    # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit):
+    # redo it without --overwrite. Anything else there is refused unless asked to replace it.
+    ours_unfinished = state.report is not None and state.report.get("status") == "writing"
+    if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
+        raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if not state.empty:
         destination.clear(request.destination)
+    report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
+    destination.write_report(report_path, {"status": "writing", "fingerprint": print_, "started_at": started,
+                                           "source": {"uri": request.source}, "pid": os.getpid()})
     devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
@@ -78,7 +81,7 @@ def convert(request: ConvertRequest) -> dict:
     write_done = _write(plan, source, request, timer, progress)
     progress.close()
     report = _report(plan, source, request, timer, started, print_, write_done)
-    destination.write_report(f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}", report)
+    destination.write_report(report_path, report)
     _write_extra_report(request, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
@@ -146,6 +149,12 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "finished_at": _now(),
         "pid": os.getpid(),
     }
+
+
+def _occupant(state: destination.DestinationState) -> str:
+    if state.report is None:
+        return "holds a checkpoint without a ckptconv report (another tool's, or a run that did not finish)"
+    return "holds a checkpoint converted from a different source or with different options"
 
 
 def _write_extra_report(request: ConvertRequest, report: dict) -> None:

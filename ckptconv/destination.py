@@ -85,7 +85,7 @@ def write_report(report_path: str, report: dict) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / (target.name + ".tmp")
     tmp.write_text(text)
-    tmp.rename(target)
+    tmp.replace(target)
 
 
 def clear(destination: str) -> None:

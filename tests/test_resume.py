@@ -82,7 +82,7 @@ def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
     assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
     assert not any(event["event"] == "done" for event in events)
     state = destination.inspect_state(dst)
-    assert not state.complete and state.leftovers and state.report is None
+    assert not state.complete and state.leftovers and state.report["status"] == "writing"  # our pending report
     assert_incomplete(dst)
     assert_rerun_recovers(str(medium_src), dst)
 
@@ -95,7 +95,8 @@ def test_gcs_kill_then_rerun(gcs, medium_src, fraction):
     status, events = convert_and_kill(src, dst, fraction)
     assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
     objects = gcs.objects(dst)
-    assert objects and destination.REPORT_NAME not in objects and "0/commit_success.txt" not in objects
+    assert objects and "0/commit_success.txt" not in objects
+    assert destination.inspect_state(dst).report["status"] == "writing"  # only our pending report
     assert_incomplete(dst)
     unfinished = run_cli("verify", src, dst)
     assert unfinished.returncode != 0 and "verify: OK" not in unfinished.stdout
@@ -115,6 +116,23 @@ def test_checkpoint_without_report_is_incomplete_and_needs_overwrite(tmp_path, s
     redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", "--overwrite")
     assert redone.returncode == 0, redone.stderr
     assert destination.inspect_state(str(dst)).complete
+
+
+@pytest.mark.slow
+def test_crash_after_commit_before_final_report_reruns_without_overwrite(tmp_path, synth_dir):
+    """Our pending report ("writing", written before any data) marks the output as ours and
+    unfinished, even when Orbax's commit already happened: the same command simply redoes it."""
+    src, dst = synth_dir(), tmp_path / "dst"
+    assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
+    report_path = dst / destination.REPORT_NAME
+    final = json.loads(report_path.read_text())
+    report_path.write_text(json.dumps({"status": "writing", "fingerprint": final["fingerprint"]}))
+    assert_incomplete(str(dst))
+    redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
+    assert redone.returncode == 0, redone.stderr
+    assert "nothing to do" not in redone.stdout
+    assert destination.inspect_state(str(dst)).complete
+    assert run_cli("verify", str(src), str(dst)).returncode == 0
 
 
 def test_crash_while_clearing_never_reads_complete(tmp_path, synth_dir, monkeypatch):
