@@ -7,27 +7,36 @@ baseline plus the slabs that can be alive at once (being read, queued, being wri
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ckptconv.plan import ConversionPlan, LeafPlan
-from ckptconv.slabs import ROW_BLOCK_BYTES
+from ckptconv.slabs import SLAB_BYTES, layers_per_slab
 
-BASELINE_BYTES = 700 * 1024**2  # Python + JAX + Orbax + tensorstore, measured ~0.45-0.55 GiB
-SLABS_ALIVE = 6  # 2 queued + 1 being made + 2 writes in flight + 1 spare for tensorstore's copy
+# Python + JAX + Orbax + tensorstore after start-up: ~0.2 GiB measured, plus tensorstore's
+# caches and compression buffers under load; generous so the prediction stays an upper bound.
+BASELINE_BYTES = 512 * 1024**2
+# Output slabs alive at once: one queued for the writer, one being written, one being copied.
+SLABS_ALIVE = 3
 
 
-def slab_bytes(leaf: LeafPlan) -> int:
-    """Peak bytes to produce one slab of ``leaf``: raw read, float32 work copy, output."""
+def output_slab_bytes(leaf: LeafPlan) -> int:
+    """The converted array one step of the pipeline holds for ``leaf`` (a layer group, a row block, a leaf)."""
+    if leaf.stacked:
+        return leaf.nbytes // leaf.shape[1] * layers_per_slab(leaf)
+    return leaf.nbytes if leaf.row_axis is None else min(leaf.nbytes, SLAB_BYTES)
+
+
+def work_bytes(leaf: LeafPlan) -> int:
+    """What producing one source tensor needs besides its output: the raw read and a float32 copy."""
     info = max(leaf.sources, key=lambda t: t.nbytes)
-    raw = info.nbytes if leaf.row_axis is None else min(info.nbytes, ROW_BLOCK_BYTES)
-    elements = raw // info.dtype.itemsize
-    work = 0 if all(step.exact for step in leaf.steps) else elements * np.dtype(np.float32).itemsize
-    return raw + work + elements * leaf.dtype.itemsize
+    raw = info.nbytes if leaf.row_axis is None else min(info.nbytes, SLAB_BYTES)
+    exact = all(step.exact for step in leaf.steps)
+    return raw + (0 if exact else 2 * raw // info.dtype.itemsize * np.dtype(np.float32).itemsize)
 
 
 def predicted_peak_bytes(plan: ConversionPlan) -> int:
-    return BASELINE_BYTES + SLABS_ALIVE * max(slab_bytes(leaf) for leaf in plan.leaves)
+    """Baseline + the output slabs in flight + one tensor being produced, for the worst leaf."""
+    return BASELINE_BYTES + max(SLABS_ALIVE * output_slab_bytes(leaf) + work_bytes(leaf) for leaf in plan.leaves)
 
 
 def plan_summary(plan: ConversionPlan) -> dict:
@@ -41,7 +50,7 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "source_bytes": plan.source_bytes,
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
-        "largest_slab_bytes": max(slab_bytes(leaf) for leaf in plan.leaves),
+        "largest_slab_bytes": max(output_slab_bytes(leaf) for leaf in plan.leaves),
         "predicted_peak_rss_bytes": predicted_peak_bytes(plan),
         "predicted_peak_rss_gib": round(predicted_peak_bytes(plan) / 1024**3, 2),
         "devices": plan.devices,

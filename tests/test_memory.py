@@ -22,6 +22,8 @@ def convert_peak(synth_dir, tmp_path, layers: int) -> tuple[int, int]:
     result = run_cli("convert", str(src), str(dst), "--devices", "16", "--progress", "none")
     assert result.returncode == 0, result.stderr
     report = json.loads((dst / "ckptconv-report.json").read_text())
+    predicted = json.loads(run_cli("plan", str(src), "--devices", "16", "--json").stdout)["predicted_peak_rss_bytes"]
+    assert report["peak_rss_bytes"] <= predicted, "admission relies on the prediction being an upper bound"
     return report["peak_rss_bytes"], report["source_bytes"]
 
 
