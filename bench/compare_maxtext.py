@@ -61,6 +61,7 @@ MAXTEXT_MARKS = [
     ("Weight transformation preparation complete", "transform done"),
     ("Starting checkpoint save", "save"),
     ("Shard weights across", "shard to devices"),
+    ("'event_type': 'save'", "Orbax writes"),
     ("Conversion complete", "done"),
 ]
 # Offline and hermetic: no hub, no GCE metadata server probes (dead loopback port), no telemetry.
@@ -93,6 +94,7 @@ class Run:
     load_after: list[float] = field(default_factory=list)
     marks: list[tuple[float, str]] = field(default_factory=list)
     report: dict | None = None  # ckptconv's own report (stage_seconds ...)
+    code: str = ""  # ckptconv's code as this run imported it: git HEAD, plus a hash of uncommitted changes
     log: str = ""
     last_lines: list[str] = field(default_factory=list)
 
@@ -220,8 +222,8 @@ def cp_cmd(src: Path, dst: Path) -> list[str]:
 def run_ckptconv(shape: str, index: int, src: Path, env: dict, timeout: float) -> tuple[Run, list]:
     dst = WORK / "out" / f"ckptconv-{shape}-{index}"
     _rm(dst)
-    run, samples = measure(Run(f"{shape}-ckptconv-{index}", "ckptconv", shape, index, ckptconv_cmd(src, dst)),
-                           env, timeout=timeout, jsonl_marks=True)
+    run = Run(f"{shape}-ckptconv-{index}", "ckptconv", shape, index, ckptconv_cmd(src, dst), code=code_state())
+    run, samples = measure(run, env, timeout=timeout, jsonl_marks=True)
     report = dst / "ckptconv-report.json"
     if report.exists():
         run.report = json.loads(report.read_text())
@@ -295,6 +297,22 @@ def machine_facts() -> dict:
     fs = subprocess.run(["df", "-hT", str(WORK)], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     return {"nproc": os.cpu_count(), "cpu": cpu, "mem_total_bytes": mem, "kernel": platform.release(),
             "disk": fs, "disk_free_bytes": disk.free}
+
+
+def code_state() -> str:
+    """``HEAD`` or ``HEAD+<hash of the uncommitted diff of ckptconv/>``: which code a ckptconv run imported.
+
+    The benchmark runs the work tree as it is; if someone edits ckptconv/ during a benchmark, the runs
+    say so instead of pretending to measure one version.
+    """
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    diff = subprocess.run(git + ["diff", "HEAD", "--", "ckptconv"], capture_output=True).stdout
+    if not diff:
+        return head
+    import hashlib
+
+    return f"{head}+{hashlib.sha256(diff).hexdigest()[:8]}"
 
 
 def ckptconv_versions() -> dict:
@@ -516,6 +534,17 @@ def write_results(results: dict, path: Path) -> None:
     lines += ["## Targets", "", "| target | measured (medians) | limit | |", "|---|---|---|---|"]
     for name, measured, limit, met in targets(rows):
         lines.append(f"| {name} | {measured} | {limit} | {'met' if met else 'MISSED'} |")
+    ours_8b = rows.get(("8b", "ckptconv"), {}).get("rss")
+    for r in results["runs"]:
+        if r["shape"] == "8b" and r["tool"].startswith("maxtext"):
+            if r["killed"] or r["returncode"]:
+                stage = f", during its '{r['marks'][-1][1]}' stage" if r["marks"] else ""
+                lines += ["", f"MaxText ({r['tool']}) on Llama-3-8B did not complete: {r['killed'] or 'exit ' + str(r['returncode'])} "
+                          f"after {r['wall_seconds']:.0f} s at {r['peak_rss_bytes'] / GIB:.2f} GiB{stage}; it needs more than that"
+                          + (f", over {r['peak_rss_bytes'] / ours_8b:.0f}x ckptconv's peak." if ours_8b else ".")]
+            else:
+                lines += ["", f"MaxText ({r['tool']}) on Llama-3-8B completed in {r['wall_seconds']:.0f} s, "
+                          f"peak RSS {r['peak_rss_bytes'] / GIB:.2f} GiB."]
     lines += ["", "## Medians", "",
               "Peak RSS is the kernel's high-water mark of each child (`os.wait4` ru_maxrss); wall is measured "
               "from outside, process start to exit (Python start-up and imports included, the same for both tools).",
@@ -570,13 +599,20 @@ def write_results(results: dict, path: Path) -> None:
                   "(the smaller of `--maxtext-8b-cap-gib` and MemAvailable - 3 GiB at that moment) or after the timeout, so a "
                   "killed run needed more than that: its peak is a lower bound. Every benchmarked child runs with "
                   "`oom_score_adj=1000`, so on a shared machine the kernel would pick it before anyone else's work.", ""]
-    lines += ["## All runs", "", "| run | exit | wall (s) | CPU (s) | peak RSS (GiB) | sampled peak (GiB) | load before | load after |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["## All runs", "", "ckptconv code: git HEAD when the run started, `+hash` when ckptconv/ had uncommitted changes.", "",
+              "| run | exit | wall (s) | CPU (s) | peak RSS (GiB) | sampled peak (GiB) | load before | load after | ckptconv code |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         exit_ = str(r["returncode"]) + (f" ({r['killed']})" if r["killed"] else "")
         lines.append(f"| {r['name']} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
-                     f"{r['sampled_peak_bytes'] / GIB:.2f} | {' '.join(map(str, r['load_before']))} | {' '.join(map(str, r['load_after']))} |")
+                     f"{r['sampled_peak_bytes'] / GIB:.2f} | {' '.join(map(str, r['load_before']))} | {' '.join(map(str, r['load_after']))} | "
+                     f"{r.get('code', '')} |")
     inputs = ", ".join(f"{k}: {v['bytes'] / GIB:.2f} GiB" for k, v in results["inputs"].items())
+    notes = list(results["notes"])
+    codes = sorted({r.get("code") for r in results["runs"] if r["tool"] == "ckptconv" and r.get("code")})
+    if len(codes) > 1:
+        notes.append(f"ckptconv's code changed during this benchmark ({', '.join(codes)}): someone was editing "
+                                "the work tree; see the last column of All runs.")
     lines += ["", "## Notes", "", f"- Inputs (random bf16, `ckptconv.synth`): {inputs}. "
               "Both tools read the same files; the page cache was not dropped (24 GiB RAM holds the 0.6B input, "
               "not all of the 8B one), and `sync` ran before every run so no run pays for the previous one's writes.",
@@ -585,7 +621,7 @@ def write_results(results: dict, path: Path) -> None:
               "`*.safetensors` (and the index); the model's shapes come from its built-in table for `model_name`.",
               ] + (["- 8B: MaxText 0.2.5 has no Llama 3 (non-3.1) entry, so it runs as `llama3.1-8b` (same shapes; its mapping "
                     "would also permute q/k for Llama 3.1 RoPE, where ckptconv follows the checkpoint's `config.json`, which has no "
-                    "`rope_scaling`). The 8B outputs are not compared."] if "8b" in results["inputs"] else []) + [f"- {n}" for n in results["notes"]]
+                    "`rope_scaling`). The 8B outputs are not compared."] if "8b" in results["inputs"] else []) + [f"- {n}" for n in notes]
     path.write_text("\n".join(lines) + "\n")
 
 
