@@ -78,17 +78,17 @@ def convert(request: ConvertRequest) -> dict:
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
-    write_done = _write(plan, source, request, timer, progress)
+    _write(plan, source, request, timer, progress)
     progress.close()
-    report = _report(plan, source, request, timer, started, print_, write_done)
+    report = _report(plan, source, request, timer, started, print_)
     destination.write_report(report_path, report)
     _write_extra_report(request, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
 
-def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress) -> float:
-    """Stream every leaf to the writer; returns the time the last slab was written (commit follows)."""
+def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress) -> None:
+    """Stream every leaf to the writer; time until the last slab is "write", the rest "commit"."""
     from ckptconv import writer
 
     def producer(leaf, axis):
@@ -119,11 +119,10 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     end = timer.wall()
     timer.add("write", last_slab[0] - begin)
     timer.add("commit", end - last_slab[0])
-    return end
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
-            print_: str, _: float) -> dict:
+            print_: str) -> dict:
     return {
         "tool": f"ckptconv {__version__}",
         "status": "complete",

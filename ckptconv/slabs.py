@@ -26,7 +26,6 @@ Index = tuple[slice, ...]
 Slab = tuple[Index, np.ndarray]
 
 SLAB_BYTES = 16 * 1024 * 1024  # target slab size: big enough for few storage commits, small enough to stream
-ROW_BLOCK_BYTES = SLAB_BYTES
 
 
 def layers_per_slab(leaf: LeafPlan) -> int:
@@ -56,7 +55,7 @@ def leaf_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTime
     info = leaf.sources[0]
     axis = leaf.row_axis
     row_bytes = info.nbytes // info.shape[0] if info.shape and info.shape[0] else info.nbytes
-    rows = rows_per_slab or max(1, ROW_BLOCK_BYTES // row_bytes)
+    rows = rows_per_slab or max(1, SLAB_BYTES // row_bytes)
     if axis is None or not info.shape or rows >= info.shape[0]:
         yield full, _convert(leaf, source, spec, timer, info, None)
         return
