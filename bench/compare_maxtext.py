@@ -95,6 +95,7 @@ class Run:
     marks: list[tuple[float, str]] = field(default_factory=list)
     report: dict | None = None  # ckptconv's own report (stage_seconds ...)
     code: str = ""  # ckptconv's code as this run imported it: git HEAD, plus a hash of uncommitted changes
+    warmup: bool = False  # not counted: compiles .pyc files and warms the page cache for both tools alike
     log: str = ""
     last_lines: list[str] = field(default_factory=list)
 
@@ -343,6 +344,16 @@ def bench_small(ctx: dict, args, results: dict) -> None:
     results["inputs"][shape] = {"path": str(src), "bytes": dir_bytes(src)}
     print(f"\n== {shape}: {src} ({dir_bytes(src) / GIB:.2f} GiB); {args.repeats} rounds of ckptconv, "
           "MaxText lazy, MaxText eager, cp", flush=True)
+    if args.warmup:
+        print("  warm-up (not counted): each tool once", flush=True)
+        for tool in ("ckptconv", "maxtext-lazy", "maxtext-eager"):
+            if tool == "ckptconv":
+                run, _ = run_ckptconv(shape, -1, src, ctx["mt_env"], args.timeout)
+            else:
+                run, _ = run_maxtext(ctx, shape, -1, src, tool == "maxtext-lazy", args.timeout, None)
+            run.warmup = True
+            results["runs"].append(asdict(run))
+            _rm(WORK / "out" / _out_name(tool, shape, -1))
     plot_samples = {}
     for i in range(args.repeats):
         keep = i == args.repeats - 1  # the last round's outputs are compared, then deleted
@@ -457,7 +468,7 @@ def summarise(results: dict) -> dict:
     rows = {}
     for shape in SHAPES:
         for tool in ("ckptconv", "maxtext-lazy", "maxtext-eager", "cp"):
-            runs = [r for r in results["runs"] if r["shape"] == shape and r["tool"] == tool]
+            runs = [r for r in results["runs"] if r["shape"] == shape and r["tool"] == tool and not r.get("warmup")]
             if not runs:
                 continue
             rows[(shape, tool)] = {
@@ -547,7 +558,9 @@ def write_results(results: dict, path: Path) -> None:
                           f"peak RSS {r['peak_rss_bytes'] / GIB:.2f} GiB."]
     lines += ["", "## Medians", "",
               "Peak RSS is the kernel's high-water mark of each child (`os.wait4` ru_maxrss); wall is measured "
-              "from outside, process start to exit (Python start-up and imports included, the same for both tools).",
+              "from outside, process start to exit (Python start-up and imports included, the same for both tools). "
+              "A warm-up run of each tool on 0.6B (compiling `.pyc` files, filling the page cache) is listed under All runs "
+              "and not counted.",
               "CPU is the child's user + system seconds (rusage): the work done, less sensitive to other load than wall.",
               "", "| shape | tool | runs ok | median wall (s) | median peak RSS (GiB) | median CPU (s) | walls (s) | peak RSS (GiB) |",
               "|---|---|---|---|---|---|---|---|"]
@@ -604,7 +617,7 @@ def write_results(results: dict, path: Path) -> None:
               "|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         exit_ = str(r["returncode"]) + (f" ({r['killed']})" if r["killed"] else "")
-        lines.append(f"| {r['name']} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
+        lines.append(f"| {r['name']}{' (warm-up)' if r.get('warmup') else ''} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
                      f"{r['sampled_peak_bytes'] / GIB:.2f} | {' '.join(map(str, r['load_before']))} | {' '.join(map(str, r['load_after']))} | "
                      f"{r.get('code', '')} |")
     inputs = ", ".join(f"{k}: {v['bytes'] / GIB:.2f} GiB" for k, v in results["inputs"].items())
@@ -630,7 +643,7 @@ def maxtext_stage_table(results: dict) -> dict:
     rows = {}
     for shape in SHAPES:
         for tool in ("maxtext-lazy", "maxtext-eager"):
-            runs = [r for r in results["runs"] if r["shape"] == shape and r["tool"] == tool]
+            runs = [r for r in results["runs"] if r["shape"] == shape and r["tool"] == tool and not r.get("warmup")]
             if not runs:
                 continue
             marks = {}
@@ -669,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="0.6b,8b", help="comma-separated: 0.6b, 8b")
     parser.add_argument("--repeats", type=int, default=3, help="rounds on 0.6B (each tool once per round)")
+    parser.add_argument("--warmup", type=int, choices=(0, 1), default=1,
+                        help="one uncounted 0.6B run of each tool first (.pyc compilation, page cache)")
     parser.add_argument("--repeats-8b", type=int, default=2, help="rounds of cp and ckptconv on 8B")
     parser.add_argument("--maxtext-8b", choices=("run", "skip"), default="run",
                         help="run MaxText on 8B under the RSS cap and timeout, or skip it")
