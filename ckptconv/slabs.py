@@ -20,7 +20,7 @@ from ckptconv.safetensors_io import read_tensor
 from ckptconv.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.sources import Source
 from ckptconv.spec import ModelSpec
-from ckptconv.transforms import apply_steps
+from ckptconv.transforms import apply_steps, column_sliceable
 
 Index = tuple[slice, ...]
 Slab = tuple[Index, np.ndarray]
@@ -68,17 +68,38 @@ def _stacked_slabs(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: Stage
                    full: Index) -> Iterator[Slab]:
     group = layers_per_slab(leaf)
     if group == 1:
-        pieces = _shard_pieces(leaf, devices)
-        for layer, info in enumerate(leaf.sources):
-            data = np.expand_dims(_convert(leaf, source, spec, timer, info, None), SCAN_AXIS)
-            for rows in pieces:
-                yield (rows, slice(layer, layer + 1)) + full[SCAN_AXIS + 1:], data[rows]
+        yield from _layer_pieces(leaf, source, spec, timer, devices, full)
         return
     for first in range(0, len(leaf.sources), group):
         slab = np.empty((*leaf.shape[:SCAN_AXIS], group, *leaf.shape[SCAN_AXIS + 1:]), dtype=leaf.dtype)
         for offset, info in enumerate(leaf.sources[first:first + group]):
             slab[(slice(None),) * SCAN_AXIS + (offset,)] = _convert(leaf, source, spec, timer, info, None)
         yield full[:SCAN_AXIS] + (slice(first, first + group),) + full[SCAN_AXIS + 1:], slab
+
+
+def _layer_pieces(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer, devices: int,
+                  full: Index) -> Iterator[Slab]:
+    """One big layer at a time, written in pieces of whole device shards.
+
+    When the steps start with a transpose (MLP and q/k/v kernels), each piece is made from
+    its own block of source columns, so the converted layer never exists whole: the memory
+    is one raw layer plus a few pieces.
+    """
+    pieces = _shard_pieces(leaf, devices)
+    by_columns = len(pieces) > 1 and column_sliceable(leaf.steps)
+    for layer, info in enumerate(leaf.sources):
+        where = (slice(layer, layer + 1),) + full[SCAN_AXIS + 1:]
+        if not by_columns:
+            data = np.expand_dims(_convert(leaf, source, spec, timer, info, None), SCAN_AXIS)
+            yield from (((rows,) + where, data[rows]) for rows in pieces)
+            continue
+        with timer.stage("read"):
+            raw = read_tensor(source, info)
+        for rows in pieces:
+            with timer.stage("transform"):
+                piece = _finish(leaf, apply_steps(raw[:, rows], leaf.steps, spec))
+            yield (rows,) + where, np.expand_dims(piece, SCAN_AXIS)
+        del raw
 
 
 def _shard_pieces(leaf: LeafPlan, devices: int) -> list[slice]:
@@ -95,7 +116,11 @@ def _convert(leaf: LeafPlan, source: Source, spec: ModelSpec, timer: StageTimer,
     with timer.stage("read"):
         raw = read_tensor(source, info, rows)
     with timer.stage("transform"):
-        return np.ascontiguousarray(apply_steps(raw, leaf.steps, spec).astype(leaf.dtype, copy=False))
+        return _finish(leaf, apply_steps(raw, leaf.steps, spec))
+
+
+def _finish(leaf: LeafPlan, data: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(data.astype(leaf.dtype, copy=False))
 
 
 _DONE = object()

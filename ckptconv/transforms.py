@@ -28,6 +28,7 @@ class Step:
     apply: Callable[[np.ndarray, ModelSpec], np.ndarray]
     shape: Callable[[Shape, ModelSpec], Shape]
     exact: bool = True  # True when the step only moves values (no arithmetic)
+    row_local: bool = True  # output row i depends only on input row i (so blocks of rows transform alone)
 
 
 def _transpose(x: np.ndarray, spec: ModelSpec, block: int = 16) -> np.ndarray:
@@ -46,7 +47,7 @@ def _transpose(x: np.ndarray, spec: ModelSpec, block: int = 16) -> np.ndarray:
     return out.view(x.dtype)
 
 
-TRANSPOSE = Step("transpose", _transpose, lambda s, spec: tuple(reversed(s)))
+TRANSPOSE = Step("transpose", _transpose, lambda s, spec: tuple(reversed(s)), row_local=False)
 
 
 def split_last(heads_of: Callable[[ModelSpec], int]) -> Step:
@@ -64,7 +65,7 @@ def split_first(heads_of: Callable[[ModelSpec], int]) -> Step:
     def shape(s: Shape, spec: ModelSpec) -> Shape:
         return (heads_of(spec), s[0] // heads_of(spec), *s[1:])
 
-    return Step("split_heads_first", lambda x, spec: x.reshape(shape(x.shape, spec)), shape)
+    return Step("split_heads_first", lambda x, spec: x.reshape(shape(x.shape, spec)), shape, row_local=False)
 
 
 def _rope_half_to_interleaved(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
@@ -117,6 +118,12 @@ def q_heads(spec: ModelSpec) -> int:
 
 def kv_heads(spec: ModelSpec) -> int:
     return spec.num_kv_heads
+
+
+def column_sliceable(steps: tuple[Step, ...]) -> bool:
+    """True when ``steps`` are a transpose followed by row-local steps: then output rows
+    ``a:b`` are ``apply_steps(x[:, a:b])``, and a big kernel can be produced piece by piece."""
+    return bool(steps) and steps[0] is TRANSPOSE and all(step.row_local for step in steps[1:])
 
 
 def apply_steps(x: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec) -> np.ndarray:
