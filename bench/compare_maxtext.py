@@ -223,7 +223,7 @@ def cp_cmd(src: Path, dst: Path) -> list[str]:
 def run_ckptconv(shape: str, index: int, src: Path, env: dict, timeout: float) -> tuple[Run, list]:
     dst = WORK / "out" / f"ckptconv-{shape}-{index}"
     _rm(dst)
-    run = Run(f"{shape}-ckptconv-{index}", "ckptconv", shape, index, ckptconv_cmd(src, dst), code=code_state())
+    run = Run(f"{shape}-ckptconv-{_label(index)}", "ckptconv", shape, index, ckptconv_cmd(src, dst), code=code_state())
     run, samples = measure(run, env, timeout=timeout, jsonl_marks=True)
     report = dst / "ckptconv-report.json"
     if report.exists():
@@ -237,8 +237,12 @@ def run_maxtext(ctx: dict, shape: str, index: int, src: Path, lazy: bool, timeou
     dst = WORK / "out" / f"maxtext-{mode}-{shape}-{index}"
     _rm(dst)
     cmd = maxtext_cmd(ctx["mt_python"], ctx["base_yml"], SHAPES[shape][1], src, dst, lazy)
-    return measure(Run(f"{shape}-maxtext-{mode}-{index}", f"maxtext-{mode}", shape, index, cmd), ctx["mt_env"],
+    return measure(Run(f"{shape}-maxtext-{mode}-{_label(index)}", f"maxtext-{mode}", shape, index, cmd), ctx["mt_env"],
                    timeout=timeout, rss_cap=rss_cap, marks=MAXTEXT_MARKS)
+
+
+def _label(index: int) -> str:
+    return "warmup" if index < 0 else str(index)
 
 
 def run_cp(shape: str, index: int, src: Path, timeout: float) -> tuple[Run, list]:
@@ -617,14 +621,15 @@ def write_results(results: dict, path: Path) -> None:
               "|---|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
         exit_ = str(r["returncode"]) + (f" ({r['killed']})" if r["killed"] else "")
-        lines.append(f"| {r['name']}{' (warm-up)' if r.get('warmup') else ''} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
+        name = f"{r['shape']}-{r['tool']}-warmup (not counted)" if r.get("warmup") else r["name"]
+        lines.append(f"| {name} | {exit_} | {r['wall_seconds']:.1f} | {r.get('cpu_seconds', 0):.1f} | {r['peak_rss_bytes'] / GIB:.2f} | "
                      f"{r['sampled_peak_bytes'] / GIB:.2f} | {' '.join(map(str, r['load_before']))} | {' '.join(map(str, r['load_after']))} | "
                      f"{r.get('code', '')} |")
     inputs = ", ".join(f"{k}: {v['bytes'] / GIB:.2f} GiB" for k, v in results["inputs"].items())
     notes = list(results["notes"])
-    codes = sorted({r.get("code") for r in results["runs"] if r["tool"] == "ckptconv" and r.get("code")})
+    codes = sorted({r.get("code") for r in results["runs"] if r["tool"] == "ckptconv" and r.get("code") and not r.get("warmup")})
     if len(codes) > 1:
-        notes.append(f"ckptconv's code changed during this benchmark ({', '.join(codes)}): someone was editing "
+        notes.append(f"ckptconv's code changed between counted runs ({', '.join(codes)}): someone was editing "
                                 "the work tree; see the last column of All runs.")
     lines += ["", "## Notes", "", f"- Inputs (random bf16, `ckptconv.synth`): {inputs}. "
               "Both tools read the same files; the page cache was not dropped (24 GiB RAM holds the 0.6B input, "

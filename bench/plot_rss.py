@@ -46,7 +46,7 @@ def plot(data: dict, out: str) -> None:
                 ha="left", va="bottom", transform=ax.get_yaxis_transform(), fontsize=9)
         for i, (t, text) in enumerate(cluster(s["markers"], width=xmax * 0.02)):
             ax.axvline(t, color="0.45", ls=":", lw=0.9)
-            ax.text(t, top * (0.97 - 0.11 * (i % 2)), f" {text}", fontsize=8, color="0.25", va="top")
+            ax.text(t, top * (0.97 - 0.1 * (i % 3)), f" {text}", fontsize=8, color="0.25", va="top")
         ax.set_ylim(0, top)
         ax.set_ylabel("RSS (GiB)")
         ax.set_title(f"{s['label']}: {s['t'][-1] if s['t'] else 0:.1f} s wall", fontsize=10, loc="left")
