@@ -6,7 +6,8 @@ What one run does (everything under the git-ignored bench/work/):
 1. sets up MaxText's venv (bench/maxtext_env.sh: Python 3.12, maxtext[tpu]==0.2.5, torch; idempotent);
 2. synthesises the inputs if missing: a qwen3-0.6b-shaped and a Llama-3-8B-shaped random bf16
    checkpoint (ckptconv.synth; the 8B one is ~16 GB);
-3. 0.6B: runs ckptconv, MaxText lazy and MaxText eager alternately, --repeats times each,
+3. 0.6B: after one uncounted warm-up run of each tool, runs ckptconv, MaxText lazy and MaxText
+   eager alternately, --repeats times each,
    every one a fresh child process reaped with os.wait4 (peak RSS = the kernel's ru_maxrss of that
    child), sampled every 50 ms from /proc/PID/status for the RSS-over-time plot; `cp` + `sync`
    of the same input bytes to the same disk gives the physical floor;
@@ -15,7 +16,7 @@ What one run does (everything under the git-ignored bench/work/):
 5. 8B: cp + sync and ckptconv alternately --repeats-8b times, then MaxText lazy once under a
    timeout and an RSS cap (a watchdog kills it beyond the cap, so it cannot OOM the machine);
 6. writes bench/RESULTS.md (tables, targets met or missed, machine, versions, load averages)
-   and bench/rss_0.6b.png; raw numbers go to bench/work/results.json.
+   and bench/rss_0.6b.png, bench/rss_8b.png; raw numbers go to bench/work/results.json.
 Outputs are deleted as soon as they are measured (the last 0.6B pair after the comparison);
 the 8B input is deleted at the end unless --keep-inputs.
 """
