@@ -641,6 +641,9 @@ def write_results(results: dict, path: Path) -> None:
               ] + (["- 8B: MaxText 0.2.5 has no Llama 3 (non-3.1) entry, so it runs as `llama3.1-8b` (same shapes; its mapping "
                     "would also permute q/k for Llama 3.1 RoPE, where ckptconv follows the checkpoint's `config.json`, which has no "
                     "`rope_scaling`). The 8B outputs are not compared."] if "8b" in results["inputs"] else []) + [f"- {n}" for n in notes]
+    analysis = BENCH / "ANALYSIS.md"  # hand-written reading of the numbers, kept across reruns
+    if analysis.exists():
+        lines += ["", analysis.read_text().rstrip()]
     path.write_text("\n".join(lines) + "\n")
 
 
