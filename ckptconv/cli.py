@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `ckptconv inspect DST | head`
         sys.stderr.close()
         return 0
+    except OSError as err:  # a destination we cannot write, a full disk: one line, not a traceback
+        print(f"ckptconv: error: {err}", file=sys.stderr)
+        return 1
 
 
 def _convert(args: argparse.Namespace) -> int:

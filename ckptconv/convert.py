@@ -11,10 +11,11 @@ import datetime as dt
 import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices
-from ckptconv.errors import DestinationExistsError
+from ckptconv.errors import CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, SCAN_AXIS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
@@ -64,16 +65,22 @@ def convert(request: ConvertRequest) -> dict:
         report = {**state.report, "status": "complete", "skipped": True}
         _write_extra_report(request, report)
         return report
-    # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit):
-    # redo it without --overwrite. Anything else there is refused unless asked to replace it.
-    ours_unfinished = state.report is not None and state.report.get("status") == "writing"
+    # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit), and a
+    # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
+    # is still alive. Anything else there is refused unless asked to replace it.
+    report = state.report or {}
+    if report.get("status") == "writing" and _alive(report):
+        raise CkptConvError(f"{request.destination}: another conversion (pid {report['pid']} on "
+                            f"{report['host']}) is writing here; wait for it or stop it")
+    ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
     if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if not state.empty:
         destination.clear(request.destination)
     report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
     destination.write_report(report_path, {"status": "writing", "fingerprint": print_, "started_at": started,
-                                           "source": {"uri": request.source}, "pid": os.getpid()})
+                                           "source": {"uri": request.source}, "pid": os.getpid(),
+                                           "host": socket.gethostname()})
     devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
@@ -148,6 +155,21 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "finished_at": _now(),
         "pid": os.getpid(),
     }
+
+
+def _alive(report: dict) -> bool:
+    """Whether the process that wrote a "writing" report still runs (same host only: else unknowable)."""
+    if report.get("host") != socket.gethostname() or not isinstance(report.get("pid"), int):
+        return False
+    if report["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(report["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _occupant(state: destination.DestinationState) -> str:

@@ -32,7 +32,7 @@ def configure(devices: int) -> None:
         return
     import jax
 
-    if jax.device_count() < devices:
+    if devices > 1 and jax.device_count() != devices:
         raise CkptConvError(
             f"JAX already started with {jax.device_count()} device(s), {devices} needed; "
             "run the conversion in a fresh process (python -m ckptconv convert ...)"

@@ -11,18 +11,27 @@ import numpy as np
 
 from ckptconv.plan import ConversionPlan, LeafPlan
 from ckptconv.slabs import SLAB_BYTES, layers_per_slab
+from ckptconv.transforms import column_sliceable
 
 # Python + JAX + Orbax + tensorstore after start-up: ~0.2 GiB measured, plus tensorstore's
 # caches and compression buffers under load; generous so the prediction stays an upper bound.
 BASELINE_BYTES = 512 * 1024**2
-# Output slabs alive at once: one queued for the writer, one being written, one being copied.
-SLABS_ALIVE = 3
+# Output slabs alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is
+# full, 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
+SLABS_ALIVE = 2 + 1 + 1 + 2
 
 
 def output_slab_bytes(leaf: LeafPlan) -> int:
-    """The converted array one step of the pipeline holds for ``leaf`` (a layer group, a row block, a leaf)."""
+    """The largest converted array one pipeline step holds for ``leaf``.
+
+    A layer group, a layer, or (for layers bigger than a slab, cut from source column blocks)
+    a piece of ~``SLAB_BYTES``; a row block of a big 2-D tensor; otherwise the whole leaf.
+    """
     if leaf.stacked:
-        return leaf.nbytes // leaf.shape[1] * layers_per_slab(leaf)
+        layer = leaf.nbytes // leaf.shape[1]
+        if layer <= SLAB_BYTES or not column_sliceable(leaf.steps):
+            return layer * layers_per_slab(leaf)
+        return SLAB_BYTES
     return leaf.nbytes if leaf.row_axis is None else min(leaf.nbytes, SLAB_BYTES)
 
 
@@ -51,8 +60,8 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
         "largest_slab_bytes": max(output_slab_bytes(leaf) for leaf in plan.leaves),
-        "predicted_peak_rss_bytes": predicted_peak_bytes(plan),
-        "predicted_peak_rss_gib": round(predicted_peak_bytes(plan) / 1024**3, 2),
+        "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan)),
+        "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
         "devices": plan.devices,
         "scan_layers": plan.scan_layers,
         "dtype": str(plan.dtype),

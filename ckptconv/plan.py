@@ -86,10 +86,6 @@ class ConversionPlan:
         return sum(leaf.nbytes for leaf in self.leaves)
 
     @property
-    def largest_source_tensor_bytes(self) -> int:
-        return max(info.nbytes for leaf in self.leaves for info in leaf.sources)
-
-    @property
     def largest_shard_bytes(self) -> int:
         return max(math.prod(shard_shape(leaf.shape, self.devices)) * leaf.dtype.itemsize for leaf in self.leaves)
 
@@ -116,7 +112,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     rules = family.active_rules(spec)
     expected = _expected_tensors(rules, spec)
     _check_coverage(source, family, expected, tensors)
-    _check_shapes_and_dtypes(expected, tensors, spec)
+    _check_shapes_and_dtypes(expected, tensors)
     out_dtype = OUTPUT_DTYPES[dtype]
     leaves = tuple(leaf for rule in rules for leaf in _leaves(rule, spec, tensors, out_dtype, scan_layers))
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, leaves, tensors, config_text)
@@ -157,7 +153,7 @@ def _tied_head(name: str, expected: dict) -> bool:
     return name == "lm_head.weight" and "lm_head.weight" not in expected
 
 
-def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo], spec: ModelSpec) -> None:
+def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo]) -> None:
     for name, (_, shape) in expected.items():
         info = tensors[name]
         if info.shape != shape:

@@ -83,9 +83,9 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
             error: BaseException = _ShortRead(f"body ended after {done - before} of {length - before} bytes")
         except CkptConvError:
             raise
-        except Exception as err:  # classified just below; the non-transient ones re-raise
+        except Exception as err:  # classified just below; the non-transient ones fail at once, in one line
             if not is_transient(err):
-                raise
+                raise CkptConvError(f"{where}: read failed at byte {offset + done}: {_one_line(err)}") from err
             error = err
         failures = 0 if done > before else failures + 1  # progress resets the count
         if failures >= policy.attempts:

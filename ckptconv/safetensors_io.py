@@ -86,10 +86,13 @@ def _tensor_info(where: str, file: str, name: str, entry: object, data_start: in
     dtype = DTYPES.get(entry["dtype"])
     if dtype is None:
         raise BadInputError(f"{where}: tensor {name!r}: unsupported dtype {entry['dtype']!r}")
-    shape = tuple(entry["shape"])
-    begin, end = entry["data_offsets"]
-    if not all(isinstance(d, int) and d >= 0 for d in shape) or not 0 <= begin <= end:
-        raise BadInputError(f"{where}: tensor {name!r}: invalid shape {shape} or offsets {[begin, end]}")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    valid = (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+             and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+             and 0 <= offsets[0] <= offsets[1])
+    if not valid:
+        raise BadInputError(f"{where}: tensor {name!r}: invalid shape {shape!r} or data_offsets {offsets!r}")
+    shape, (begin, end) = tuple(shape), offsets
     info = TensorInfo(name, file, dtype, shape, data_start + begin)
     if end - begin != info.nbytes:
         raise BadInputError(
@@ -147,8 +150,11 @@ def _read_index(source: Source) -> dict[str, str]:
         weight_map = json.loads(bytes(source.read_range(INDEX_FILE, 0, source.size(INDEX_FILE))))["weight_map"]
     except (ValueError, KeyError, TypeError) as err:
         raise BadInputError(f"{where}: not a valid safetensors index ({err})") from None
-    for tensor, file in weight_map.items():
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise BadInputError(f"{where}: weight_map must map tensor names to file names")
+    for file in sorted(set(weight_map.values())):  # one existence check per file, not per tensor
         if not source.exists(file):
+            tensor = next(t for t, f in weight_map.items() if f == file)
             raise BadInputError(f"{where}: tensor {tensor!r} maps to missing file {file}")
     return weight_map
 

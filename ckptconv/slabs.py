@@ -131,20 +131,24 @@ def prefetch(produce: Callable[[], Iterable[Slab]], depth: int = 2) -> Iterator[
     slots: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(item: object) -> bool:
+        """Queue ``item`` unless the consumer has gone away (then say so)."""
+        while not stop.is_set():
+            try:
+                slots.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def worker() -> None:
         try:
             for item in produce():
-                while not stop.is_set():
-                    try:
-                        slots.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(item):
                     return
-            slots.put(_DONE)
+            put(_DONE)
         except BaseException as err:  # re-raised in the consumer, with its traceback
-            slots.put(err)
+            put(err)
 
     thread = threading.Thread(target=worker, name="ckptconv-prefetch", daemon=True)
     thread.start()

@@ -3,8 +3,8 @@
 Each :class:`Step` knows how to transform an array and how to transform a *shape*, so the
 planner can check every output shape from the safetensors headers alone, before reading a
 byte of weights. Steps that change values (scaling, +1) declare ``exact=False`` so the
-pipeline computes them in float32. Every forward step has an inverse (see ``INVERSES`` and
-the tests), which the MaxText -> HF direction reuses.
+pipeline computes them in float32. Every value-changing or permuting step has its inverse
+here too, tested against it, ready for the MaxText -> HF direction.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
         store = open_leaf(dst, leaf.path)
         for index, expected in leaf_slabs(leaf, source, plan.spec, timer):
             got = read_region(store, index)
-            if got.tobytes() != expected.tobytes():
+            if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
                 diff = np.argwhere(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
                 result.mismatches.append(f"{leaf.name}: slab {_fmt(index)} differs (first byte {int(diff[0][0])})")
                 break

@@ -40,6 +40,19 @@ def corrupt_header(src):
         f.write(b"\xff" * 8)
 
 
+def bad_header_entry(src):
+    """A header whose first tensor has a shape that is not a list (rewritten, data kept)."""
+    path = src / "model.safetensors"
+    blob = path.read_bytes()
+    length = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + length])
+    first = next(name for name in header if name != "__metadata__")
+    header[first]["shape"] = "64x64"
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + blob[8 + length:])
+
+
 def pickle_only(src):
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
 
@@ -55,6 +68,7 @@ CASES = {
     "truncated file": (truncate, "model.safetensors: file is truncated"),
     "corrupt header": (corrupt_header, "model.safetensors: corrupt safetensors header"),
     "pickle only": (pickle_only, "never unpickles"),
+    "malformed header entry": (bad_header_entry, "invalid shape '64x64'"),
 }
 
 

@@ -135,6 +135,33 @@ def test_crash_after_commit_before_final_report_reruns_without_overwrite(tmp_pat
     assert run_cli("verify", str(src), str(dst)).returncode == 0
 
 
+def test_a_live_run_is_never_cleared_and_a_dead_one_is_redone(tmp_path, synth_dir):
+    """A "writing" report names its process: alive on this host means hands off; gone means redo."""
+    import socket
+
+    src, dst = synth_dir(), tmp_path / "dst"
+    dst.mkdir()
+    report = dst / destination.REPORT_NAME
+    report.write_text(json.dumps({"status": "writing", "pid": os.getpid(), "host": socket.gethostname()}))
+    busy = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", "--overwrite")
+    assert busy.returncode == 1 and f"another conversion (pid {os.getpid()}" in busy.stderr, busy.stderr
+    assert json.loads(report.read_text())["pid"] == os.getpid(), "the live run's output must be left alone"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    report.write_text(json.dumps({"status": "writing", "pid": int(dead.stdout), "host": socket.gethostname()}))
+    redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
+    assert redone.returncode == 0, redone.stderr
+    assert destination.inspect_state(str(dst)).complete
+
+
+def test_report_without_checkpoint_is_a_leftover(tmp_path, synth_dir):
+    src, dst = synth_dir(), tmp_path / "dst"
+    assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
+    (dst / "0").rename(tmp_path / "moved-away")
+    rerun = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
+    assert rerun.returncode == 0 and "nothing to do" not in rerun.stdout, rerun.stderr
+    assert destination.inspect_state(str(dst)).complete
+
+
 def test_crash_while_clearing_never_reads_complete(tmp_path, synth_dir, monkeypatch):
     """``--overwrite`` removes the report before anything else, so dying mid-removal is never 'complete'."""
     from etils import epath

@@ -41,9 +41,6 @@ GLOBAL_ROWS = (
     Rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), (TRANSPOSE,), when=untied),
 )
 
-DENSE_CONFIG_FIELDS = frozenset()
-
-
 def read_dense_spec(cfg: ConfigReader, family: str, interleave_rope: bool) -> ModelSpec:
     """The fields every Llama-style dense decoder shares, validated."""
     cfg.require("hidden_act", ("silu",), "silu")
@@ -51,8 +48,8 @@ def read_dense_spec(cfg: ConfigReader, family: str, interleave_rope: bool) -> Mo
     cfg.require("pretraining_tp", (1,), 1)
     heads = cfg.int("num_attention_heads")
     hidden = cfg.int("hidden_size")
-    head_dim = cfg.config.get("head_dim") or hidden // heads
-    kv = cfg.int("num_key_value_heads", heads) if cfg.config.get("num_key_value_heads") is not None else heads
+    head_dim = cfg.optional_int("head_dim") or hidden // heads
+    kv = cfg.optional_int("num_key_value_heads") or heads
     if heads % kv:
         raise_bad(cfg, f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     theta, rope_type, rope_scaling = cfg.rope()
