@@ -17,7 +17,20 @@ STAGES = ("plan", "read", "transform", "write", "commit")
 
 
 def peak_rss_bytes() -> int:
-    """The process's RSS high-water mark so far (Linux reports KiB)."""
+    """This program's RSS high-water mark so far, from the kernel (``VmHWM``).
+
+    Not ``ru_maxrss``: Linux carries it across ``exec``, so a child forked from a big parent
+    (a Prefect worker, a test process that imported torch) would report the parent's size.
+    ``VmHWM`` belongs to the address space this program runs in. ``ru_maxrss`` is the
+    fallback where ``/proc`` is missing.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
