@@ -1,6 +1,6 @@
 """Peak memory from the kernel and wall time per stage: the numbers users compare tools by.
 
-Peak RSS is the kernel's own high-water mark (``ru_maxrss``), not a sampling thread that
+Peak RSS is the kernel's own high-water mark (``VmHWM``), not a sampling thread that
 misses short peaks. Stage times from worker threads add up as busy seconds, so with reads
 overlapping writes their sum can exceed the wall time; the report says both.
 """
