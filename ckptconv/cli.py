@@ -27,10 +27,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("source", help="HF checkpoint (config.json + *.safetensors): a directory, "
                          "gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     convert.add_argument("destination", help="output directory or gs://BUCKET/DIR; MaxText loads DST/0/items")
-    convert.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
-    convert.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
-                         help="stack layers on axis 1 (MaxText scan_layers=true; default)")
-    convert.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    _layout_flags(convert)
     convert.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     convert.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at DST")
     convert.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
@@ -50,12 +47,18 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="check a source and predict the conversion (no JAX, no writes)")
     plan.add_argument("source")
-    plan.add_argument("--devices", type=int, default=16)
-    plan.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True)
-    plan.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    _layout_flags(plan)
     plan.add_argument("--json", action="store_true")
     _hf_token_flag(plan)
     return parser
+
+
+def _layout_flags(command: argparse.ArgumentParser) -> None:
+    """The layout options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
+    command.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
+    command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
+                         help="stack layers on axis 1 (MaxText scan_layers=true; default)")
+    command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
 
 
 def _hf_token_flag(command: argparse.ArgumentParser) -> None:

@@ -15,12 +15,13 @@ import numpy as np
 
 from ckptconv import destination
 from ckptconv.monitor import StageTimer
-from ckptconv.plan import OUTPUT_DTYPES, make_plan
+from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
 from ckptconv.slabs import leaf_slabs
 from ckptconv.sources import open_source
 from ckptconv.stored import open_leaf, read_metadata, read_region
 
-EXTRA_LEAVES = {("step",)}  # written by MaxText's converter besides the params
+# Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).
+EXTRA_LEAVES = {(key,) for key, value in MAXTEXT_EXTRA_ITEMS.items() if value != {}}
 
 
 @dataclass
