@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from ckptconv import __version__, destination, devices
 from ckptconv.errors import CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
-from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, SCAN_AXIS, ConversionPlan, make_plan
+from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
-from ckptconv.slabs import SLAB_BYTES, leaf_slabs, prefetch
+from ckptconv.produce import plan_tiles, prefetch
 from ckptconv.sources import Source, open_source
 
 
@@ -95,37 +95,29 @@ def convert(request: ConvertRequest) -> dict:
 
 
 def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress) -> None:
-    """Stream every leaf to the writer; time until the last slab is "write", the rest "commit"."""
+    """Stream every tile to the writer; time until the last tile is "write", the rest "commit"."""
     from ckptconv import writer
 
-    def producer(leaf, axis):
-        rows = None if axis is None else writer.slab_rows(leaf.shape, leaf.dtype, request.devices, axis, SLAB_BYTES)
-        return lambda: prefetch(lambda: leaf_slabs(leaf, source, plan.spec, timer, rows, request.devices))
+    leaves = [writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, leaf.chunk_shape) for leaf in plan.leaves]
+    done = [0, 0]  # bytes, tensors reported
+    last_tile = [timer.wall()]
 
-    leaves = []
-    for leaf in plan.leaves:
-        axis = SCAN_AXIS if leaf.stacked else leaf.row_axis
-        leaves.append(writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, axis, producer(leaf, axis)))
-    by_path = {leaf.path: leaf for leaf in plan.leaves}
-    written = dict.fromkeys(by_path, 0)
-    last_slab = [timer.wall()]
-
-    def on_slab(leaf, nbytes: int) -> None:
-        planned = by_path[leaf.path]
-        before = len(planned.sources) * written[leaf.path] // planned.nbytes
-        written[leaf.path] += nbytes
-        progress.advance(len(planned.sources) * written[leaf.path] // planned.nbytes - before, nbytes)
-        last_slab[0] = timer.wall()
+    def on_tile(leaf, nbytes: int) -> None:
+        done[0] += nbytes
+        tensors = plan.tensor_count * done[0] // max(1, plan.output_bytes)
+        progress.advance(tensors - done[1], nbytes)
+        done[1] = tensors
+        last_tile[0] = timer.wall()
 
     begin = timer.wall()
     writer.write_checkpoint(
-        request.destination, leaves, devices=request.devices,
-        custom_metadata={"scan_layers": request.scan_layers}, on_slab=on_slab, use_compression=request.compression,
-        extra_items=dict(MAXTEXT_EXTRA_ITEMS),
+        request.destination, leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
+        devices=request.devices, custom_metadata={"scan_layers": request.scan_layers}, on_tile=on_tile,
+        use_compression=request.compression, extra_items=dict(MAXTEXT_EXTRA_ITEMS),
     )
     end = timer.wall()
-    timer.add("write", last_slab[0] - begin)
-    timer.add("commit", end - last_slab[0])
+    timer.add("write", last_tile[0] - begin)
+    timer.add("commit", end - last_tile[0])
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
@@ -139,6 +131,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "family": plan.family.name,
         "maxtext_decoder_block": plan.family.decoder_block,
         "model": plan.spec.to_json(),
+        "not_converted": list(plan.not_converted),
         "dtype": request.dtype,
         "devices": request.devices,
         "scan_layers": request.scan_layers,

@@ -1,54 +1,64 @@
 """Predict a conversion's peak memory from its plan, before any weights are read.
 
 The Prefect flow holds this many GB of a concurrency limit while a conversion runs, so the
-prediction must be an upper bound that does not grow with the number of layers: the runtime
-baseline plus the slabs that can be alive at once (being read, queued, being written).
+prediction must be an upper bound, and a tight one (admission that over-reserves wastes
+workers). It comes from the same tile plan the producer and writer use (:mod:`ckptconv.tiles`):
+the runtime baseline, plus, for the worst job, the tiles alive at once (queued by the
+producer, being handed over, in flight in tensorstore) and the read unit being transformed.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ckptconv.plan import ConversionPlan, LeafPlan
-from ckptconv.slabs import SLAB_BYTES, layers_per_slab
-from ckptconv.transforms import column_sliceable
+from ckptconv.plan import ConversionPlan, Job
+from ckptconv.transforms import Permute, box_shape
 
-# Python + JAX + Orbax + tensorstore after start-up: ~0.2 GiB measured, plus tensorstore's
-# caches and compression buffers under load; generous so the prediction stays an upper bound.
-BASELINE_BYTES = 512 * 1024**2
-# Output slabs alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is
-# full, 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
-SLABS_ALIVE = 2 + 1 + 1 + 2
-
-
-def output_slab_bytes(leaf: LeafPlan) -> int:
-    """The largest converted array one pipeline step holds for ``leaf``.
-
-    A layer group, a layer, or (for layers bigger than a slab, cut from source column blocks)
-    a piece of ~``SLAB_BYTES``; a row block of a big 2-D tensor; otherwise the whole leaf.
-    """
-    if leaf.stacked:
-        layer = leaf.nbytes // leaf.shape[1]
-        if layer <= SLAB_BYTES or not column_sliceable(leaf.steps):
-            return layer * layers_per_slab(leaf)
-        return SLAB_BYTES
-    return leaf.nbytes if leaf.row_axis is None else min(leaf.nbytes, SLAB_BYTES)
+# Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools and
+# caches under load (measured 0.24-0.27 GiB on these machines for small models).
+BASELINE_BYTES = 300 * 1024**2
+# Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
+# 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
+TILES_ALIVE = 2 + 1 + 1 + 2
 
 
-def work_bytes(leaf: LeafPlan) -> int:
-    """What producing one source tensor needs besides its output: the raw read and a float32 copy."""
-    info = max(leaf.sources, key=lambda t: t.nbytes)
-    raw = info.nbytes if leaf.row_axis is None else min(info.nbytes, SLAB_BYTES)
-    exact = all(step.exact for step in leaf.steps)
-    return raw + (0 if exact else 2 * raw // info.dtype.itemsize * np.dtype(np.float32).itemsize)
+def tile_bytes(job: Job, plan: ConversionPlan) -> int:
+    """The largest tile (one read unit's image in one leaf) this job produces."""
+    return max(_unit_out_bytes(job, unit) for unit in job.sample_units(plan.spec))
+
+
+def _unit_out_bytes(job: Job, unit) -> int:
+    return max((math.prod(box_shape(box)) * leaf.dtype.itemsize
+                for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
+
+
+def work_bytes(job: Job) -> int:
+    """Producing one read unit besides its output: the raw read, float32 copies when the steps
+    compute, and a transposed copy when they permute axes."""
+    raw = job.tiling.unit_bytes
+    itemsize = job.pieces[0].dtype.itemsize
+    elements = raw // itemsize
+    steps = [step for leaf in job.leaves for step in leaf.steps]
+    computing = not all(step.exact for step in steps)
+    extra = 2 * elements * np.dtype(np.float32).itemsize if computing else 0
+    if any(isinstance(step, Permute) for step in steps):
+        extra += elements * (np.dtype(np.float32).itemsize if computing else itemsize)
+    return raw + extra
+
+
+def job_peak_bytes(job: Job, plan: ConversionPlan) -> int:
+    return TILES_ALIVE * tile_bytes(job, plan) + work_bytes(job)
 
 
 def predicted_peak_bytes(plan: ConversionPlan) -> int:
-    """Baseline + the output slabs in flight + one tensor being produced, for the worst leaf."""
-    return BASELINE_BYTES + max(SLABS_ALIVE * output_slab_bytes(leaf) + work_bytes(leaf) for leaf in plan.leaves)
+    """Baseline + the worst job's tiles in flight and read unit in production."""
+    return BASELINE_BYTES + max(job_peak_bytes(job, plan) for job in plan.jobs)
 
 
 def plan_summary(plan: ConversionPlan) -> dict:
+    largest_tile = max(tile_bytes(job, plan) for job in plan.jobs)
     return {
         "source": plan.source_uri,
         "family": plan.family.name,
@@ -59,11 +69,13 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "source_bytes": plan.source_bytes,
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
-        "largest_slab_bytes": max(output_slab_bytes(leaf) for leaf in plan.leaves),
+        "largest_read_bytes": max(job.tiling.unit_bytes for job in plan.jobs),
+        "largest_tile_bytes": largest_tile,
         "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan)),
         "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
         "devices": plan.devices,
         "scan_layers": plan.scan_layers,
         "dtype": str(plan.dtype),
-        "tied_embeddings": plan.spec.tie_word_embeddings,
+        "tied_embeddings": bool(plan.spec.values.get("tie_word_embeddings")),
+        "not_converted": list(plan.not_converted),
     }

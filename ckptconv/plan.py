@@ -2,25 +2,31 @@
 
 The plan checks key coverage both ways and every shape before a byte of weights is read or
 written, so bad input fails fast with the offending names and ``DST`` is never touched. It
-lists every MaxText leaf with the HF tensors that feed it and the steps that transform them.
+lists every *job* (a rule applied to one layer stack): the HF tensors it reads, the MaxText
+leaves it makes, and its tile plan (:mod:`ckptconv.tiles`). What the checkpoint holds that
+MaxText's layout does not (a vision tower, a tied head, dropped vocabulary rows) is listed
+in ``not_converted`` for the report, never silently dropped.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Iterator
 
 import ml_dtypes
 import numpy as np
 
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family, Rule, dimensions
+from ckptconv.families.base import Family, LayerStack, Rule
 from ckptconv.safetensors_io import TensorInfo, index_checkpoint
 from ckptconv.sharding import shard_shape
 from ckptconv.sources import Source
 from ckptconv.spec import ConfigReader, ModelSpec, load_config
-from ckptconv.transforms import TRANSPOSE, Shape, Step, output_shape
+from ckptconv.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
+from ckptconv.transforms import Misaligned, Resize, Shape, Step, output_shape
 
 OUTPUT_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 FLOAT_SOURCE_DTYPES = {np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}
@@ -32,33 +38,53 @@ MAXTEXT_EXTRA_ITEMS = {"step": 0, "opt_state": {}}
 
 @dataclass(frozen=True)
 class LeafPlan:
-    """One MaxText leaf: its path in the ``items`` tree, shape, dtype and where its data comes from.
-
-    ``stacked`` leaves take one source tensor per layer, placed at index ``i`` of axis 1.
-    Otherwise there is one source tensor; ``row_axis`` is the output axis that the source's
-    rows land on (0 when copied, 1 when transposed) or None when it must be read whole.
-    """
+    """One MaxText leaf: its path in the ``items`` tree, shape, dtype, stack axes and chunks."""
 
     path: tuple[str, ...]
     shape: Shape
     dtype: np.dtype
-    sources: tuple[TensorInfo, ...]
+    stack_axes: tuple[int, ...]
     steps: tuple[Step, ...]
-    stacked: bool
+    chunk_shape: Shape
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
-    def row_axis(self) -> int | None:
-        if self.stacked:
-            return None
-        return {(): 0, (TRANSPOSE,): 1}.get(self.steps)
-
-    @property
     def name(self) -> str:
         return "/".join(self.path)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One rule on one layer stack: its source pieces (one per layer and expert), read once,
+    and the leaves its outputs make."""
+
+    rule: Rule
+    pieces: tuple[TensorInfo, ...]
+    positions: tuple[tuple[int, ...], ...]  # each piece's index on the leaves' stack axes
+    source_shape: Shape
+    leaves: tuple[LeafPlan, ...]
+    tiling: Tiling
+
+    @property
+    def shapes(self) -> tuple[LeafShape, ...]:
+        return tuple(LeafShape(leaf.shape, leaf.stack_axes, leaf.steps, leaf.dtype.itemsize) for leaf in self.leaves)
+
+    def units(self, spec: ModelSpec) -> Iterator[ReadUnit]:
+        return read_units(self.tiling, self.source_shape, self.shapes, self.positions, spec)
+
+    def sample_units(self, spec: ModelSpec) -> list[ReadUnit]:
+        """Read units of every size this job has: those of its first run of pieces (every
+        piece is cut alike; only a piece's last band, or a run's last group, differs)."""
+        head = self.positions[0][:-1] if self.positions and self.positions[0] else ()
+        run = tuple(p for p in self.positions if p[:-1] == head) if self.positions[0] else self.positions[:1]
+        return list(read_units(self.tiling, self.source_shape, self.shapes, run, spec))
+
+    @property
+    def source_bytes(self) -> int:
+        return sum(info.nbytes for info in self.pieces)
 
 
 @dataclass(frozen=True)
@@ -69,17 +95,22 @@ class ConversionPlan:
     dtype: np.dtype
     scan_layers: bool
     devices: int
-    leaves: tuple[LeafPlan, ...]
+    jobs: tuple[Job, ...]
     tensors: dict[str, TensorInfo]
     config_text: str
+    not_converted: tuple[dict, ...]
+
+    @property
+    def leaves(self) -> tuple[LeafPlan, ...]:
+        return tuple(leaf for job in self.jobs for leaf in job.leaves)
 
     @property
     def tensor_count(self) -> int:
-        return sum(len(leaf.sources) for leaf in self.leaves)
+        return sum(len(job.pieces) for job in self.jobs)
 
     @property
     def source_bytes(self) -> int:
-        return sum(info.nbytes for leaf in self.leaves for info in leaf.sources)
+        return sum(job.source_bytes for job in self.jobs)
 
     @property
     def output_bytes(self) -> int:
@@ -98,6 +129,14 @@ def read_config(source: Source) -> tuple[str, dict]:
     return text, load_config(text, where)
 
 
+def read_spec(family: Family, config: dict, where: str) -> ModelSpec:
+    """The family's typed spec; any config field it did not read is an error."""
+    reader = ConfigReader(config, where)
+    spec = family.read_spec(reader)
+    reader.check_all_read()
+    return spec
+
+
 def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = True, devices: int = 16) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
     if dtype not in OUTPUT_DTYPES:
@@ -107,50 +146,88 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     config_text, config = read_config(source)
     where = f"{source.uri}/config.json"
     family = family_for(config.get("model_type"), where)
-    spec = family.read_spec(ConfigReader(config, where, family.extra_config_fields))
-    tensors = index_checkpoint(source)
-    rules = family.active_rules(spec)
-    expected = _expected_tensors(rules, spec)
-    _check_coverage(source, family, expected, tensors)
+    spec = read_spec(family, config, where)
+    stored = index_checkpoint(source)
+    tensors, not_converted = _sort_tensors(source, family, stored)
+    stacks = family.layout(spec, scan_layers)
+    expected = expected_tensors(family.active_rules(spec), stacks, spec)
+    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
+    _check_coverage(source, family, expected, inactive, tensors)
+    not_converted += tuple({"what": inactive[name][0].note, "tensors": [tensors[name].name],
+                            "bytes": tensors[name].nbytes} for name in sorted(set(inactive) & set(tensors)))
     _check_shapes_and_dtypes(expected, tensors)
     out_dtype = OUTPUT_DTYPES[dtype]
-    leaves = tuple(leaf for rule in rules for leaf in _leaves(rule, spec, tensors, out_dtype, scan_layers))
-    return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, leaves, tensors, config_text)
+    jobs = tuple(_jobs(family, spec, stacks, tensors, out_dtype, devices))
+    not_converted += _dropped_rows(jobs, spec)
+    return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
+                          not_converted)
 
 
-def _hf_names(rule: Rule, spec: ModelSpec) -> list[str]:
-    if rule.per_layer:
-        return [rule.hf.format(layer=i) for i in range(spec.num_layers)]
-    return [rule.hf]
+# --- names ---------------------------------------------------------------------------------
+
+def _sort_tensors(source: Source, family: Family, stored: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo], tuple]:
+    """Stored tensors by the names the rules use; what MaxText's layout does not hold, grouped."""
+    tensors: dict[str, TensorInfo] = {}
+    groups: dict[str, list[TensorInfo]] = defaultdict(list)
+    for name, info in stored.items():
+        what = next((label for prefix, label in family.not_converted if name.startswith(prefix)), None)
+        if what is not None:
+            groups[what].append(info)
+            continue
+        if name.endswith(family.ignored_hf_suffixes):
+            continue
+        canonical = family.canonical(name)
+        if canonical in tensors:
+            raise BadInputError(f"{source.uri}: tensors {tensors[canonical].name!r} and {name!r} are the same "
+                                f"tensor ({canonical!r}) under two names")
+        tensors[canonical] = info
+    summary = tuple({"what": what, "tensors": len(infos), "bytes": sum(i.nbytes for i in infos),
+                     "example": min(i.name for i in infos)} for what, infos in sorted(groups.items()))
+    return tensors, summary
 
 
-def _expected_tensors(rules: tuple[Rule, ...], spec: ModelSpec) -> dict[str, tuple[Rule, Shape]]:
-    dims = dimensions(spec)
-    return {name: (rule, tuple(dims[d] for d in rule.hf_shape)) for rule in rules for name in _hf_names(rule, spec)}
+def _stack_rules(rules: tuple[Rule, ...], stack: LayerStack) -> tuple[Rule, ...]:
+    return tuple(r for r in rules if r.per_layer and (r.kinds is None or stack.kind in r.kinds))
 
 
-def _check_coverage(source: Source, family: Family, expected: dict, tensors: dict[str, TensorInfo]) -> None:
+def _names(rule: Rule, layers: tuple[int, ...], spec: ModelSpec) -> list[tuple[tuple[int, ...], str]]:
+    """(position on the stack axes, HF name) of every piece of ``rule`` over ``layers``."""
+    experts = range(spec.dim("experts")) if rule.per_expert else [None]
+    out = []
+    for e in experts:
+        for j, layer in enumerate(layers):
+            position = ((e,) if e is not None else ()) + ((j,) if len(layers) > 1 or rule.per_layer else ())
+            out.append((position, rule.hf.format(layer=layer, expert=e)))
+    return out
+
+
+def expected_tensors(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: ModelSpec) -> dict[str, tuple[Rule, Shape]]:
+    dims = spec.dims
+    expected: dict[str, tuple[Rule, Shape]] = {}
+    for r in rules:
+        layer_sets = [s.layers for s in stacks if r in _stack_rules((r,), s)] if r.per_layer else [(0,)]
+        for layers in layer_sets:
+            for _, name in _names(r, layers, spec):
+                expected[name] = (r, tuple(dims[d] for d in r.hf_shape))
+    return expected
+
+
+def _check_coverage(source: Source, family: Family, expected: dict, inactive: dict, tensors: dict[str, TensorInfo]) -> None:
     missing = sorted(set(expected) - set(tensors))
     if missing:
         rule = expected[missing[0]][0]
+        leaves = ", ".join("/".join(o.path) for o in rule.outputs)
         raise BadInputError(
-            f"{source.uri}: missing tensor {missing[0]!r} (needed for MaxText leaf "
-            f"{'/'.join(rule.maxtext)}){f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+            f"{source.uri}: missing tensor {missing[0]!r} (needed for MaxText leaf {leaves})"
+            f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         )
-    extra = sorted(
-        name for name in set(tensors) - set(expected)
-        if not name.endswith(family.ignored_hf_suffixes) and not _tied_head(name, expected)
-    )
+    extra = sorted(set(tensors) - set(expected) - set(inactive))
     if extra:
+        info = tensors[extra[0]]
         raise BadInputError(
-            f"{source.uri}/{tensors[extra[0]].file}: unexpected tensor {extra[0]!r} for family "
+            f"{source.uri}/{info.file}: unexpected tensor {info.name!r} for family "
             f"{family.name}{f' and {len(extra) - 1} more' if len(extra) > 1 else ''}"
         )
-
-
-def _tied_head(name: str, expected: dict) -> bool:
-    """Tied checkpoints sometimes still store lm_head.weight; MaxText ignores it (logits use the embedding)."""
-    return name == "lm_head.weight" and "lm_head.weight" not in expected
 
 
 def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo]) -> None:
@@ -158,24 +235,72 @@ def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo]) -> 
         info = tensors[name]
         if info.shape != shape:
             raise BadInputError(
-                f"{info.file}: tensor {name!r} has shape {list(info.shape)}, config.json implies {list(shape)}"
+                f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}"
             )
         if info.dtype not in FLOAT_SOURCE_DTYPES:
-            raise BadInputError(f"{info.file}: tensor {name!r} has dtype {info.dtype}, expected a float dtype")
+            raise BadInputError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, expected a float dtype")
 
 
-def _leaves(rule: Rule, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype: np.dtype, scan: bool) -> list[LeafPlan]:
-    sources = [tensors[name] for name in _hf_names(rule, spec)]
-    per_tensor = output_shape(sources[0].shape, rule.steps, spec)
-    if not rule.per_layer:
-        return [LeafPlan(PARAMS_ROOT + rule.maxtext, per_tensor, dtype, (sources[0],), rule.steps, False)]
-    if scan:
-        stacked = (*per_tensor[:SCAN_AXIS], spec.num_layers, *per_tensor[SCAN_AXIS:])
-        path = PARAMS_ROOT + ("decoder", "layers") + rule.maxtext
-        return [LeafPlan(path, stacked, dtype, tuple(sources), rule.steps, True)]
-    return [
-        LeafPlan(PARAMS_ROOT + ("decoder", f"layers_{i}") + rule.maxtext, per_tensor, dtype, (info,), rule.steps, False)
-        for i, info in enumerate(sources)
-    ]
+# --- jobs and leaves -----------------------------------------------------------------------
+
+def _jobs(family: Family, spec: ModelSpec, stacks: tuple[LayerStack, ...], tensors: dict[str, TensorInfo],
+          dtype: np.dtype, devices: int) -> Iterator[Job]:
+    rules = family.active_rules(spec)
+    for r in rules:
+        if not r.per_layer:
+            yield _job(r, None, spec, tensors, dtype, devices)
+    for stack in stacks:
+        for r in _stack_rules(rules, stack):
+            yield _job(r, stack, spec, tensors, dtype, devices)
 
 
+def _job(r: Rule, stack: LayerStack | None, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype: np.dtype,
+         devices: int) -> Job:
+    layers = stack.layers if stack is not None else (0,)
+    named = _names(r, layers, spec)
+    pieces = tuple(tensors[name] for _, name in named)
+    positions = tuple(position for position, _ in named)
+    source_shape = pieces[0].shape
+    stacked = stack is not None and stack.stacked
+    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((len(layers),) if stacked else ())
+    if not stacked:
+        positions = tuple(p[:1] if r.per_expert else () for p in positions)
+    shapes = []
+    for output in r.outputs:
+        piece = output_shape(source_shape, output.steps, spec)
+        shape, stack_axes = _stacked_shape(piece, r.per_expert, len(layers) if stacked else None, spec)
+        path = PARAMS_ROOT + (stack.path(output.path) if stack is not None else output.path)
+        shapes.append((path, shape, stack_axes, output.steps))
+    leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
+    try:
+        tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices)
+    except Misaligned as err:
+        raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
+    leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)
+                   for (path, shape, axes, steps), chunk in zip(shapes, tiling.chunks))
+    return Job(r, pieces, positions, source_shape, leaves, tiling)
+
+
+def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:
+    """Experts stack on a new leading axis; scanned layers on MaxText's scan axis (1) after that."""
+    shape, axes = piece, ()
+    if per_expert:
+        shape, axes = (spec.dim("experts"), *shape), (0,)
+    if layers is not None:
+        axis = min(SCAN_AXIS, len(shape))
+        shape = (*shape[:axis], layers, *shape[axis:])
+        axes = axes + (axis,)
+    return shape, axes
+
+
+def _dropped_rows(jobs: tuple[Job, ...], spec: ModelSpec) -> tuple[dict, ...]:
+    """Rows a Resize step drops (a vocabulary larger than MaxText's) are named in the report."""
+    notes = []
+    for job in jobs:
+        for step in (s for leaf in job.leaves for s in leaf.steps if isinstance(s, Resize)):
+            rows, size = job.source_shape[step.axis], spec.dim(step.size)
+            if rows > size:
+                info = job.pieces[0]
+                notes.append({"what": f"rows {size}..{rows - 1} of {info.name} (MaxText's vocabulary has {size} rows)",
+                              "tensors": [info.name], "bytes": (rows - size) * info.nbytes // rows})
+    return tuple(notes)

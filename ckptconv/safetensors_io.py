@@ -159,13 +159,20 @@ def _read_index(source: Source) -> dict[str, str]:
     return weight_map
 
 
-def read_tensor(source: Source, info: TensorInfo, rows: slice | None = None) -> np.ndarray:
-    """Read a whole tensor, or a contiguous range of its first axis, into a fresh array."""
-    start, stop = (0, info.shape[0]) if rows is None else (rows.start, rows.stop)
-    if not info.shape:
-        start, stop = 0, 1
-    row_bytes = info.nbytes // info.shape[0] if info.shape and info.shape[0] else info.nbytes
-    data = source.read_range(info.file, info.offset + start * row_bytes, (stop - start) * row_bytes)
-    array = np.frombuffer(data, dtype=info.dtype)
-    shape = info.shape if not info.shape else (stop - start, *info.shape[1:])
-    return array.reshape(shape)
+def read_box(source: Source, info: TensorInfo, box: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Read one contiguous region of a tensor into a fresh array.
+
+    ``box`` is a (start, stop) per axis: single indices on the leading axes, a range on one
+    axis, whole axes after it (what :mod:`ckptconv.tiles` plans), so it is one byte range.
+    """
+    shape = tuple(stop - start for start, stop in box)
+    if len(box) != len(info.shape):
+        raise ValueError(f"{info.name}: box {box} does not match shape {info.shape}")
+    cut = next((axis for axis, (start, stop) in enumerate(box) if stop - start != 1), len(box))
+    if any(box[axis] != (0, info.shape[axis]) for axis in range(cut + 1, len(box))):
+        raise ValueError(f"{info.name}: box {box} is not one contiguous range of {info.shape}")
+    start = 0
+    for (first, _), dim in zip(box, info.shape):
+        start = start * dim + first
+    data = source.read_range(info.file, info.offset + start * info.dtype.itemsize, math.prod(shape) * info.dtype.itemsize)
+    return np.frombuffer(data, dtype=info.dtype).reshape(shape)

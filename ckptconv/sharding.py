@@ -42,3 +42,21 @@ def shard_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
         dim // devices if axis_index < len(spec) and spec[axis_index] == MESH_AXIS else dim
         for axis_index, dim in enumerate(shape)
     )
+
+
+def write_shape(shape: tuple[int, ...], devices: int) -> tuple[int, ...]:
+    """Shape Orbax records as ``write_shape``: one shard, or one replica's part of it.
+
+    Orbax's replica-parallel save (the CPU default) splits a replicated leaf across the
+    replicas on its first axis divisible by the device count; we record the same, and keep
+    chunks inside it.
+
+    >>> write_shape((4, 2, 32, 64), 16)
+    (4, 2, 2, 64)
+    """
+    shard = shard_shape(shape, devices)
+    if devices > 1 and MESH_AXIS not in partition_spec(shape, devices):
+        axis = next((i for i, dim in enumerate(shard) if dim % devices == 0), None)
+        if axis is not None:
+            shard = shard[:axis] + (shard[axis] // devices,) + shard[axis + 1:]
+    return shard

@@ -1,32 +1,37 @@
-"""``config.json`` -> :class:`ModelSpec`, field by field.
+"""``config.json`` -> :class:`ModelSpec`, field by field, each family reading its own fields.
 
-The architecture comes from the checkpoint itself, never from a table of known model
-names, so any size of a supported family converts. A field that could change the weights'
-meaning must have a value we support; a field we have never seen is an error that names it
-(a new field may mean new semantics, and converting silently wrong is the worst outcome).
+The architecture comes from the checkpoint itself, never from a table of known model names,
+so any size of a supported family converts. A family's ``read_spec`` reads every field it
+understands through a :class:`ConfigReader`; whatever it did not read, and is not plain
+bookkeeping, is an error that names the field: a field we have never seen may mean new
+semantics, and converting silently wrong is the worst outcome.
+
+Three kinds of fields exist:
+- *dims*: the named sizes the family's rules use for shapes (``emb``, ``heads``, ``experts``...);
+- *values*: settings that change how weights are transformed (query scale, RoPE layout,
+  MaxText's vocabulary size), also read by transform steps;
+- *runtime*: inference settings that do not change a weight (RoPE theta, sliding window,
+  soft caps, epsilon): accepted, reported, and needed when configuring MaxText.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptconv.errors import BadInputError
 
-# Fields that never change how weights map (bookkeeping, generation and training knobs).
-IGNORED_FIELDS = frozenset(
+# Fields that never change weights nor how a model runs: bookkeeping, tokens, training knobs.
+BOOKKEEPING_FIELDS = frozenset(
     {
         "_name_or_path", "architectures", "attention_dropout", "bos_token_id", "chunk_size_feed_forward",
         "dtype", "eos_token_id", "id2label", "initializer_range", "is_encoder_decoder", "label2id",
         "model_type", "output_attentions", "output_hidden_states", "pad_token_id", "problem_type",
         "return_dict", "tokenizer_class", "torch_dtype", "transformers_version", "use_cache",
-        "max_position_embeddings", "rms_norm_eps", "sliding_window", "use_sliding_window",
-        "max_window_layers", "layer_types", "rope_theta", "rope_scaling", "rope_parameters",
-        "pretraining_tp", "tie_word_embeddings", "head_dim", "num_key_value_heads", "hidden_act",
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "attention_bias", "mlp_bias", "use_qk_norm", "qkv_bias", "generation_config", "tie_embeddings",
-        "attn_logit_softcapping", "final_logit_softcapping",
+        "generation_config", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+        "auto_map", "quantization_config_ignored",
     }
 )
 
@@ -37,86 +42,140 @@ class ModelSpec:
 
     family: str
     model_type: str
-    vocab_size: int
-    hidden_size: int
     num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    tie_word_embeddings: bool
-    rms_norm_eps: float
-    rope_theta: float
-    rope_type: str
-    interleave_rope: bool  # MaxText rotates pairs for this model: the q/k weights get permuted
-    max_position_embeddings: int | None
-    extra: dict[str, Any] = field(default_factory=dict)
+    dims: dict[str, int]
+    values: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+    def dim(self, name: str) -> int:
+        return self.dims[name]
+
+    def value(self, name: str) -> Any:
+        return self.values[name]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"family": self.family, "model_type": self.model_type, "num_layers": self.num_layers,
+                "dims": dict(self.dims), "values": dict(self.values), "runtime": dict(self.runtime)}
 
 
 def load_config(text: str, where: str) -> dict[str, Any]:
     """Parse config.json text, naming the file on error."""
     try:
         config = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise BadInputError(f"{where}: not valid JSON ({err})") from None
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise BadInputError(f"{where}: not valid JSON ({str(err)[:200]})") from None
     if not isinstance(config, dict):
         raise BadInputError(f"{where}: expected a JSON object")
     return config
 
 
 class ConfigReader:
-    """Typed, named access to config.json fields; every error names the file and field."""
+    """Typed, named access to config.json fields; remembers what was read.
 
-    def __init__(self, config: dict[str, Any], where: str, extra_known: frozenset[str] = frozenset()) -> None:
+    Every error names the file and the field. :meth:`runtime` accepts a field that does not
+    change weights and records it for the report; :meth:`unread` lists what nobody read.
+    """
+
+    def __init__(self, config: dict[str, Any], where: str) -> None:
         self.config = config
         self.where = where
-        unknown = sorted(set(config) - IGNORED_FIELDS - extra_known)
-        if unknown:
-            raise BadInputError(
-                f"{where}: unknown field(s) {', '.join(map(repr, unknown))} for model_type "
-                f"{config.get('model_type')!r}; ckptconv does not know whether they change the weights"
-            )
+        self.read: set[str] = set()
+        self.runtime_values: dict[str, Any] = {}
+        self.children: list[ConfigReader] = []
 
-    def int(self, name: str, default: int | None = None) -> int:
+    def _get(self, name: str, default: Any) -> Any:
+        self.read.add(name)
         value = self.config.get(name, default)
-        if value is None and default is None and name not in self.config:
+        return default if value is None else value
+
+    def raw(self, name: str) -> Any:
+        """A field's value as stored (None if absent), for checks no typed getter expresses."""
+        return self._get(name, None)
+
+    def has(self, name: str) -> bool:
+        return self.config.get(name) is not None
+
+    def int(self, name: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self._get(name, default)
+        if value is None:
             raise BadInputError(f"{self.where}: required field {name!r} is missing")
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise BadInputError(f"{self.where}: field {name!r} must be a positive integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= {minimum}, got {value!r}")
         return value
 
     def optional_int(self, name: str) -> int | None:
-        value = self.config.get(name)
-        return None if value is None else self.int(name)
+        return None if self.config.get(name) is None else self.int(name)
 
     def float(self, name: str, default: float) -> float:
-        value = self.config.get(name, default)
-        if value is None:
-            value = default
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise BadInputError(f"{self.where}: field {name!r} must be a number, got {value!r}")
+        value = self._get(name, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise BadInputError(f"{self.where}: field {name!r} must be a finite number, got {value!r}")
         return float(value)
 
     def bool(self, name: str, default: bool) -> bool:
-        value = self.config.get(name, default)
+        value = self._get(name, default)
         if not isinstance(value, bool):
             raise BadInputError(f"{self.where}: field {name!r} must be true or false, got {value!r}")
         return value
 
+    def str(self, name: str, default: str) -> str:
+        value = self._get(name, default)
+        if not isinstance(value, str):
+            raise BadInputError(f"{self.where}: field {name!r} must be a string, got {value!r}")
+        return value
+
     def require(self, name: str, allowed: tuple[Any, ...], default: Any) -> Any:
-        """A field whose value changes the weights: only ``allowed`` values are supported."""
-        value = self.config.get(name, default)
+        """A field whose value changes the weights or layout: only ``allowed`` values are supported."""
+        value = self._get(name, default)
         if value not in allowed:
             raise BadInputError(
                 f"{self.where}: field {name!r} = {value!r} is not supported (supported: {list(allowed)})"
             )
         return value
 
+    def object(self, name: str) -> dict[str, Any]:
+        value = self._get(name, {})
+        if not isinstance(value, dict):
+            raise BadInputError(f"{self.where}: field {name!r} must be an object, got {type(value).__name__}")
+        return value
+
+    def nested(self, name: str) -> "ConfigReader":
+        """A reader for an object-valued field (e.g. Gemma 3's ``text_config``), errors naming it."""
+        child = ConfigReader(self.object(name), f"{self.where}: {name}")
+        self.children.append(child)
+        return child
+
+    def runtime(self, *names: str) -> None:
+        """Accept fields that do not change any weight; their values go to the report."""
+        for name in names:
+            self.read.add(name)
+            if name in self.config:
+                self.runtime_values[name] = self.config[name]
+
+    def fail(self, message: str) -> None:
+        raise BadInputError(f"{self.where}: {message}")
+
+    def unread(self) -> list[str]:
+        return sorted(set(self.config) - self.read - BOOKKEEPING_FIELDS)
+
+    def check_all_read(self) -> None:
+        """Refuse any field the family did not read: it might change the weights' meaning."""
+        for child in self.children:
+            child.check_all_read()
+        unknown = self.unread()
+        if unknown:
+            raise BadInputError(
+                f"{self.where}: unknown field(s) {', '.join(map(repr, unknown))} for model_type "
+                f"{self.config.get('model_type')!r}; ckptconv does not know whether they change the weights"
+            )
+
     def rope(self) -> tuple[float, str, dict[str, Any]]:
-        """RoPE theta, type and scaling, from ``rope_parameters`` (transformers 5) or the older fields."""
+        """RoPE theta, type and scaling, from ``rope_parameters`` (transformers 5) or the older fields.
+
+        RoPE is applied at run time; only its *type* can change a weight layout (Llama 3.1+).
+        All RoPE fields are recorded as runtime settings.
+        """
+        self.runtime("rope_parameters", "rope_scaling", "rope_theta")
         params = self.config.get("rope_parameters") or {}
         scaling = self.config.get("rope_scaling") or {}
         if not isinstance(params, dict) or not isinstance(scaling, dict):
@@ -124,6 +183,6 @@ class ConfigReader:
         merged = {**scaling, **params}
         theta = merged.get("rope_theta", self.config.get("rope_theta", 10000.0))
         rope_type = merged.get("rope_type", merged.get("type", "default"))
-        if not isinstance(theta, (int, float)) or not isinstance(rope_type, str):
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not isinstance(rope_type, str):
             raise BadInputError(f"{self.where}: invalid rope settings {merged!r}")
-        return float(theta), rope_type, {k: v for k, v in merged.items() if k not in ("rope_theta",)}
+        return float(theta), rope_type, {k: v for k, v in merged.items() if k != "rope_theta"}

@@ -1,9 +1,13 @@
 """Synthesise a small random HF checkpoint of any supported family (demo, tests, benchmarks).
 
-Tensor names and shapes come from the family's own rules, so a synthetic checkpoint is
-exactly what the planner expects. Weights are random but bf16-representable, so a float32
-reference forward pass and the bf16 checkpoint agree. Files are written tensor by tensor,
-never holding the model, so benchmark-sized checkpoints (16 GB) can be made here too.
+The ``config.json`` looks like the hub's for that family (Gemma 3 nests its decoder in
+``text_config`` and names tensors ``language_model.model.*``, as ``Gemma3ForConditionalGeneration``
+checkpoints ship). Tensor names and shapes come from the family's own rules through the
+planner, so a synthetic checkpoint is exactly what the planner expects. Weights are random but
+bf16-representable, so a float32 reference forward pass and the bf16 checkpoint agree. Files
+are written tensor by tensor, never holding the model, so benchmark-sized checkpoints (16 GB)
+can be made here too. ``header_only`` writes headers with sparse (unallocated) data, for
+planning the real giants' shapes without their bytes.
 """
 
 from __future__ import annotations
@@ -13,13 +17,12 @@ import math
 import os
 import struct
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
 
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import dimensions
-from ckptconv.spec import ConfigReader
 
 _ST_DTYPE = {"bfloat16": ("BF16", np.dtype(ml_dtypes.bfloat16)), "float32": ("F32", np.dtype(np.float32))}
 
@@ -37,31 +40,94 @@ class SynthModel:
     head_dim: int = 16
     intermediate_size: int = 128
     tie_word_embeddings: bool = True
+    num_experts: int = 0  # MoE families: experts per layer
+    moe_intermediate_size: int = 0  # MoE families: each expert's MLP width
     dtype: str = "bfloat16"
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
+    extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
 
     def config(self) -> dict:
-        config = {
-            "architectures": [_ARCHITECTURES[self.model_type]],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 10000.0,
-            "max_position_embeddings": 4096,
-            "torch_dtype": self.dtype,
-        }
-        config.update(self.config_overrides)
-        return {k: v for k, v in config.items() if v is not None}
+        config = _CONFIGS[self.model_type](self)
+        if "text_config" in config:
+            config["text_config"].update(self.config_overrides)
+        else:
+            config.update(self.config_overrides)
+        return _drop_none(config)
 
+
+def _decoder(m: SynthModel, architecture: str, **extra: Any) -> dict:
+    return {
+        "architectures": [architecture],
+        "model_type": m.model_type,
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate_size,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "torch_dtype": m.dtype,
+        **extra,
+    }
+
+
+def _qwen3_moe(m: SynthModel) -> dict:
+    return _decoder(m, "Qwen3MoeForCausalLM", num_experts=m.num_experts or 8,
+                    moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size // 2,
+                    num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                    attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=m.num_layers,
+                    output_router_logits=False, router_aux_loss_coef=0.001)
+
+
+def _mixtral(m: SynthModel) -> dict:
+    return _decoder(m, "MixtralForCausalLM", num_local_experts=m.num_experts or 8, num_experts_per_tok=2,
+                    sliding_window=None, output_router_logits=False, router_aux_loss_coef=0.02)
+
+
+def _gemma_text(m: SynthModel, model_type: str) -> dict:
+    config = _decoder(m, "Gemma2ForCausalLM" if model_type == "gemma2" else "Gemma3ForCausalLM",
+                      model_type=model_type, hidden_act=None, hidden_activation="gelu_pytorch_tanh",
+                      query_pre_attn_scalar=m.head_dim, sliding_window=64, attention_bias=False,
+                      tie_word_embeddings=True)
+    if model_type == "gemma2":
+        config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    else:
+        config.update(rope_local_base_freq=10000.0, rope_theta=1000000.0, sliding_window_pattern=6,
+                      rope_scaling={"factor": 8.0, "rope_type": "linear"})
+    return config
+
+
+def _gemma3(m: SynthModel) -> dict:
+    text = _gemma_text(m, "gemma3_text")
+    for key in ("architectures", "torch_dtype"):
+        text.pop(key)
+    return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+            "vision_config": {"hidden_size": 32, "image_size": 28, "intermediate_size": 64,
+                              "model_type": "siglip_vision_model", "num_attention_heads": 2, "num_hidden_layers": 1,
+                              "patch_size": 14, "vision_use_head": False},
+            "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5, "mm_tokens_per_image": 4,
+            "torch_dtype": m.dtype}
+
+
+_CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
+    "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
+    "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
+    "llama": lambda m: _decoder(m, "LlamaForCausalLM"),
+    "mistral": lambda m: _decoder(m, "MistralForCausalLM"),
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
+    "gemma2": lambda m: _gemma_text(m, "gemma2"),
+    "gemma3_text": lambda m: _gemma_text(m, "gemma3_text"),
+    "gemma3": _gemma3,
+}
+# Stored-name prefixes of hub checkpoints whose decoder is not at the root.
+_HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
 
 QWEN3_0_6B = SynthModel(
     vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
@@ -73,19 +139,23 @@ LLAMA3_8B = SynthModel(
     config_overrides={"rope_theta": 500000.0},
 )
 
-_ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+def _drop_none(config: dict) -> dict:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in config.items() if v is not None}
 
 
 def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes for ``model``, derived from its family's rules."""
+    """HF tensor names (as the hub stores them) and shapes for ``model``, from its family's rules."""
+    from ckptconv.plan import expected_tensors, read_spec
+
     family = BY_MODEL_TYPE[model.model_type]
-    spec = family.read_spec(ConfigReader(model.config(), "<synthetic config>", family.extra_config_fields))
-    dims = dimensions(spec)
+    spec = read_spec(family, model.config(), "<synthetic config>")
+    expected = expected_tensors(family.active_rules(spec), family.layout(spec, True), spec)
+    stored, hub = _HUB_PREFIX.get(model.model_type, ("", ""))
     shapes = {}
-    for rule in family.active_rules(spec):
-        names = [rule.hf.format(layer=i) for i in range(spec.num_layers)] if rule.per_layer else [rule.hf]
-        for name in names:
-            shapes[name] = tuple(dims[d] for d in rule.hf_shape)
+    for name, (_, shape) in expected.items():
+        shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
+    shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
 
@@ -97,7 +167,8 @@ def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], d
     return values.astype(ml_dtypes.bfloat16).astype(dtype)
 
 
-def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | None = None) -> dict[str, tuple]:
+def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | None = None,
+                     header_only: bool = False) -> dict[str, tuple]:
     """Write ``config.json`` and safetensors (sharded with an index if over ``max_shard_bytes``)."""
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
@@ -107,12 +178,12 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     groups = _group(shapes, dtype.itemsize, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     if len(groups) == 1:
-        _write_file(os.path.join(directory, "model.safetensors"), groups[0], shapes, st_name, dtype, rng)
+        _write_file(os.path.join(directory, "model.safetensors"), groups[0], shapes, st_name, dtype, rng, header_only)
     else:
         weight_map = {}
         for index, names in enumerate(groups):
             file = f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors"
-            _write_file(os.path.join(directory, file), names, shapes, st_name, dtype, rng)
+            _write_file(os.path.join(directory, file), names, shapes, st_name, dtype, rng, header_only)
             weight_map.update({name: file for name in names})
         with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
@@ -132,7 +203,8 @@ def _group(shapes: dict, itemsize: int, max_bytes: int | None) -> list[list[str]
     return groups
 
 
-def _write_file(path: str, names: list[str], shapes: dict, st_name: str, dtype: np.dtype, rng) -> None:
+def _write_file(path: str, names: list[str], shapes: dict, st_name: str, dtype: np.dtype, rng,
+                header_only: bool = False) -> None:
     header, offset = {}, 0
     for name in names:
         nbytes = math.prod(shapes[name]) * dtype.itemsize
@@ -142,5 +214,8 @@ def _write_file(path: str, names: list[str], shapes: dict, st_name: str, dtype: 
     header_bytes += b" " * (-len(header_bytes) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
+        if header_only:
+            f.truncate(8 + len(header_bytes) + offset)  # a sparse file: the plan reads headers only
+            return
         for name in names:
             f.write(random_tensor(rng, name, shapes[name], dtype).tobytes())

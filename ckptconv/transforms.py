@@ -1,45 +1,116 @@
-"""Per-tensor transforms between HF and MaxText layouts: small pure functions, one direction each.
+"""Per-tensor transforms between HF and MaxText layouts: small pure steps, each with its inverse.
 
-Each :class:`Step` knows how to transform an array and how to transform a *shape*, so the
-planner can check every output shape from the safetensors headers alone, before reading a
-byte of weights. Steps that change values (scaling, +1) declare ``exact=False`` so the
-pipeline computes them in float32. Every value-changing or permuting step has its inverse
-here too, tested against it, ready for the MaxText -> HF direction.
+A :class:`Step` knows four things about itself:
+- ``shape``: the output shape for an input shape, so the planner checks every leaf from the
+  safetensors headers alone, before a byte of weights is read;
+- ``forward``: which output *region* (a box) a given input region becomes, so the planner can
+  cut a tensor into bounded read units and know where each lands in the leaf;
+- ``quantum``: how finely an input axis may be cut for ``forward`` to stay a box (a head
+  split needs whole heads, a RoPE permutation the whole head_dim);
+- ``apply``: the values, for a region exactly as for the whole tensor.
+Steps that change values (scaling, +1) declare ``exact=False`` so the chain runs in float32,
+as MaxText's converter computes them. Each step has an ``inverse`` for MaxText -> HF.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ckptconv.spec import ModelSpec
+if TYPE_CHECKING:
+    from ckptconv.spec import ModelSpec
 
 Shape = tuple[int, ...]
+Box = tuple[tuple[int, int], ...]  # half-open (start, stop) per axis
+WHOLE = 0  # quantum meaning "this axis cannot be cut"
+
+
+class Misaligned(ValueError):
+    """A region that a step cannot map to a box (e.g. half a head)."""
+
+
+def full_box(shape: Shape) -> Box:
+    return tuple((0, dim) for dim in shape)
+
+
+def box_shape(box: Box) -> Shape:
+    return tuple(stop - start for start, stop in box)
+
+
+def box_slices(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(start, stop) for start, stop in box)
+
+
+def _axis(axis: int, ndim: int) -> int:
+    return axis % ndim
 
 
 @dataclass(frozen=True)
 class Step:
-    """One named transform: ``apply(array, spec)`` and ``shape(shape, spec)``."""
+    """Base step: the identity on shapes and boxes. Subclasses override what they change."""
 
     name: str
-    apply: Callable[[np.ndarray, ModelSpec], np.ndarray]
-    shape: Callable[[Shape, ModelSpec], Shape]
-    exact: bool = True  # True when the step only moves values (no arithmetic)
-    row_local: bool = True  # output row i depends only on input row i (so blocks of rows transform alone)
+
+    @property
+    def exact(self) -> bool:
+        """True when the step only moves values (no arithmetic)."""
+        return True
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        return shape
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        return box
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return 1
+
+    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
+        """(output axis, input units per output unit) that input ``axis`` becomes."""
+        return axis, 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return x
+
+    def inverse(self) -> Step:
+        return self
 
 
-def _transpose(x: np.ndarray, spec: ModelSpec, block: int = 16) -> np.ndarray:
+@dataclass(frozen=True)
+class Permute(Step):
+    """Reorder axes: output axis ``j`` is input axis ``perm[j]`` (``(1, 0)`` is ``.T``)."""
+
+    perm: tuple[int, ...] = (1, 0)
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        return tuple(shape[p] for p in self.perm)
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        return tuple(box[p] for p in self.perm)
+
+    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
+        return self.perm.index(axis), 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        if self.perm == (1, 0):
+            return _transpose_2d(x)
+        return np.ascontiguousarray(np.transpose(x, self.perm))
+
+    def inverse(self) -> Step:
+        inverse = tuple(self.perm.index(axis) for axis in range(len(self.perm)))
+        return Permute(self.name, inverse)
+
+
+def _transpose_2d(x: np.ndarray, block: int = 16) -> np.ndarray:
     """``x.T`` made contiguous, copied in bands of ``block`` rows.
 
     A plain strided copy of a large matrix misses the cache on every element; bands whose
     source rows stay in cache copy ~2x faster. 2-byte dtypes are moved as uint16 (bfloat16
     has no fast copy loop in numpy).
     """
-    if x.ndim != 2:
-        return np.ascontiguousarray(x.T)
     raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
     out = np.empty(raw.shape[::-1], dtype=raw.dtype)
     for start in range(0, raw.shape[0], block):
@@ -47,96 +118,286 @@ def _transpose(x: np.ndarray, spec: ModelSpec, block: int = 16) -> np.ndarray:
     return out.view(x.dtype)
 
 
-TRANSPOSE = Step("transpose", _transpose, lambda s, spec: tuple(reversed(s)), row_local=False)
+@dataclass(frozen=True)
+class Split(Step):
+    """Split ``axis`` of size ``n`` into ``(outer, n // outer)``: MaxText keeps heads as an axis.
 
-
-def split_last(heads_of: Callable[[ModelSpec], int]) -> Step:
-    """(..., heads*head_dim) -> (..., heads, head_dim): MaxText keeps heads as their own axis."""
-
-    def shape(s: Shape, spec: ModelSpec) -> Shape:
-        return (*s[:-1], heads_of(spec), s[-1] // heads_of(spec))
-
-    return Step("split_heads", lambda x, spec: x.reshape(shape(x.shape, spec)), shape)
-
-
-def split_first(heads_of: Callable[[ModelSpec], int]) -> Step:
-    """(heads*head_dim, ...) -> (heads, head_dim, ...): the attention output kernel."""
-
-    def shape(s: Shape, spec: ModelSpec) -> Shape:
-        return (heads_of(spec), s[0] // heads_of(spec), *s[1:])
-
-    return Step("split_heads_first", lambda x, spec: x.reshape(shape(x.shape, spec)), shape, row_local=False)
-
-
-def _rope_half_to_interleaved(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """HF rotates halves ``[x0..x_{d/2-1} | x_{d/2}..]``; MaxText rotates pairs ``(x0, x_{d/2}), ...``.
-
-    So output position ``2i`` takes input ``i`` and ``2i+1`` takes ``i + d/2`` along the last
-    (head_dim) axis.
+    ``outer`` names a dimension of the spec (``heads``, ``kv_heads``). Cuts along ``axis``
+    must fall on whole inner blocks (whole heads).
     """
-    d = x.shape[-1]
-    return np.ascontiguousarray(x.reshape(*x.shape[:-1], 2, d // 2).swapaxes(-1, -2).reshape(x.shape))
+
+    axis: int = -1
+    outer: str = "heads"
+
+    def _inner(self, shape: Shape, spec: ModelSpec) -> tuple[int, int, int]:
+        axis = _axis(self.axis, len(shape))
+        outer = spec.dim(self.outer)
+        if shape[axis] % outer:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} does not split into {outer} {self.outer}")
+        return axis, outer, shape[axis] // outer
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, outer, inner = self._inner(shape, spec)
+        return (*shape[:axis], outer, inner, *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, _, inner = self._inner(shape, spec)
+        start, stop = box[axis]
+        if start % inner or stop % inner:
+            raise Misaligned(f"{self.name}: range {start}:{stop} cuts a block of {inner}")
+        return (*box[:axis], (start // inner, stop // inner), (0, inner), *box[axis + 1:])
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        split_axis, _, inner = self._inner(shape, spec)
+        return inner if axis == split_axis else 1
+
+    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
+        split_axis, _, inner = self._inner(shape, spec)
+        if axis == split_axis:
+            return axis, inner
+        return (axis + 1, 1) if axis > split_axis else (axis, 1)
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return x.reshape(box_shape(out_box))
+
+    def inverse(self) -> Step:
+        return Merge(f"merge_{self.outer}", self.axis, self.outer)
 
 
-def _rope_interleaved_to_half(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    d = x.shape[-1]
-    return np.ascontiguousarray(x.reshape(*x.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(x.shape))
+@dataclass(frozen=True)
+class Merge(Step):
+    """The inverse of :class:`Split`: axes ``(axis, axis + 1)`` become one (MaxText -> HF)."""
+
+    axis: int = -1
+    outer: str = "heads"
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis = _axis(self.axis, len(shape) - 1)
+        return (*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return x.reshape(box_shape(out_box))
+
+    def inverse(self) -> Step:
+        return Split(f"split_{self.outer}", self.axis, self.outer)
 
 
-ROPE_INTERLEAVE = Step("rope_interleave", _rope_half_to_interleaved, lambda s, spec: s)
-ROPE_DEINTERLEAVE = Step("rope_deinterleave", _rope_interleaved_to_half, lambda s, spec: s)
+@dataclass(frozen=True)
+class RopeInterleave(Step):
+    """HF rotates halves ``[x0..x_{d/2-1} | x_{d/2}..]``; MaxText's Llama 3.1+ rotates pairs.
+
+    Output position ``2i`` takes input ``i`` and ``2i+1`` takes ``i + d/2`` along the last
+    (head_dim) axis. Applied only when the spec's ``when`` value is true (``interleave_rope``),
+    so a family writes the step once and the config decides.
+    """
+
+    when: str = "interleave_rope"
+    to_pairs: bool = True
+
+    def _active(self, spec: ModelSpec) -> bool:
+        return bool(spec.values.get(self.when, True))
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE if axis == len(shape) - 1 and self._active(spec) else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        if not self._active(spec):
+            return x
+        d = x.shape[-1]
+        if self.to_pairs:
+            return np.ascontiguousarray(x.reshape(*x.shape[:-1], 2, d // 2).swapaxes(-1, -2).reshape(x.shape))
+        return np.ascontiguousarray(x.reshape(*x.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(x.shape))
+
+    def inverse(self) -> Step:
+        return RopeInterleave(f"{self.name}_inverse", self.when, not self.to_pairs)
 
 
-def _rope_to_maxtext(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    return _rope_half_to_interleaved(x, spec) if spec.interleave_rope else x
+@dataclass(frozen=True)
+class Scale(Step):
+    """Multiply by the spec value ``factor`` (e.g. ``query_scale``, ``embed_scale``), in float32."""
+
+    factor: str = "query_scale"
+    divide: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return False
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        factor = np.float32(spec.value(self.factor))
+        return x / factor if self.divide else x * factor
+
+    def inverse(self) -> Step:
+        return Scale(f"{self.name}_inverse", self.factor, not self.divide)
 
 
-def _rope_from_maxtext(x: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    return _rope_interleaved_to_half(x, spec) if spec.interleave_rope else x
+@dataclass(frozen=True)
+class Add(Step):
+    """Add a constant, in float32 (Gemma stores RMSNorm scales as ``w`` where MaxText wants ``1 + w``)."""
+
+    constant: float = 1.0
+
+    @property
+    def exact(self) -> bool:
+        return False
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return x + np.float32(self.constant)
+
+    def inverse(self) -> Step:
+        return Add(f"{self.name}_inverse", -self.constant)
 
 
-# Only models whose MaxText attention rotates interleaved pairs (Llama 3.1+) are permuted.
-ROPE_TO_MAXTEXT = Step("rope_to_maxtext", _rope_to_maxtext, lambda s, spec: s)
-ROPE_FROM_MAXTEXT = Step("rope_from_maxtext", _rope_from_maxtext, lambda s, spec: s)
+@dataclass(frozen=True)
+class TakeStrided(Step):
+    """Every ``step``-th element of ``axis`` from ``start``: one fused HF tensor -> several leaves
+    (gpt-oss stores ``gate`` and ``up`` interleaved column by column)."""
+
+    axis: int = -1
+    start: int = 0
+    step: int = 2
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis = _axis(self.axis, len(shape))
+        if shape[axis] % self.step:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not a multiple of {self.step}")
+        return (*shape[:axis], shape[axis] // self.step, *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis = _axis(self.axis, len(shape))
+        start, stop = box[axis]
+        if start % self.step or stop % self.step:
+            raise Misaligned(f"{self.name}: range {start}:{stop} is not on a multiple of {self.step}")
+        return (*box[:axis], (start // self.step, stop // self.step), *box[axis + 1:])
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return self.step if axis == _axis(self.axis, len(shape)) else 1
+
+    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
+        return axis, self.step if axis == _axis(self.axis, len(shape)) else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        index = [slice(None)] * x.ndim
+        index[_axis(self.axis, x.ndim)] = slice(self.start, None, self.step)
+        return np.ascontiguousarray(x[tuple(index)])
 
 
-def query_scale(spec: ModelSpec) -> float:
-    """MaxText's Llama attention expects queries pre-scaled by 1/sqrt(head_dim) in the weights."""
-    return 1.0 / math.sqrt(spec.head_dim)
+@dataclass(frozen=True)
+class Resize(Step):
+    """Pad with zero rows or drop rows along ``axis`` to the spec dimension ``size``.
+
+    MaxText builds its embedding with its own vocabulary size (Gemma 2: 256128 rows for HF's
+    256000; Gemma 3: 262144 for 262208); its converter pads with zeros or truncates. The last
+    read unit carries the padding, so padding rows are written once, like any other rows.
+    """
+
+    axis: int = 0
+    size: str = "maxtext_vocab"
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis = _axis(self.axis, len(shape))
+        return (*shape[:axis], spec.dim(self.size), *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis = _axis(self.axis, len(shape))
+        size = spec.dim(self.size)
+        start, stop = box[axis]
+        if stop >= shape[axis]:  # the last rows: padding belongs to them
+            stop = size
+        return (*box[:axis], (min(start, size), min(stop, size)), *box[axis + 1:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis = _axis(self.axis, x.ndim)
+        want = box_shape(out_box)[axis]
+        have = x.shape[axis]
+        if have >= want:
+            return x[(slice(None),) * axis + (slice(0, want),)]
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, want - have)
+        return np.pad(x, pad)
 
 
-SCALE_QUERY = Step("scale_query", lambda x, spec: x * np.float32(query_scale(spec)), lambda s, spec: s, exact=False)
-UNSCALE_QUERY = Step("unscale_query", lambda x, spec: x / np.float32(query_scale(spec)), lambda s, spec: s, exact=False)
+# --- The steps families use ---------------------------------------------------------------
 
-NORM_PLUS_ONE = Step("norm_plus_one", lambda x, spec: x + np.float32(1.0), lambda s, spec: s, exact=False)
-NORM_MINUS_ONE = Step("norm_minus_one", lambda x, spec: x - np.float32(1.0), lambda s, spec: s, exact=False)
+TRANSPOSE = Permute("transpose", (1, 0))
 
 
-def q_heads(spec: ModelSpec) -> int:
-    return spec.num_heads
+def split_last(outer: str) -> Step:
+    """(..., outer*inner) -> (..., outer, inner): heads become their own axis."""
+    return Split(f"split_{outer}", -1, outer)
 
 
-def kv_heads(spec: ModelSpec) -> int:
-    return spec.num_kv_heads
+def split_first(outer: str) -> Step:
+    """(outer*inner, ...) -> (outer, inner, ...): the attention output kernel."""
+    return Split(f"split_{outer}_first", 0, outer)
 
 
-def column_sliceable(steps: tuple[Step, ...]) -> bool:
-    """True when ``steps`` are a transpose followed by row-local steps: then output rows
-    ``a:b`` are ``apply_steps(x[:, a:b])``, and a big kernel can be produced piece by piece."""
-    return bool(steps) and steps[0] is TRANSPOSE and all(step.row_local for step in steps[1:])
+ROPE_TO_MAXTEXT = RopeInterleave("rope_to_maxtext", "interleave_rope", True)
+ROPE_FROM_MAXTEXT = ROPE_TO_MAXTEXT.inverse()
+SCALE_QUERY = Scale("scale_query", "query_scale")
+UNSCALE_QUERY = SCALE_QUERY.inverse()
+SCALE_EMBEDDING = Scale("scale_embedding", "embed_scale")
+NORM_PLUS_ONE = Add("norm_plus_one", 1.0)
+NORM_MINUS_ONE = NORM_PLUS_ONE.inverse()
+RESIZE_VOCAB = Resize("resize_vocab", 0, "maxtext_vocab")
 
 
-def apply_steps(x: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec) -> np.ndarray:
-    """Apply ``steps`` in order; value-changing steps run in float32 (as MaxText's converter does)."""
-    if not all(step.exact for step in steps) and x.dtype != np.float32:
-        x = x.astype(np.float32)
-    for step in steps:
-        x = step.apply(x, spec)
-    return x
+def query_scale(head_dim: int) -> float:
+    """MaxText's Llama-style attention expects queries pre-scaled by 1/sqrt(head_dim) in the weights."""
+    return 1.0 / math.sqrt(head_dim)
 
+
+# --- Chains -------------------------------------------------------------------------------
 
 def output_shape(shape: Shape, steps: tuple[Step, ...], spec: ModelSpec) -> Shape:
     """The shape ``steps`` turn ``shape`` into, computed without touching data."""
     for step in steps:
         shape = step.shape(shape, spec)
     return shape
+
+
+def forward_boxes(box: Box, shape: Shape, steps: tuple[Step, ...], spec: ModelSpec) -> list[Box]:
+    """The box after each step for an input region ``box`` of a tensor of ``shape``."""
+    boxes = []
+    for step in steps:
+        box = step.forward(box, shape, spec)
+        shape = step.shape(shape, spec)
+        boxes.append(box)
+    return boxes
+
+
+def chain_quantum(axis: int, shape: Shape, steps: tuple[Step, ...], spec: ModelSpec) -> tuple[int, int]:
+    """(quantum, image axis): how finely input ``axis`` may be cut, and the output axis it becomes.
+
+    A quantum of ``WHOLE`` means the axis may not be cut at all. Cuts must be multiples of the
+    quantum; a cut of ``k * quantum`` input units covers ``k * quantum / per_unit`` units of
+    the image axis.
+    """
+    quantum, per_unit = 1, 1
+    for step in steps:
+        q = step.quantum(axis, shape, spec)
+        if q == WHOLE:
+            return WHOLE, axis
+        quantum = math.lcm(quantum, q * per_unit)
+        axis, factor = step.axis_image(axis, shape, spec)
+        per_unit *= factor
+        shape = step.shape(shape, spec)
+    return quantum, axis
+
+
+def apply_steps(x: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: list[Box] | None = None) -> np.ndarray:
+    """Apply ``steps`` to a region ``x``; ``boxes`` (from :func:`forward_boxes`) tell each step
+    its output region (only :class:`Resize` needs it; whole tensors by default).
+
+    Value-changing steps run in float32 (as MaxText's converter computes them).
+    """
+    if boxes is None:
+        shape, boxes = x.shape, []
+        for step in steps:
+            shape = step.shape(shape, spec)
+            boxes.append(full_box(shape))
+    if not all(step.exact for step in steps) and x.dtype != np.float32:
+        x = x.astype(np.float32)
+    for step, box in zip(steps, boxes):
+        x = step.apply(x, spec, box)
+    return x

@@ -16,7 +16,7 @@ import numpy as np
 from ckptconv import destination
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
-from ckptconv.slabs import leaf_slabs
+from ckptconv.produce import job_tiles
 from ckptconv.sources import open_source
 from ckptconv.stored import open_leaf, read_metadata, read_region
 
@@ -60,24 +60,31 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
     result.mismatches += [f"{'/'.join(p)}: not expected from the source"
                           for p in sorted(set(by_path) - planned - EXTRA_LEAVES)]
     timer = StageTimer()
-    for leaf in plan.leaves:
-        meta = by_path.get(leaf.path)
-        if meta is None:
-            continue
-        if meta.shape != leaf.shape or np.dtype(meta.dtype) != leaf.dtype:
+    for job in plan.jobs:
+        present = [by_path.get(leaf.path) for leaf in job.leaves]
+        bad = [leaf for leaf, meta in zip(job.leaves, present)
+               if meta is not None and (meta.shape != leaf.shape or np.dtype(meta.dtype) != leaf.dtype)]
+        for leaf in bad:
+            meta = by_path[leaf.path]
             result.mismatches.append(f"{leaf.name}: stored {meta.dtype}{list(meta.shape)}, "
                                      f"expected {leaf.dtype}{list(leaf.shape)}")
+        if bad or any(meta is None for meta in present):
             continue
-        store = open_leaf(dst, leaf.path)
-        for index, expected in leaf_slabs(leaf, source, plan.spec, timer):
-            got = read_region(store, index)
+        stores = [open_leaf(dst, leaf.path) for leaf in job.leaves]
+        failed: set[int] = set()
+        for k, index, expected in job_tiles(job, plan.spec, source, timer):
+            if k in failed:
+                continue
+            got = read_region(stores[k], index)
             if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
                 diff = np.argwhere(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
-                result.mismatches.append(f"{leaf.name}: slab {_fmt(index)} differs (first byte {int(diff[0][0])})")
-                break
+                result.mismatches.append(f"{job.leaves[k].name}: region {_fmt(index)} differs "
+                                         f"(first byte {int(diff[0][0])})")
+                failed.add(k)
+                continue
             result.bytes_checked += expected.nbytes
-        result.leaves_checked += 1
-        result.tensors_checked += len(leaf.sources)
+        result.leaves_checked += len(job.leaves)
+        result.tensors_checked += len(job.pieces)
     result.seconds = time.perf_counter() - start
     return result
 

@@ -1,7 +1,12 @@
-"""Each transform step against a from-scratch restatement, and against its inverse."""
+"""Each transform step against a from-scratch restatement, against its inverse, and region by region.
+
+The region property is what lets the converter stream: transforming a cut of the source must
+give exactly the cut of the transformed tensor that ``forward`` names.
+"""
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -9,63 +14,120 @@ from ckptconv import transforms as t
 from ckptconv.spec import ModelSpec
 
 
-def spec(**overrides) -> ModelSpec:
-    base = dict(family="llama", model_type="llama", vocab_size=32, hidden_size=16, num_layers=2, num_heads=4,
-                num_kv_heads=2, head_dim=8, intermediate_size=24, tie_word_embeddings=False, rms_norm_eps=1e-6,
-                rope_theta=1e4, rope_type="llama3", interleave_rope=True, max_position_embeddings=128)
-    return ModelSpec(**{**base, **overrides})
+def spec(interleave: bool = True, **dims) -> ModelSpec:
+    base = {"emb": 16, "heads": 4, "kv_heads": 2, "hd": 8, "maxtext_vocab": 40}
+    return ModelSpec("llama", "llama", 2, {**base, **dims},
+                     {"interleave_rope": interleave, "query_scale": t.query_scale(8), "embed_scale": 4.0})
 
 
 def test_rope_interleave_matches_index_formula():
     d = 8
     x = np.arange(3 * d, dtype=np.float32).reshape(3, d)
-    out = t.ROPE_INTERLEAVE.apply(x, spec())
+    out = t.ROPE_TO_MAXTEXT.apply(x, spec(), t.full_box(x.shape))
     for j in range(d):  # MaxText position j takes HF position j//2 + (j%2)*d/2
         np.testing.assert_array_equal(out[:, j], x[:, j // 2 + (j % 2) * d // 2])
 
 
-@pytest.mark.parametrize("forward, inverse", [
-    (t.ROPE_INTERLEAVE, t.ROPE_DEINTERLEAVE),
-    (t.ROPE_TO_MAXTEXT, t.ROPE_FROM_MAXTEXT),
-    (t.SCALE_QUERY, t.UNSCALE_QUERY),
-    (t.NORM_PLUS_ONE, t.NORM_MINUS_ONE),
-])
-def test_steps_invert(forward, inverse):
-    x = np.random.default_rng(0).standard_normal((5, 4, 8)).astype(np.float32)
-    np.testing.assert_allclose(inverse.apply(forward.apply(x, spec()), spec()), x, rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("forward", [t.ROPE_TO_MAXTEXT, t.SCALE_QUERY, t.NORM_PLUS_ONE, t.SCALE_EMBEDDING,
+                                     t.TRANSPOSE, t.split_last("heads")],
+                         ids=lambda s: s.name)
+def test_steps_invert(forward):
+    x = np.random.default_rng(0).standard_normal((5, 32)).astype(np.float32)
+    s = spec()
+    y = t.apply_steps(x, (forward,), s)
+    back = t.apply_steps(y, (forward.inverse(),), s)
+    np.testing.assert_allclose(back, x, rtol=1e-6, atol=1e-6)
+    assert t.output_shape(y.shape, (forward.inverse(),), s) == x.shape
 
 
-def test_rope_to_maxtext_is_identity_without_interleave():
+def test_rope_is_identity_without_interleave():
     x = np.arange(16, dtype=np.float32).reshape(2, 8)
-    np.testing.assert_array_equal(t.ROPE_TO_MAXTEXT.apply(x, spec(interleave_rope=False)), x)
+    np.testing.assert_array_equal(t.ROPE_TO_MAXTEXT.apply(x, spec(interleave=False), t.full_box(x.shape)), x)
 
 
 def test_query_kernel_chain_equals_restatement():
     s = spec()
-    w = np.random.default_rng(1).standard_normal((s.num_heads * s.head_dim, s.hidden_size)).astype(np.float32)
-    steps = (t.TRANSPOSE, t.split_last(t.q_heads), t.ROPE_TO_MAXTEXT, t.SCALE_QUERY)
+    w = np.random.default_rng(1).standard_normal((4 * 8, 16)).astype(np.float32)
+    steps = (t.TRANSPOSE, t.split_last("heads"), t.ROPE_TO_MAXTEXT, t.SCALE_QUERY)
     out = t.apply_steps(w, steps, s)
-    expected = w.T.reshape(s.hidden_size, s.num_heads, s.head_dim)
-    perm = [j // 2 + (j % 2) * s.head_dim // 2 for j in range(s.head_dim)]
-    expected = expected[:, :, perm] / math.sqrt(s.head_dim)
+    expected = w.T.reshape(16, 4, 8)
+    perm = [j // 2 + (j % 2) * 4 for j in range(8)]
+    expected = expected[:, :, perm] / math.sqrt(8)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     assert t.output_shape(w.shape, steps, s) == out.shape
 
 
 def test_out_kernel_shape_and_values():
     s = spec()
-    w = np.arange(s.hidden_size * s.num_heads * s.head_dim, dtype=np.float32).reshape(s.hidden_size, -1)
-    steps = (t.TRANSPOSE, t.split_first(t.q_heads))
+    w = np.arange(16 * 32, dtype=np.float32).reshape(16, 32)
+    steps = (t.TRANSPOSE, t.split_first("heads"))
     out = t.apply_steps(w, steps, s)
-    assert out.shape == (s.num_heads, s.head_dim, s.hidden_size) == t.output_shape(w.shape, steps, s)
-    np.testing.assert_array_equal(out[1, 2, 3], w[3, 1 * s.head_dim + 2])
+    assert out.shape == (4, 8, 16) == t.output_shape(w.shape, steps, s)
+    np.testing.assert_array_equal(out[1, 2, 3], w[3, 1 * 8 + 2])
 
 
 def test_value_changing_steps_compute_in_float32():
-    import ml_dtypes
-
     w = np.full((4, 4), 3.0, dtype=ml_dtypes.bfloat16)
     out = t.apply_steps(w, (t.SCALE_QUERY,), spec())
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, 3.0 / math.sqrt(8), rtol=1e-7)
     assert t.apply_steps(w, (t.TRANSPOSE,), spec()).dtype == w.dtype  # pure moves keep the dtype
+
+
+def test_resize_pads_with_zeros_and_truncates():
+    s = spec()
+    x = np.arange(30 * 2, dtype=np.float32).reshape(30, 2)
+    padded = t.apply_steps(x, (t.RESIZE_VOCAB,), s)
+    assert padded.shape == (40, 2) and (padded[:30] == x).all() and (padded[30:] == 0).all()
+    cut = t.apply_steps(np.arange(50 * 2, dtype=np.float32).reshape(50, 2), (t.RESIZE_VOCAB,), s)
+    assert cut.shape == (40, 2) and cut[-1, 1] == 79
+
+
+def test_take_strided_splits_interleaved_columns():
+    x = np.arange(24, dtype=np.float32).reshape(2, 12)
+    even = t.apply_steps(x, (t.TakeStrided("even", -1, 0, 2),), spec())
+    odd = t.apply_steps(x, (t.TakeStrided("odd", -1, 1, 2),), spec())
+    np.testing.assert_array_equal(even, x[:, 0::2])
+    np.testing.assert_array_equal(odd, x[:, 1::2])
+
+
+CHAINS = {
+    "q kernel": ((32, 16), (t.TRANSPOSE, t.split_last("heads"), t.ROPE_TO_MAXTEXT, t.SCALE_QUERY)),
+    "out kernel": ((16, 32), (t.TRANSPOSE, t.split_first("heads"))),
+    "mlp kernel": ((24, 16), (t.TRANSPOSE,)),
+    "embedding pad": ((30, 16), (t.RESIZE_VOCAB, t.SCALE_EMBEDDING)),
+    "embedding cut": ((50, 16), (t.SCALE_EMBEDDING, t.RESIZE_VOCAB)),
+    "bias": ((32,), (t.split_last("heads"),)),
+    "fused experts": ((3, 16, 12), (t.Permute("swap", (0, 2, 1)), t.TakeStrided("odd", -1, 1, 2))),
+}
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_regions_transform_to_the_forward_box(name):
+    """For every band a chain allows, transforming the band = the band's box of the whole transform."""
+    shape, steps = CHAINS[name]
+    s = spec()
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    whole = t.apply_steps(x, steps, s)
+    for axis in range(len(shape)):
+        quantum, _ = t.chain_quantum(axis, shape, steps, s)
+        if quantum == t.WHOLE:
+            break
+        if any(t.chain_quantum(a, shape, steps, s)[0] != 1 for a in range(axis)):
+            break  # earlier axes cannot be fixed to single indices: no band on this axis
+        for band in {quantum, 2 * quantum}:
+            for start in range(0, shape[axis], band):
+                prefix = tuple((0, 1) for _ in shape[:axis])
+                box = prefix + ((start, min(start + band, shape[axis])),) + t.full_box(shape[axis + 1:])
+                boxes = t.forward_boxes(box, shape, steps, s)
+                part = t.apply_steps(x[t.box_slices(box)], steps, s, boxes)
+                np.testing.assert_array_equal(part, whole[t.box_slices(boxes[-1])], err_msg=f"{name} {box}")
+
+
+def test_misaligned_cut_is_refused():
+    s = spec()
+    with pytest.raises(t.Misaligned):
+        t.forward_boxes(((0, 5), (0, 16)), (32, 16), (t.TRANSPOSE, t.split_last("heads")), s)
+    quantum, axis = t.chain_quantum(0, (32, 16), (t.TRANSPOSE, t.split_last("heads")), s)
+    assert (quantum, axis) == (8, 1)
+    assert t.chain_quantum(1, (32, 16), (t.TRANSPOSE, t.split_last("heads")), s) == (1, 0)

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckptconv.writer import LeafWrite, chunk_shape, slab_rows, write_checkpoint, write_shape
+from ckptconv.writer import LeafWrite, write_checkpoint, write_shape
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -31,34 +31,40 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 def values(shape, dtype, seed):
     return ((np.arange(int(np.prod(shape))) * 7 + seed) % 251 - 125).astype(dtype).reshape(shape)
 
-def layer_slabs(array, axis, rows):
-    def gen():
-        for start in range(0, array.shape[axis], rows):
-            index = [slice(None)] * array.ndim
-            index[axis] = slice(start, start + rows)
-            yield tuple(index), array[tuple(index)].copy()
-    return gen
-
-SMALL = {  # path: (shape, dtype, stream_axis, rows per slab)
-    ("params", "params", "decoder", "layers", "k"): ((16, 6, 32), BF16, 1, 1),
-    ("params", "params", "decoder", "layers", "kt"): ((6, 32, 40), np.dtype(np.float32), 2, 8),
-    ("params", "params", "token_embedder", "embedding"): ((64, 8), np.dtype(np.float32), 0, 16),
-    ("params", "params", "decoder", "replicated"): ((3, 5, 32), BF16, None, None),
-    ("step",): ((), np.dtype(np.int32), None, None),
+SMALL = {  # path: (shape, dtype, chunk shape, tile axis, tile thickness)
+    ("params", "params", "decoder", "layers", "k"): ((16, 6, 32), BF16, (1, 1, 32), 1, 1),
+    ("params", "params", "decoder", "layers", "kt"): ((6, 32, 40), np.dtype(np.float32), (6, 2, 8), 2, 8),
+    ("params", "params", "token_embedder", "embedding"): ((64, 8), np.dtype(np.float32), (4, 8), 0, 16),
+    ("params", "params", "decoder", "replicated"): ((3, 5, 32), BF16, (3, 5, 32), None, None),
+    ("step",): ((), np.dtype(np.int32), (), None, None),
 }
 
 def small_arrays():
-    return {path: values(shape, dtype, n) for n, (path, (shape, dtype, _, _)) in enumerate(SMALL.items())}
+    return {path: values(shape, dtype, n) for n, (path, (shape, dtype, *_)) in enumerate(SMALL.items())}
 
-def small_leaves(arrays):
+def small_leaves(arrays, devices):
+    # LeafWrites (chunks within shards on `devices`) and one interleaved tile stream over all of them.
     from ckptconv.writer import LeafWrite
-    leaves = []
-    for path, (shape, dtype, axis, rows) in SMALL.items():
-        array = arrays[path]
-        slabs = layer_slabs(array, axis, rows) if axis is not None else (lambda a=array: [((slice(None),) * a.ndim, a)])
+    from ckptconv.sharding import write_shape
+    leaves, streams = [], []
+    for n, (path, (shape, dtype, chunk, axis, rows)) in enumerate(SMALL.items()):
+        shard = write_shape(shape, devices)
+        chunk = tuple(min(c, s) if s % min(c, s) == 0 else 1 for c, s in zip(chunk, shard))
         numpy_ints = tuple(np.int64(dim) for dim in shape)  # as a planner may hand them over
-        leaves.append(LeafWrite(path, numpy_ints, dtype, axis, slabs))
-    return leaves
+        leaves.append(LeafWrite(path, numpy_ints, dtype, chunk))
+        array = arrays[path]
+        if axis is None:
+            streams.append([(n, (slice(None),) * array.ndim, array)])
+            continue
+        cut = []
+        for start in range(0, shape[axis], rows):
+            index = [slice(None)] * array.ndim
+            index[axis] = slice(start, start + rows)
+            cut.append((n, tuple(index), array[tuple(index)].copy()))
+        streams.append(cut)
+    # Round robin over the leaves: the writer must accept tiles of any leaf in any order.
+    tiles = [t for group in __import__("itertools").zip_longest(*streams) for t in group if t is not None]
+    return leaves, (lambda: iter(tiles))
 
 def nest(flat):
     tree = {}
@@ -108,15 +114,15 @@ manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(
     item=tree, save_args=save_args, ocdbt_target_data_file_size=TARGET_FILE_BYTES)),
     custom_metadata={"scan_layers": True})
 manager.wait_until_finished()
-slabs = []
-write_checkpoint(out + "/streamed", small_leaves(arrays), devices=N,
-                 custom_metadata={"scan_layers": True}, on_slab=lambda leaf, n: slabs.append([leaf.path[-1], n]))
-print(json.dumps({"slabs": slabs}))
+tiles = []
+leaves, stream = small_leaves(arrays, N)
+write_checkpoint(out + "/streamed", leaves, stream, devices=N,
+                 custom_metadata={"scan_layers": True}, on_tile=lambda leaf, n: tiles.append([leaf.path[-1], n]))
+print(json.dumps({"tiles": tiles, "chunks": {"/".join(l.path): list(l.chunk_shape) for l in leaves}}))
 """
 
 RESTORE_BOTH = """
 import jax, orbax.checkpoint as ocp
-from ckptconv.writer import chunk_shape
 out, report = os.environ["OUT"], {}
 arrays = small_arrays()
 for kind in ("plain", "streamed"):
@@ -192,16 +198,17 @@ def test_restores_on_other_device_count_with_same_sharding_and_custom_metadata(s
         assert leaf["sharding"] == plain["leaves"][name]["sharding"], name
     assert ("checkpoint_sharding_axis" in streamed["leaves"]["params/params/token_embedder/embedding"]
             ["sharding"]) == (devices > 1)
-    # Layer-streamed leaf: one layer per chunk, as SaveArgs(shard_axes=(1,)) would give.
-    assert streamed["leaves"]["params/params/decoder/layers/k"]["chunk"] == list(
-        chunk_shape((16, 6, 32), BF16, devices, 1, 1))
+    # Every leaf is stored with the planned chunks (one layer per chunk for "k").
+    for name, chunk in report["save"]["chunks"].items():
+        if name != "step":
+            assert streamed["leaves"][name]["chunk"] == chunk, name
     assert streamed["leaves"]["params/params/decoder/layers/k"]["chunk"][1] == 1
 
 
-def test_on_slab_reports_each_slab_bytes_once_written(saved):
+def test_on_tile_reports_each_tile_bytes_once_written(saved):
     _, _, report = saved
     reported: dict[str, list[int]] = {}
-    for name, nbytes in report["save"]["slabs"]:
+    for name, nbytes in report["save"]["tiles"]:
         reported.setdefault(name, []).append(nbytes)
     assert reported == {"k": [16 * 32 * 2] * 6, "kt": [6 * 32 * 8 * 4] * 5, "embedding": [16 * 8 * 4] * 4,
                         "replicated": [3 * 5 * 32 * 2], "step": [4]}
@@ -216,12 +223,12 @@ shape = (1024, 32, 4096)
 def layer(l):  # generated on the fly: 8 MiB per layer, never a list of slabs
     row = ((np.arange(shape[0] * shape[2], dtype=np.int32) + 13 * l) % 251).astype(BF16)
     return row.reshape(shape[0], 1, shape[2])
-slabs = lambda: ((np.s_[:, l:l + 1, :], layer(l)) for l in range(shape[1]))
-leaf = LeafWrite(("params", "params", "decoder", "layers", "mlp", "wi_0", "kernel"), shape, BF16, 1, slabs)
+tiles = lambda: ((0, np.s_[:, l:l + 1, :], layer(l)) for l in range(shape[1]))
+leaf = LeafWrite(("params", "params", "decoder", "layers", "mlp", "wi_0", "kernel"), shape, BF16, (64, 1, 4096))
 jax.devices()
 layer(0)  # the producer's own temporaries are not the writer's: count them in the baseline
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-write_checkpoint(out, [leaf], devices=16, custom_metadata={"scan_layers": True})
+write_checkpoint(out, [leaf], tiles, devices=16, custom_metadata={"scan_layers": True})
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 array = ts.open({"driver": "zarr3", "kvstore": {"driver": "ocdbt", "base": "file://" + out + "/0/items/",
                  "path": ".".join(leaf.path) + "/"}}).result()
@@ -245,12 +252,12 @@ KILLED = """
 import signal
 from ckptconv.writer import LeafWrite, write_checkpoint
 shape = (256, 16, 1024)
-def slabs():
+def tiles():
     for l in range(shape[1]):
         if l == 8:
             os.kill(os.getpid(), signal.SIGKILL)
-        yield np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
-write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, 1, slabs)],
+        yield 0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
+write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, (64, 1, 1024))], tiles,
                  devices=4, custom_metadata={})
 """
 
@@ -259,8 +266,8 @@ import orbax.checkpoint as ocp
 from ckptconv.writer import LeafWrite, write_checkpoint
 out, shape = os.environ["OUT"], (256, 16, 1024)
 steps_before = list(ocp.CheckpointManager(out, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps())
-slabs = lambda: ((np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)) for l in range(shape[1]))
-write_checkpoint(out, [LeafWrite(("params", "params", "w"), shape, BF16, 1, slabs)], devices=4,
+tiles = lambda: ((0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)) for l in range(shape[1]))
+write_checkpoint(out, [LeafWrite(("params", "params", "w"), shape, BF16, (64, 1, 1024))], tiles, devices=4,
                  custom_metadata={}, use_compression=False)
 stored = sum(f.stat().st_size for f in __import__("pathlib").Path(out, "0", "items").rglob("*") if f.is_file())
 manager = ocp.CheckpointManager(out, item_names=("items",))
@@ -292,44 +299,36 @@ import orbax.checkpoint as ocp
 from ckptconv.writer import LeafWrite, write_checkpoint
 out, report = os.environ["OUT"], {}
 emb = values((64, 8), np.dtype(np.float32), 0)
-bad = lambda: iter([(np.s_[0:4, :], emb[0:4]), (np.s_[4:6, :], emb[4:6]), (np.s_[6:64, :], emb[6:64])])
+leaf = LeafWrite(("params", "emb"), emb.shape, emb.dtype, (4, 8))
+bad = lambda: iter([(0, np.s_[0:4, :], emb[0:4]), (0, np.s_[4:6, :], emb[4:6]), (0, np.s_[6:64, :], emb[6:64])])
 try:
-    write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, bad)], devices=16, custom_metadata={})
+    write_checkpoint(out, [leaf], bad, devices=16, custom_metadata={})
 except Exception as error:
     report["misaligned"] = f"{type(error).__name__}: {error}"
 report["steps_after_error"] = list(ocp.CheckpointManager(out).all_steps())
-good = lambda: iter([(np.s_[0:32, :], emb[0:32]), (np.s_[32:64, :], emb[32:64])])
-write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, good)], devices=16, custom_metadata={})
+short = lambda: iter([(0, np.s_[0:32, :], emb[0:32])])
 try:
-    write_checkpoint(out, [LeafWrite(("params", "emb"), emb.shape, emb.dtype, 0, good)], devices=16, custom_metadata={})
+    write_checkpoint(out, [leaf], short, devices=16, custom_metadata={})
+except Exception as error:
+    report["short"] = f"{type(error).__name__}: {error}"
+report["steps_after_short"] = list(ocp.CheckpointManager(out).all_steps())
+good = lambda: iter([(0, np.s_[32:64, :], emb[32:64]), (0, np.s_[0:32, :], emb[0:32])])
+write_checkpoint(out, [leaf], good, devices=16, custom_metadata={})
+try:
+    write_checkpoint(out, [leaf], good, devices=16, custom_metadata={})
 except FileExistsError as error:
     report["exists"] = str(error)
 print(json.dumps(report))
 """
 
 
-def test_misaligned_slab_fails_without_a_step_and_complete_step_is_never_overwritten(tmp_path):
+def test_misaligned_or_missing_tiles_fail_without_a_step_and_complete_step_is_never_overwritten(tmp_path):
     report = last_json(run_child(ERRORS, 16, tmp_path / "ckpt"))
     assert "params/emb" in report["misaligned"] and "cuts through chunks" in report["misaligned"]
     assert report["steps_after_error"] == []
+    assert "tiles covered 256 of 512 elements" in report["short"]
+    assert report["steps_after_short"] == []
     assert "already holds a complete step 0" in report["exists"]
-
-
-def test_chunk_shapes_for_typical_leaves():
-    assert chunk_shape((1024, 28, 3072), BF16, 16, 1, 1) == (64, 1, 3072)
-    rows = slab_rows((151936, 1024), BF16, 16, 0)
-    assert rows % 9496 == 0 and chunk_shape((151936, 1024), BF16, 16, 0, rows) == (9496, 1024)
-    rows = slab_rows((1024, 151936), BF16, 16, 1)
-    assert chunk_shape((1024, 151936), BF16, 16, 1, rows) == (64, rows)
-    assert 151936 % rows == 0 and 1024 * rows * 2 <= 64 * 2**20
-    assert chunk_shape((151936, 1024), BF16, 1) == (151936, 1024)  # whole leaf: as MaxText
-
-
-def test_slab_rows_fit_budget_and_tile_the_shard():
-    for shape, devices, axis in [((151936, 1024), 1, 0), ((4096, 32, 14336), 16, 1), ((7, 3), 16, 0)]:
-        rows = slab_rows(shape, BF16, devices, axis)
-        extent = write_shape(shape, devices)[axis]
-        assert rows >= 1 and (extent % rows == 0 or rows % extent == 0)
 
 
 def test_write_shape_splits_replicated_leaves_like_replica_parallel_orbax():
@@ -340,20 +339,22 @@ def test_write_shape_splits_replicated_leaves_like_replica_parallel_orbax():
     assert write_shape((30, 1024), 16) == (30, 64)
 
 
-@pytest.mark.parametrize("leaf, message", [
-    (LeafWrite((), (2,), BF16, None, list), "path must be"),
-    (LeafWrite(("a",), (0, 3), BF16, None, list), "empty"),
-    (LeafWrite(("a",), (2, 3), BF16, 2, list), "stream_axis 2"),
+@pytest.mark.parametrize("leaf, devices, message", [
+    (LeafWrite((), (2,), BF16, (2,)), 1, "path must be"),
+    (LeafWrite(("a",), (0, 3), BF16, (1, 3)), 1, "empty"),
+    (LeafWrite(("a",), (2, 3), BF16, (2,)), 1, "does not fit"),
+    (LeafWrite(("a",), (2, 3), BF16, (2, 4)), 1, "does not fit"),
+    (LeafWrite(("a",), (32, 3), BF16, (3, 3)), 16, "crosses the shards"),
 ])
-def test_invalid_leaves_are_rejected_before_any_write(leaf, message, tmp_path):
+def test_invalid_leaves_are_rejected_before_any_write(leaf, devices, message, tmp_path):
     with pytest.raises(ValueError, match=message):
-        write_checkpoint(str(tmp_path), [leaf], devices=1, custom_metadata={})
+        write_checkpoint(str(tmp_path), [leaf], list, devices=devices, custom_metadata={})
     assert not any(tmp_path.iterdir())
 
 
 def test_duplicate_and_nested_paths_are_rejected(tmp_path):
-    a = LeafWrite(("params", "a"), (2,), BF16, None, list)
-    nested = LeafWrite(("params", "a", "b"), (2,), BF16, None, list)
+    a = LeafWrite(("params", "a"), (2,), BF16, (2,))
+    nested = LeafWrite(("params", "a", "b"), (2,), BF16, (2,))
     for leaves in ([a, a], [a, nested], [nested, a]):
         with pytest.raises(ValueError, match="nest|duplicate"):
-            write_checkpoint(str(tmp_path), leaves, devices=1, custom_metadata={})
+            write_checkpoint(str(tmp_path), leaves, list, devices=1, custom_metadata={})

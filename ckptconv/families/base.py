@@ -1,9 +1,17 @@
-"""The vocabulary model families are written in: a :class:`Rule` per tensor, a :class:`Family` per model type.
+"""The vocabulary model families are written in.
 
-A rule says which HF tensor feeds which MaxText leaf, the HF shape it must have (in named
-dimensions taken from the config) and the transform steps. Layer rules are written once;
-the planner derives both the scanned (stacked on axis 1) and unscanned (``layers_{i}``)
-layouts from them, so the two can never disagree.
+A family is data:
+- ``read_spec``: ``config.json`` -> :class:`~ckptconv.spec.ModelSpec` (its own fields; unknown ones fail);
+- ``rules``: which HF tensor (a name template over ``{layer}`` and ``{expert}``, with a shape in
+  named dimensions) feeds which MaxText leaves, through which transform steps. A rule may have
+  several outputs (one HF tensor -> two leaves) and is read once for all of them;
+- ``layout``: the :class:`LayerStack` s that place HF layers in MaxText's tree, scanned or not
+  (Llama: one stack ``decoder/layers``; Gemma 3: six block stacks plus a remainder; Gemma 2:
+  local and global stacks of alternating layers);
+- what the checkpoint may hold that MaxText's layout does not (a vision tower), reported, not written.
+
+The planner derives every leaf (name, shape, sources) from these; scanned and unscanned
+layouts come from the same rules, so they can never disagree.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from ckptconv.spec import ConfigReader, ModelSpec
 from ckptconv.transforms import Step
 
 LAYER = "{layer}"
+EXPERT = "{expert}"
 
 
 def always(spec: ModelSpec) -> bool:
@@ -22,51 +31,124 @@ def always(spec: ModelSpec) -> bool:
 
 
 def untied(spec: ModelSpec) -> bool:
-    return not spec.tie_word_embeddings
+    return not spec.value("tie_word_embeddings")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One leaf a rule writes: its MaxText path and the steps from the HF tensor to it."""
+
+    path: tuple[str, ...]
+    steps: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
 class Rule:
-    """HF tensor ``hf`` (with ``{layer}`` for per-layer tensors) -> MaxText leaf ``maxtext``.
+    """HF tensor ``hf`` -> the leaves ``outputs``.
 
-    ``hf_shape`` names dimensions (see :func:`dimensions`); ``maxtext`` is the path below
-    ``decoder/layers`` for layer rules and below ``params/params`` for global ones.
+    ``hf`` may hold ``{layer}`` (a layer rule: paths are below the layer stack's prefix) and
+    ``{expert}`` (one tensor per expert, stacked on a leading expert axis of each leaf).
+    ``hf_shape`` names dimensions of the spec. ``kinds``: the layer kinds the rule applies to
+    (None: every layer), for models whose layers differ (DeepSeek's dense and MoE layers).
+    ``when`` false: the rule is inactive and its tensor, if present, is reported, not written
+    (``lm_head.weight`` of a tied model).
     """
 
     hf: str
-    maxtext: tuple[str, ...]
     hf_shape: tuple[str, ...]
-    steps: tuple[Step, ...] = ()
+    outputs: tuple[Output, ...]
     when: Callable[[ModelSpec], bool] = always
+    kinds: frozenset[str] | None = None
+    note: str = ""  # why an inactive rule's tensor is not written (for the report)
 
     @property
     def per_layer(self) -> bool:
         return LAYER in self.hf
 
+    @property
+    def per_expert(self) -> bool:
+        return EXPERT in self.hf
 
-def dimensions(spec: ModelSpec) -> dict[str, int]:
-    """Named dimensions the rules' ``hf_shape`` refer to."""
-    return {
-        "vocab": spec.vocab_size,
-        "emb": spec.hidden_size,
-        "mlp": spec.intermediate_size,
-        "hd": spec.head_dim,
-        "q": spec.num_heads * spec.head_dim,
-        "kv": spec.num_kv_heads * spec.head_dim,
-    }
+
+def rule(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps: tuple[Step, ...] = (),
+         when: Callable[[ModelSpec], bool] = always, kinds: frozenset[str] | None = None, note: str = "") -> Rule:
+    """The common case: one HF tensor -> one leaf."""
+    return Rule(hf, hf_shape, (Output(maxtext, steps),), when, kinds, note)
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """HF ``layers`` placed under MaxText ``prefix``.
+
+    ``stacked``: one leaf per rule output with the layers on MaxText's scan axis (axis 1), in
+    the order given; otherwise exactly one layer with plain leaves. ``suffix`` is appended to
+    the first component of every rule path (Gemma 2: ``self_attention`` -> ``self_attention_local``).
+    ``kind`` selects the rules (see :attr:`Rule.kinds`).
+    """
+
+    prefix: tuple[str, ...]
+    layers: tuple[int, ...]
+    stacked: bool
+    suffix: str = ""
+    kind: str = "decoder"
+
+    def path(self, rule_path: tuple[str, ...]) -> tuple[str, ...]:
+        head = rule_path[0] + self.suffix
+        return (*self.prefix, head, *rule_path[1:])
+
+
+def uniform_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """Every layer alike: ``decoder/layers`` (scanned) or ``decoder/layers_{i}``."""
+    layers = tuple(range(spec.num_layers))
+    if scan:
+        return (LayerStack(("decoder", "layers"), layers, True),)
+    return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False) for i in layers)
+
+
+def block_layout(period: int) -> Callable[[ModelSpec, bool], tuple[LayerStack, ...]]:
+    """Layers in repeating blocks of ``period`` (Gemma 3: 5 local + 1 global; gpt-oss: 2).
+
+    Scanned, MaxText scans whole blocks: block position ``b`` is the stack
+    ``decoder/layers/layers_{b}`` over HF layers ``b, b + period, ...``; the layers after the
+    last whole block are ``decoder/layers_remainder/layers_{r}``, unscanned.
+    """
+
+    def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+        if not scan:
+            return uniform_layout(spec, scan)
+        whole = spec.num_layers - spec.num_layers % period
+        stacks = [LayerStack(("decoder", "layers", f"layers_{b}"), tuple(range(b, whole, period)), True)
+                  for b in range(period) if whole]
+        stacks += [LayerStack(("decoder", "layers_remainder", f"layers_{r}"), (whole + r,), False)
+                   for r in range(spec.num_layers - whole)]
+        return tuple(stacks)
+
+    return layout
 
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: how its config reads and how its tensors map."""
+    """One model family: how its config reads, its rules, and how its layers stack."""
 
     name: str
     model_types: tuple[str, ...]
-    decoder_block: str  # MaxText's ``decoder_block`` for this family (for the report and README)
+    decoder_block: str  # MaxText's ``decoder_block`` for this family (report, README)
     rules: tuple[Rule, ...]
     read_spec: Callable[[ConfigReader], ModelSpec]
-    extra_config_fields: frozenset[str] = frozenset()
+    layout: Callable[[ModelSpec, bool], tuple[LayerStack, ...]] = uniform_layout
+    # Stored name prefix -> the prefix the rules are written with (checkpoints saved by
+    # different transformers versions name the same tensor differently).
+    aliases: tuple[tuple[str, str], ...] = ()
+    # Name prefixes of tensors MaxText's text decoder does not hold, with what they are.
+    not_converted: tuple[tuple[str, str], ...] = ()
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
     def active_rules(self, spec: ModelSpec) -> tuple[Rule, ...]:
-        return tuple(rule for rule in self.rules if rule.when(spec))
+        return tuple(r for r in self.rules if r.when(spec))
+
+    def canonical(self, name: str) -> str:
+        """The name the rules use for a stored tensor name."""
+        for stored, canonical in self.aliases:
+            if name.startswith(stored):
+                return canonical + name[len(stored):]
+        return name

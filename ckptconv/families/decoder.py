@@ -1,79 +1,111 @@
-"""Rules shared by the Llama-style decoders (Llama, Mistral, Qwen2, Qwen3).
+"""Rows and config fields shared by the Llama-style decoders (Llama, Mistral, Qwen, Mixtral, Gemma).
 
-They differ only in a few rows (q/k steps, biases, q/k norms), so families compose these
-rows instead of copying them. Reading: ``hf_shape`` is HF's ``(out_features, in_features)``.
+They differ only in a few rows (q/k steps, biases, q/k norms, the MLP or MoE block), so
+families compose these rows instead of copying them. Reading: ``hf_shape`` is HF's
+``(out_features, in_features)``; MaxText kernels are ``(in, ..., out)``.
 """
 
 from __future__ import annotations
 
-from ckptconv.families.base import Rule, untied
+from typing import Any
+
+from ckptconv.families.base import Rule, rule, untied
 from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import TRANSPOSE, Step, kv_heads, q_heads, split_first, split_last
+from ckptconv.transforms import TRANSPOSE, Step, query_scale, split_first, split_last
 
 L = "model.layers.{layer}."
 
-Q_KERNEL = (TRANSPOSE, split_last(q_heads))  # (q, emb) -> (emb, nq, hd)
-KV_KERNEL = (TRANSPOSE, split_last(kv_heads))  # (kv, emb) -> (emb, nkv, hd)
-OUT_KERNEL = (TRANSPOSE, split_first(q_heads))  # (emb, q) -> (nq, hd, emb)
+Q_KERNEL = (TRANSPOSE, split_last("heads"))  # (q, emb) -> (emb, heads, hd)
+KV_KERNEL = (TRANSPOSE, split_last("kv_heads"))  # (kv, emb) -> (emb, kv_heads, hd)
+OUT_KERNEL = (TRANSPOSE, split_first("heads"))  # (emb, q) -> (heads, hd, emb)
+KERNEL = (TRANSPOSE,)  # (out, in) -> (in, out)
 
 
-def attention_rows(q_steps: tuple[Step, ...], k_steps: tuple[Step, ...]) -> tuple[Rule, ...]:
+def attention_rows(q_steps: tuple[Step, ...], k_steps: tuple[Step, ...], attention: str = "self_attention",
+                   v_steps: tuple[Step, ...] = KV_KERNEL) -> tuple[Rule, ...]:
     return (
-        Rule(L + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("q", "emb"), q_steps),
-        Rule(L + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), k_steps),
-        Rule(L + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL),
-        Rule(L + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL),
+        rule(L + "self_attn.q_proj.weight", (attention, "query", "kernel"), ("q", "emb"), q_steps),
+        rule(L + "self_attn.k_proj.weight", (attention, "key", "kernel"), ("kv", "emb"), k_steps),
+        rule(L + "self_attn.v_proj.weight", (attention, "value", "kernel"), ("kv", "emb"), v_steps),
+        rule(L + "self_attn.o_proj.weight", (attention, "out", "kernel"), ("emb", "q"), OUT_KERNEL),
     )
 
 
-NORM_AND_MLP_ROWS = (
-    Rule(L + "input_layernorm.weight", ("pre_self_attention_layer_norm", "scale"), ("emb",)),
-    Rule(L + "post_attention_layernorm.weight", ("post_self_attention_layer_norm", "scale"), ("emb",)),
-    Rule(L + "mlp.gate_proj.weight", ("mlp", "wi_0", "kernel"), ("mlp", "emb"), (TRANSPOSE,)),
-    Rule(L + "mlp.up_proj.weight", ("mlp", "wi_1", "kernel"), ("mlp", "emb"), (TRANSPOSE,)),
-    Rule(L + "mlp.down_proj.weight", ("mlp", "wo", "kernel"), ("emb", "mlp"), (TRANSPOSE,)),
+LAYER_NORM_ROWS = (
+    rule(L + "input_layernorm.weight", ("pre_self_attention_layer_norm", "scale"), ("emb",)),
+    rule(L + "post_attention_layernorm.weight", ("post_self_attention_layer_norm", "scale"), ("emb",)),
 )
+
+MLP_ROWS = (
+    rule(L + "mlp.gate_proj.weight", ("mlp", "wi_0", "kernel"), ("mlp", "emb"), KERNEL),
+    rule(L + "mlp.up_proj.weight", ("mlp", "wi_1", "kernel"), ("mlp", "emb"), KERNEL),
+    rule(L + "mlp.down_proj.weight", ("mlp", "wo", "kernel"), ("emb", "mlp"), KERNEL),
+)
+
+NORM_AND_MLP_ROWS = LAYER_NORM_ROWS + MLP_ROWS
+
+QK_NORM_ROWS = (
+    rule(L + "self_attn.q_norm.weight", ("self_attention", "query_norm", "scale"), ("hd",)),
+    rule(L + "self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("hd",)),
+)
+
+TIED_NOTE = "tied embeddings: MaxText computes logits from token_embedder/embedding"
 
 GLOBAL_ROWS = (
-    Rule("model.embed_tokens.weight", ("token_embedder", "embedding"), ("vocab", "emb")),
-    Rule("model.norm.weight", ("decoder", "decoder_norm", "scale"), ("emb",)),
+    rule("model.embed_tokens.weight", ("token_embedder", "embedding"), ("vocab", "emb")),
+    rule("model.norm.weight", ("decoder", "decoder_norm", "scale"), ("emb",)),
     # Tied models compute logits from the embedding (MaxText: logits_via_embedding).
-    Rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), (TRANSPOSE,), when=untied),
+    rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL, when=untied,
+         note=TIED_NOTE),
 )
 
-def read_dense_spec(cfg: ConfigReader, family: str, interleave_rope: bool) -> ModelSpec:
-    """The fields every Llama-style dense decoder shares, validated."""
-    cfg.require("hidden_act", ("silu",), "silu")
+
+def read_attention(cfg: ConfigReader, defaults: dict[str, int] | None = None) -> dict[str, int]:
+    """Heads, KV heads and head_dim as named dimensions.
+
+    Missing fields take the values transformers' config class would: ``defaults`` (a family's
+    documented defaults), else head_dim = hidden / heads and as many KV heads as heads.
+    """
+    defaults = defaults or {}
+    heads = cfg.int("num_attention_heads", defaults.get("num_attention_heads"))
+    hidden = cfg.int("hidden_size", defaults.get("hidden_size"))
+    head_dim = cfg.int("head_dim", defaults.get("head_dim", hidden // heads))
+    kv = cfg.int("num_key_value_heads", defaults.get("num_key_value_heads", heads))
+    if heads % kv:
+        cfg.fail(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
+    return {"emb": hidden, "heads": heads, "kv_heads": kv, "hd": head_dim, "q": heads * head_dim,
+            "kv": kv * head_dim}
+
+
+def read_dense_dims(cfg: ConfigReader, activation: tuple[str, str] = ("hidden_act", "silu")) -> dict[str, int]:
+    """The dimensions every Llama-style decoder shares, validated; RoPE and eps as runtime settings."""
+    cfg.require(activation[0], (activation[1],), activation[1])
     cfg.require("mlp_bias", (False,), False)
     cfg.require("pretraining_tp", (1,), 1)
-    heads = cfg.int("num_attention_heads")
-    hidden = cfg.int("hidden_size")
-    head_dim = cfg.optional_int("head_dim") or hidden // heads
-    kv = cfg.optional_int("num_key_value_heads") or heads
-    if heads % kv:
-        raise_bad(cfg, f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
-    theta, rope_type, rope_scaling = cfg.rope()
-    return ModelSpec(
-        family=family,
-        model_type=cfg.config["model_type"],
-        vocab_size=cfg.int("vocab_size"),
-        hidden_size=hidden,
-        num_layers=cfg.int("num_hidden_layers"),
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=int(head_dim),
-        intermediate_size=cfg.int("intermediate_size"),
-        tie_word_embeddings=cfg.bool("tie_word_embeddings", False),
-        rms_norm_eps=cfg.float("rms_norm_eps", 1e-6),
-        rope_theta=theta,
-        rope_type=rope_type,
-        interleave_rope=interleave_rope,
-        max_position_embeddings=cfg.optional_int("max_position_embeddings"),
-        extra={"rope_scaling": rope_scaling, "sliding_window": cfg.config.get("sliding_window")},
-    )
+    cfg.rope()
+    cfg.runtime("rms_norm_eps", "max_position_embeddings")
+    dims = read_attention(cfg)
+    dims["vocab"] = cfg.int("vocab_size")
+    dims["mlp"] = cfg.int("intermediate_size")
+    return dims
 
 
-def raise_bad(cfg: ConfigReader, message: str) -> None:
-    from ckptconv.errors import BadInputError
+def make_spec(cfg: ConfigReader, family: str, dims: dict[str, int], values: dict[str, Any],
+              num_layers: int | None = None) -> ModelSpec:
+    """Assemble the spec: layers, dims, values, and every runtime setting the readers accepted."""
+    runtime: dict[str, Any] = dict(cfg.runtime_values)
+    for child in cfg.children:
+        runtime.update({f"{child.where.rsplit(': ', 1)[-1]}.{k}": v for k, v in child.runtime_values.items()})
+    layers = num_layers if num_layers is not None else cfg.int("num_hidden_layers")
+    return ModelSpec(family=family, model_type=str(cfg.config.get("model_type")), num_layers=layers,
+                     dims=dims, values=values, runtime=runtime)
 
-    raise BadInputError(f"{cfg.where}: {message}")
+
+def decoder_values(cfg: ConfigReader, *, interleave_rope: bool = False, scale_query: bool = False,
+                   head_dim: int | None = None) -> dict[str, Any]:
+    """Values the shared steps read: tied embeddings, RoPE layout, query pre-scaling."""
+    values: dict[str, Any] = {"tie_word_embeddings": cfg.bool("tie_word_embeddings", False),
+                              "interleave_rope": interleave_rope}
+    if scale_query:
+        values["query_scale"] = query_scale(head_dim or 1)
+    return values

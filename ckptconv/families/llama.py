@@ -7,7 +7,7 @@ so q and k are permuted from HF's half-split layout; older Llamas keep HF's layo
 
 from ckptconv.families.base import Family
 from ckptconv.families.decoder import (
-    GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, read_dense_spec,
+    GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
 )
 from ckptconv.spec import ConfigReader, ModelSpec
 from ckptconv.transforms import ROPE_TO_MAXTEXT, SCALE_QUERY
@@ -15,8 +15,10 @@ from ckptconv.transforms import ROPE_TO_MAXTEXT, SCALE_QUERY
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     cfg.require("attention_bias", (False,), False)
+    dims = read_dense_dims(cfg)
     _, rope_type, _ = cfg.rope()
-    return read_dense_spec(cfg, "llama", interleave_rope=rope_type == "llama3")
+    values = decoder_values(cfg, interleave_rope=rope_type == "llama3", scale_query=True, head_dim=dims["hd"])
+    return make_spec(cfg, "llama", dims, values)
 
 
 FAMILY = Family(

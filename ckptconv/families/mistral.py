@@ -6,13 +6,17 @@ an inference setting (recorded in the report), not a weight.
 """
 
 from ckptconv.families.base import Family
-from ckptconv.families.decoder import GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, read_dense_spec
+from ckptconv.families.decoder import (
+    GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
+)
 from ckptconv.spec import ConfigReader, ModelSpec
 from ckptconv.transforms import SCALE_QUERY
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
-    return read_dense_spec(cfg, "mistral", interleave_rope=False)
+    cfg.runtime("sliding_window")
+    dims = read_dense_dims(cfg)
+    return make_spec(cfg, "mistral", dims, decoder_values(cfg, scale_query=True, head_dim=dims["hd"]))
 
 
 FAMILY = Family(

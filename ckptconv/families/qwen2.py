@@ -4,20 +4,23 @@ Qwen2 has q/k/v biases (reshaped to (heads, head_dim)) and no output bias. MaxTe
 queries at run time and uses HF's half-split RoPE, so q/k kernels are only reshaped.
 """
 
-from ckptconv.families.base import Family, Rule
-from ckptconv.families.decoder import GLOBAL_ROWS, KV_KERNEL, L, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, read_dense_spec
+from ckptconv.families.base import Family, rule
+from ckptconv.families.decoder import (
+    GLOBAL_ROWS, KV_KERNEL, L, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
+)
 from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import kv_heads, q_heads, split_last
+from ckptconv.transforms import split_last
 
 BIAS_ROWS = (
-    Rule(L + "self_attn.q_proj.bias", ("self_attention", "query", "bias"), ("q",), (split_last(q_heads),)),
-    Rule(L + "self_attn.k_proj.bias", ("self_attention", "key", "bias"), ("kv",), (split_last(kv_heads),)),
-    Rule(L + "self_attn.v_proj.bias", ("self_attention", "value", "bias"), ("kv",), (split_last(kv_heads),)),
+    rule(L + "self_attn.q_proj.bias", ("self_attention", "query", "bias"), ("q",), (split_last("heads"),)),
+    rule(L + "self_attn.k_proj.bias", ("self_attention", "key", "bias"), ("kv",), (split_last("kv_heads"),)),
+    rule(L + "self_attn.v_proj.bias", ("self_attention", "value", "bias"), ("kv",), (split_last("kv_heads"),)),
 )
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
-    return read_dense_spec(cfg, "qwen2", interleave_rope=False)
+    cfg.runtime("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+    return make_spec(cfg, "qwen2", read_dense_dims(cfg), decoder_values(cfg))
 
 
 FAMILY = Family(

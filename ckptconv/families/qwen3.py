@@ -4,19 +4,18 @@ Qwen3 adds per-head RMSNorms on q and k (``query_norm``/``key_norm``, shape (hea
 MaxText scales queries at run time and uses HF's half-split RoPE: kernels are only reshaped.
 """
 
-from ckptconv.families.base import Family, Rule
-from ckptconv.families.decoder import GLOBAL_ROWS, KV_KERNEL, L, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, read_dense_spec
-from ckptconv.spec import ConfigReader, ModelSpec
-
-QK_NORM_ROWS = (
-    Rule(L + "self_attn.q_norm.weight", ("self_attention", "query_norm", "scale"), ("hd",)),
-    Rule(L + "self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("hd",)),
+from ckptconv.families.base import Family
+from ckptconv.families.decoder import (
+    GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_values, make_spec,
+    read_dense_dims,
 )
+from ckptconv.spec import ConfigReader, ModelSpec
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     cfg.require("attention_bias", (False,), False)
-    return read_dense_spec(cfg, "qwen3", interleave_rope=False)
+    cfg.runtime("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+    return make_spec(cfg, "qwen3", read_dense_dims(cfg), decoder_values(cfg))
 
 
 FAMILY = Family(

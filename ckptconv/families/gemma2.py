@@ -1,0 +1,53 @@
+"""Gemma 2 (``model_type: gemma2``; 2B, 9B, 27B): MaxText ``decoder_block: gemma2``.
+
+MaxText pairs HF's alternating layers: its layer ``i`` holds HF layer ``2i`` (local,
+sliding-window attention) as ``*_local`` modules and ``2i + 1`` (global) as ``*_global``;
+scanned, the local and global modules are each stacked over the ``L / 2`` pairs. Queries are
+pre-scaled by 1/sqrt(head_dim) in the weights; the embedding is padded to MaxText's 256128
+rows and scaled by sqrt(hidden) in float32.
+"""
+
+import numpy as np
+
+from ckptconv.families.base import Family, LayerStack
+from ckptconv.families.decoder import Q_KERNEL, make_spec
+from ckptconv.families.gemma import GEMMA2_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims
+from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.transforms import SCALE_QUERY, query_scale
+
+MAXTEXT_VOCAB = 256128  # configs/models/gemma2-*.yml: vocab_size
+PATTERN = ("sliding_attention", "full_attention")
+HALVES = (("_local", 0), ("_global", 1))
+
+
+def read_spec(cfg: ConfigReader) -> ModelSpec:
+    dims = read_gemma_dims(cfg)
+    layers = cfg.int("num_hidden_layers")
+    if layers % 2:
+        cfg.fail(f"num_hidden_layers={layers} is odd; MaxText's gemma2 decoder pairs local and global layers")
+    check_layer_types(cfg, layers, PATTERN)
+    dims["maxtext_vocab"] = MAXTEXT_VOCAB
+    hidden = dims["emb"]
+    values = {"tie_word_embeddings": True, "query_scale": query_scale(dims["hd"]),
+              "embed_scale": float(np.float32(hidden ** 0.5))}
+    return make_spec(cfg, "gemma2", dims, values, layers)
+
+
+def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """Local (even) and global (odd) HF layers, as MaxText's paired decoder layers."""
+    if scan:
+        return tuple(LayerStack(("decoder", "layers"), tuple(range(first, spec.num_layers, 2)), True, suffix)
+                     for suffix, first in HALVES)
+    return tuple(LayerStack(("decoder", f"layers_{i // 2}"), (i,), False, HALVES[i % 2][0])
+                 for i in range(spec.num_layers))
+
+
+FAMILY = Family(
+    name="gemma2",
+    model_types=("gemma2",),
+    decoder_block="gemma2",
+    rules=layer_rows("model.layers.{layer}.", Q_KERNEL + (SCALE_QUERY,), qk_norms=False)
+    + global_rows(GEMMA2_EMBEDDING),
+    read_spec=read_spec,
+    layout=layout,
+)

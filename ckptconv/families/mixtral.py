@@ -1,0 +1,34 @@
+"""Mixtral (``model_type: mixtral``; 8x7B, 8x22B): MaxText ``decoder_block: mixtral``.
+
+Mistral's attention (query kernel pre-scaled by 1/sqrt(head_dim), HF's half-split RoPE, as
+MaxText 0.2.5's converter writes it) with a sparse MoE block: router
+``block_sparse_moe.gate`` and experts ``w1`` (gate), ``w3`` (up), ``w2`` (down), which
+MaxText names ``MoeBlock_0/{gate, wi_0, wi_1, wo}``.
+"""
+
+from ckptconv.families.base import Family
+from ckptconv.families.decoder import (
+    GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
+)
+from ckptconv.families.moe import moe_rows, read_experts
+from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.transforms import SCALE_QUERY
+
+
+def read_spec(cfg: ConfigReader) -> ModelSpec:
+    cfg.runtime("sliding_window", "num_experts_per_tok")
+    dims = read_dense_dims(cfg)
+    dims["experts"] = read_experts(cfg, ("num_local_experts", "num_experts"))
+    dims["moe_mlp"] = dims["mlp"]
+    return make_spec(cfg, "mixtral", dims, decoder_values(cfg, scale_query=True, head_dim=dims["hd"]))
+
+
+FAMILY = Family(
+    name="mixtral",
+    model_types=("mixtral",),
+    decoder_block="mixtral",
+    rules=attention_rows(Q_KERNEL + (SCALE_QUERY,), KV_KERNEL) + LAYER_NORM_ROWS
+    + moe_rows("MoeBlock_0", "block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))
+    + GLOBAL_ROWS,
+    read_spec=read_spec,
+)

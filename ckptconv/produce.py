@@ -1,0 +1,109 @@
+"""The producer: for every read unit of the plan, read, transform and cast, and hand out tiles.
+
+A tile is ``(leaf index, region, data)``: the image of one read unit in one leaf, a union of
+whole storage chunks (see :mod:`ckptconv.tiles`). Every source tensor is read once even when
+it feeds several leaves. A small background thread produces the next tiles while the writer
+writes (bounded queue: flat memory). The conversion and ``verify`` share this module.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from ckptconv.monitor import StageTimer
+from ckptconv.plan import ConversionPlan, Job, LeafPlan
+from ckptconv.safetensors_io import read_box
+from ckptconv.sources import Source
+from ckptconv.spec import ModelSpec
+from ckptconv.tiles import ReadUnit
+from ckptconv.transforms import Box, apply_steps, box_shape, box_slices
+
+Region = tuple[slice, ...]
+Tile = tuple[int, Region, np.ndarray]
+
+
+def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer) -> Iterator[Tile]:
+    """Every tile of every leaf, job by job; leaf indices follow ``plan.leaves``."""
+    first = 0
+    for job in plan.jobs:
+        yield from job_tiles(job, plan.spec, source, timer, first)
+        first += len(job.leaves)
+
+
+def job_tiles(job: Job, spec: ModelSpec, source: Source, timer: StageTimer, first_leaf: int = 0) -> Iterator[Tile]:
+    """The tiles of one job, read unit by read unit; each source region is read once."""
+    for unit in job.units(spec):
+        with timer.stage("read"):
+            raws = [read_box(source, job.pieces[i], unit.source_box) for i in unit.pieces]
+        for k, leaf in enumerate(job.leaves):
+            box = unit.leaf_boxes[k]
+            if box is None:
+                continue
+            with timer.stage("transform"):
+                data = _assemble(leaf, box, raws, unit, k, spec)
+            yield first_leaf + k, box_slices(box), data
+        del raws
+
+
+def _assemble(leaf: LeafPlan, box: Box, raws: list[np.ndarray], unit: ReadUnit, k: int, spec: ModelSpec) -> np.ndarray:
+    """The leaf region of one read: each piece transformed, cast, and placed on the stack axes."""
+    shape = box_shape(box)
+    parts = [_finish(leaf, apply_steps(raw, leaf.steps, spec, unit.step_boxes[k])) for raw in raws]
+    if len(parts) == 1:
+        return parts[0].reshape(shape)
+    out = np.empty(shape, dtype=leaf.dtype)
+    axis = leaf.stack_axes[-1]
+    for n, part in enumerate(parts):
+        index = (slice(None),) * axis + (n,)
+        out[index] = part.reshape(out[index].shape)
+    return out
+
+
+def _finish(leaf: LeafPlan, data: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(data.astype(leaf.dtype, copy=False))
+
+
+_DONE = object()
+
+
+def prefetch(produce: Callable[[], Iterable[Tile]], depth: int = 2) -> Iterator[Tile]:
+    """Run ``produce`` in a thread, at most ``depth`` tiles ahead of the consumer."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        """Queue ``item`` unless the consumer has gone away (then say so)."""
+        while not stop.is_set():
+            try:
+                slots.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def worker() -> None:
+        try:
+            for item in produce():
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as err:  # re-raised in the consumer, with its traceback
+            put(err)
+
+    thread = threading.Thread(target=worker, name="ckptconv-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = slots.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

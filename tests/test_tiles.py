@@ -1,0 +1,78 @@
+"""The tile plan under a tiny read budget: every family's leaves tiled exactly once, reads bounded.
+
+With ``READ_BYTES`` shrunk to a few KiB, a tiny model's tensors take the paths a 70B or
+235B model's take (bands of rows, kernels cut across device shards, groups of small
+pieces), so these tests exercise them in seconds. The conversion under that budget must
+give the same bits as the plain restatement in test_convert and pass ``verify``.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from ckptconv import synth, tiles
+from ckptconv.convert import ConvertRequest, convert
+from ckptconv.plan import make_plan
+from ckptconv.sharding import write_shape
+from ckptconv.sources import LocalSource
+from ckptconv.transforms import box_shape, box_slices
+from tests.conftest import run_cli
+from tests.test_convert import LLAMA31_ROPE, expected_params, restore
+
+FAMILIES = {
+    "llama": synth.SynthModel(model_type="llama", tie_word_embeddings=False, config_overrides={"rope_scaling": LLAMA31_ROPE}),
+    "qwen2": synth.SynthModel(model_type="qwen2", tie_word_embeddings=False),
+    "qwen3_moe": synth.SynthModel(model_type="qwen3_moe", num_experts=8, moe_intermediate_size=48, num_layers=3),
+    "mixtral": synth.SynthModel(model_type="mixtral", num_experts=4, tie_word_embeddings=False),
+    "gemma2": synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96),
+    "gemma3": synth.SynthModel(model_type="gemma3", num_layers=7, vocab_size=96),
+}
+BUDGET = 2048
+
+
+@pytest.mark.parametrize("devices", [1, 16])
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_budget_tiles_every_leaf_once_within_shards(tmp_path, monkeypatch, family, scan, devices):
+    src = tmp_path / "src"
+    synth.write_checkpoint(FAMILIES[family], str(src))
+    monkeypatch.setattr(tiles, "READ_BYTES", BUDGET)
+    plan = make_plan(LocalSource(str(src)), scan_layers=scan, devices=devices)
+    banded = 0
+    for job in plan.jobs:
+        covered = [np.zeros(leaf.shape, dtype=np.int8) for leaf in job.leaves]
+        quantum_fits = job.pieces[0].nbytes <= BUDGET or job.tiling.band_axis is not None
+        for unit in job.units(plan.spec):
+            assert len({job.pieces[i].nbytes for i in unit.pieces}) == 1
+            read = sum(math.prod(box_shape(unit.source_box)) * job.pieces[i].dtype.itemsize for i in unit.pieces)
+            if quantum_fits and job.tiling.band > 1:
+                assert read <= BUDGET, (job.rule.hf, read)
+            for leaf, box, counts in zip(job.leaves, unit.leaf_boxes, covered):
+                if box is None:
+                    continue
+                counts[box_slices(box)] += 1
+                for (start, stop), chunk, dim in zip(box, leaf.chunk_shape, leaf.shape):
+                    assert start % chunk == 0 and (stop % chunk == 0 or stop == dim), (leaf.name, box, leaf.chunk_shape)
+        for leaf, counts in zip(job.leaves, covered):
+            assert (counts == 1).all(), f"{leaf.name}: read units must tile the leaf exactly once"
+            part = write_shape(leaf.shape, devices)
+            assert all(p % c == 0 for p, c, d in zip(part, leaf.chunk_shape, leaf.shape) if p != d), leaf.name
+        banded += job.tiling.band_axis is not None
+    assert banded, "the tiny budget should force some tensors into bands"
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_tiny_budget_conversion_gives_the_same_bits(tmp_path, monkeypatch, model_type):
+    model = FAMILIES[model_type]
+    src = tmp_path / "src"
+    synth.write_checkpoint(model, str(src))
+    monkeypatch.setattr(tiles, "READ_BYTES", BUDGET)
+    dst = tmp_path / "dst"
+    report = convert(ConvertRequest(str(src), str(dst), devices=16, progress="none"))
+    assert report["status"] == "complete"
+    expected = expected_params(src, model, scan=True, dtype="bfloat16")
+    restored = restore(dst)
+    for name, value in expected.items():
+        assert restored[name].tobytes() == value.tobytes(), name
+    assert run_cli("verify", str(src), str(dst)).returncode == 0
