@@ -1,17 +1,40 @@
-"""A small NumPy forward pass over a MaxText *layout* parameter tree (dense decoders).
+"""A small NumPy forward pass over a MaxText *layout* parameter tree (dense, MoE and Gemma decoders).
 
 It follows MaxText's semantics, not HF's: kernels are (in, ..., out) einsums, heads are
-their own axis, queries of Llama/Mistral arrive pre-scaled in the weights while Qwen scales
-at run time, Llama 3.1+ rotates *interleaved* pairs while the others rotate halves, and tied
-models take logits from the embedding. If a conversion gets any of that wrong, logits differ
-from the HF model's.
+their own axis, queries of Llama/Mistral/Mixtral/Gemma 2 arrive pre-scaled in the weights
+while Qwen and Gemma 3 scale at run time, Llama 3.1+ rotates *interleaved* pairs while the
+others rotate halves, norm scales are used as stored (Gemma's ``1 + w`` is in the weights),
+Gemma's embedding carries sqrt(hidden) and its tied logits are divided by it again, experts
+are stacked on a leading axis, and tied models take logits from the embedding. If a
+conversion gets any of that wrong, logits differ from the HF model's.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """What a MaxText decoder block does at run time, per family (MaxText 0.2.5)."""
+
+    family: str
+    num_layers: int
+    eps: float
+    theta: float
+    rope_scaling: dict | None = None
+    interleaved: bool = False
+    runtime_query_scale: bool = False  # Qwen, Gemma 3: queries scaled by 1/sqrt(head_dim) at run time
+    moe: str | None = None  # "softmax_topk" (Qwen3-MoE: softmax, top-k, renormalised) or "topk_softmax" (Mixtral)
+    top_k: int = 2
+    gemma: bool = False  # four norms, GELU, embedding scaled, logits divided by sqrt(hidden)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6)
+    extra: dict = field(default_factory=dict)
 
 
 def rms_norm(x, scale, eps):
@@ -46,53 +69,131 @@ def apply_rope(x, positions, inv_freq, interleaved: bool):
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def layer_params(params: dict, i: int, scan: bool) -> dict:
+def _take(node, index: int, axis: int):
+    if isinstance(node, dict):
+        return {k: _take(v, index, axis) for k, v in node.items()}
+    return np.take(node, index, axis=axis)
+
+
+def layer_params(params: dict, i: int, sem: Semantics, scan: bool) -> dict:
+    """HF layer ``i``'s parameters, wherever the layout put them (experts stay leading)."""
     decoder = params["decoder"]
+    if sem.layout == "gemma2":
+        half = "local" if i % 2 == 0 else "global"
+        node = _take(decoder["layers"], i // 2, 1) if scan else decoder[f"layers_{i // 2}"]
+        return {k[: -len(half) - 1]: v for k, v in node.items() if k.endswith("_" + half)}
+    if sem.layout == "gemma3" and scan:
+        blocks = sem.num_layers // 6
+        if i < blocks * 6:
+            return _take(decoder["layers"][f"layers_{i % 6}"], i // 6, 1)
+        return decoder["layers_remainder"][f"layers_{i - blocks * 6}"]
     if not scan:
         return decoder[f"layers_{i}"]
-
-    def take(node):
-        return {k: take(v) for k, v in node.items()} if isinstance(node, dict) else np.take(node, i, axis=1)
-
-    return take(decoder["layers"])
+    return _stacked_take(decoder["layers"], i)
 
 
-def forward(params: dict, tokens: np.ndarray, *, family: str, num_layers: int, eps: float, theta: float,
-            rope_scaling: dict | None, interleaved: bool, scan: bool) -> np.ndarray:
+def _stacked_take(node, i: int):
+    """Scanned leaves hold layers on axis 1 (expert leaves: (experts, layers, ...))."""
+    if isinstance(node, dict):
+        return {k: _stacked_take(v, i) for k, v in node.items()}
+    return np.take(node, i, axis=1)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def _mlp(h, mlp, activation):
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    gate = np.einsum("te,em->tm", h, f32(mlp["wi_0"]["kernel"]))
+    up = np.einsum("te,em->tm", h, f32(mlp["wi_1"]["kernel"]))
+    return np.einsum("tm,me->te", activation(gate) * up, f32(mlp["wo"]["kernel"]))
+
+
+def _moe(h, block, sem: Semantics):
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    logits = h @ f32(block["gate"]["kernel"])  # (T, E)
+    top = np.argsort(-logits, axis=-1)[:, : sem.top_k]
+    chosen = np.take_along_axis(logits, top, axis=-1)
+    if sem.moe == "softmax_topk":
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        weights = np.take_along_axis(probs, top, axis=-1)
+        if sem.extra.get("norm_topk_prob", True):
+            weights = weights / weights.sum(-1, keepdims=True)
+    else:
+        weights = np.exp(chosen - chosen.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    wi_0, wi_1, wo = f32(block["wi_0"]), f32(block["wi_1"]), f32(block["wo"])
+    for t in range(h.shape[0]):
+        for k in range(sem.top_k):
+            e = top[t, k]
+            hidden = _silu(h[t] @ wi_0[e]) * (h[t] @ wi_1[e])
+            out[t] += weights[t, k] * (hidden @ wo[e])
+    return out
+
+
+def _attention(h, att, positions, sem: Semantics):
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
+    k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
+    v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"]))
+    if "bias" in att["query"]:
+        q, k, v = q + f32(att["query"]["bias"]), k + f32(att["key"]["bias"]), v + f32(att["value"]["bias"])
+    if "query_norm" in att:
+        q, k = rms_norm(q, att["query_norm"]["scale"], sem.eps), rms_norm(k, att["key_norm"]["scale"], sem.eps)
+    head_dim = q.shape[-1]
+    inv_freq = rope_frequencies(head_dim, sem.theta, sem.rope_scaling)
+    q, k = apply_rope(q, positions, inv_freq, sem.interleaved), apply_rope(k, positions, inv_freq, sem.interleaved)
+    if sem.runtime_query_scale:
+        q = q / np.float32(math.sqrt(head_dim))
+    groups = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k)
+    if sem.attn_softcap:
+        scores = np.tanh(scores / sem.attn_softcap) * sem.attn_softcap
+    scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("hqk,khd->qhd", weights, v)
+    return np.einsum("thd,hde->te", attended, f32(att["out"]["kernel"]))
+
+
+def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
     """Logits (T, vocab) for one sequence of ``tokens``."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
-    x = f32(params["token_embedder"]["embedding"])[tokens]
+    embedding = f32(params["token_embedder"]["embedding"])
+    x = embedding[tokens]
     positions = np.arange(len(tokens), dtype=np.float64)
-    for i in range(num_layers):
-        p = layer_params(params, i, scan)
-        att = p["self_attention"]
-        h = rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], eps)
-        q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
-        k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
-        v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"]))
-        if "bias" in att["query"]:
-            q, k, v = q + f32(att["query"]["bias"]), k + f32(att["key"]["bias"]), v + f32(att["value"]["bias"])
-        if "query_norm" in att:
-            q, k = rms_norm(q, att["query_norm"]["scale"], eps), rms_norm(k, att["key_norm"]["scale"], eps)
-        head_dim = q.shape[-1]
-        inv_freq = rope_frequencies(head_dim, theta, rope_scaling)
-        q, k = apply_rope(q, positions, inv_freq, interleaved), apply_rope(k, positions, inv_freq, interleaved)
-        if family in ("qwen2", "qwen3"):  # run-time query scaling; Llama/Mistral have it in the weights
-            q = q / np.float32(math.sqrt(head_dim))
-        groups = q.shape[1] // k.shape[1]
-        k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k)
-        scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        weights /= weights.sum(-1, keepdims=True)
-        attended = np.einsum("hqk,khd->qhd", weights, v)
-        x = x + np.einsum("thd,hde->te", attended, f32(att["out"]["kernel"]))
-        h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], eps)
-        mlp = p["mlp"]
-        gate = np.einsum("te,em->tm", h, f32(mlp["wi_0"]["kernel"]))
-        up = np.einsum("te,em->tm", h, f32(mlp["wi_1"]["kernel"]))
-        x = x + np.einsum("tm,me->te", gate / (1 + np.exp(-gate)) * up, f32(mlp["wo"]["kernel"]))
-    x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], eps)
+    for i in range(sem.num_layers):
+        p = layer_params(params, i, sem, scan)
+        if sem.gemma:
+            h = rms_norm(x, p["pre_self_attention_norm"]["scale"], sem.eps)
+            h = _attention(h, p["self_attention"], positions, sem)
+            x = x + rms_norm(h, p["post_self_attention_norm"]["scale"], sem.eps)
+            h = rms_norm(x, p["pre_ffw_norm"]["scale"], sem.eps)
+            x = x + rms_norm(_mlp(h, p["mlp"], _gelu_tanh), p["post_ffw_norm"]["scale"], sem.eps)
+            continue
+        h = rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], sem.eps)
+        x = x + _attention(h, p["self_attention"], positions, sem)
+        h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], sem.eps)
+        if sem.moe:
+            block = p.get("moe_block", p.get("MoeBlock_0"))
+            x = x + _moe(h, block, sem)
+        else:
+            x = x + _mlp(h, p["mlp"], _silu)
+    x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
     if "logits_dense" in params["decoder"]:
-        return x @ f32(params["decoder"]["logits_dense"]["kernel"])
-    return x @ f32(params["token_embedder"]["embedding"]).T
+        logits = x @ f32(params["decoder"]["logits_dense"]["kernel"])
+    else:
+        logits = x @ embedding.T
+        if sem.gemma:  # MaxText: normalize_embedding_logits
+            logits = logits / np.float32(math.sqrt(x.shape[-1]))
+    if sem.final_softcap:
+        logits = np.tanh(logits / sem.final_softcap) * sem.final_softcap
+    return logits
