@@ -99,10 +99,34 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
                    f"{a.reshape(-1)[diff[0]]!r} vs {b.reshape(-1)[diff[0]]!r}")
 
 
-def compare(ckpt_a: str, ckpt_b: str) -> dict:
+def stacked_view(meta: dict) -> dict:
+    """B's unscanned leaves ``decoder/layers_{i}/X`` seen as scanned ``decoder/layers/X`` (layers on axis 1,
+    MaxText's param_scan_axis): for comparing with a layout MaxText's converter cannot write itself."""
+    groups: dict[tuple, dict[int, tuple]] = {}
+    rest = {}
+    for path, m in meta.items():
+        layer = next((n for n, key in enumerate(path) if key.startswith("layers_") and path[n - 1] == "decoder"), None)
+        if layer is None:
+            rest[path] = m
+            continue
+        stacked = path[:layer] + ("layers",) + path[layer + 1:]
+        groups.setdefault(stacked, {})[int(path[layer][len("layers_"):])] = path
+    for stacked, layers in groups.items():
+        rest[stacked] = ("stack", [layers[i] for i in sorted(layers)])
+    return rest
+
+
+def load(items: Path, path: tuple, meta, raw: dict) -> np.ndarray:
+    if isinstance(meta, tuple) and meta[0] == "stack":
+        return np.stack([restore_leaf(items, p, raw[p]) for p in meta[1]], axis=1)
+    return restore_leaf(items, path, meta)
+
+
+def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False) -> dict:
     start = time.perf_counter()
     items_a, items_b = items_dir(ckpt_a), items_dir(ckpt_b)
-    meta_a, meta_b = leaf_metadata(items_a), leaf_metadata(items_b)
+    meta_a, raw_b = leaf_metadata(items_a), leaf_metadata(items_b)
+    meta_b = stacked_view(raw_b) if stack_b else raw_b
     result = {"a": ckpt_a, "b": ckpt_b, "leaves_a": len(meta_a), "leaves_b": len(meta_b),
               "only_in_a": ["/".join(p) for p in sorted(set(meta_a) - set(meta_b))],
               "only_in_b": ["/".join(p) for p in sorted(set(meta_b) - set(meta_a))],
@@ -110,6 +134,15 @@ def compare(ckpt_a: str, ckpt_b: str) -> dict:
               "leaves": []}
     for path in sorted(set(meta_a) & set(meta_b)):
         name = "/".join(path)
+        if isinstance(meta_b[path], tuple):  # layers stacked from B's unscanned leaves: compare values only
+            a, b = restore_leaf(items_a, path, meta_a[path]), load(items_b, path, meta_b[path], raw_b)
+            equal, why = same_bits(a, b)
+            result["leaves_compared"] += 1
+            result["bytes_compared"] += int(a.nbytes)
+            if not equal:
+                result["value_mismatches"].append({"leaf": name, "why": why})
+            result["leaves"].append({"leaf": name, "a": describe(meta_a[path]), "identical": equal})
+            continue
         da, db = describe(meta_a[path]), describe(meta_b[path])
         row = {"leaf": name, "a": da, "b": db}
         for field in ("shape", "dtype", "sharding", "chunk_shape"):
@@ -139,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a")
     parser.add_argument("b")
     parser.add_argument("--json", help="write the full result here")
+    parser.add_argument("--stack-layers-of-b", action="store_true",
+                        help="B is unscanned: stack its layers_{i} leaves on axis 1 before comparing")
     args = parser.parse_args(argv)
-    result = compare(args.a, args.b)
+    result = compare(args.a, args.b, args.stack_layers_of_b)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     for row in result["leaves"]:

@@ -22,11 +22,12 @@ STAGES = ("plan", "read", "transform", "write", "commit")  # pipeline order (the
 
 
 def stage_rows(report: dict) -> list[dict]:
-    """One row per stage (seconds, bytes, MiB/s), then the wall-clock total with the kernel's peak RSS.
+    """One row per stage (seconds, bytes, MiB/s), then the wall-clock total with the conversion's peak RSS.
 
-    A skipped run describes the conversion that wrote the checkpoint (its report's figures).
+    The peak is the conversion process's own high-water mark (VmHWM). A skipped run describes the
+    conversion that wrote the checkpoint (its report's figures).
     """
-    peak = report["peak_rss_bytes"] if report.get("skipped") else report.get("kernel_peak_rss_bytes", report["peak_rss_bytes"])
+    peak = report["peak_rss_bytes"]
     moved = {"read": report["source_bytes"], "transform": report["output_bytes"], "write": report["output_bytes"]}
     rows = [{"stage": stage, "seconds": seconds, "bytes": moved.get(stage), "mib_per_s": _rate(moved.get(stage), seconds),
              "peak_rss_bytes": None} for stage, seconds in _ordered(report["stage_seconds"])]
@@ -51,8 +52,10 @@ def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict |
                   f"{report['tensors']} tensors -> {report['leaves']} leaves"),
         ("size", f"source {report['source_bytes'] / GIB:.3f} GiB, output {report['output_bytes'] / GIB:.3f} GiB"),
         ("time", f"{report['wall_seconds']:.1f} s in ckptconv ({_stages(report)})"),
-        ("peak RSS", f"{_gib(report.get('kernel_peak_rss_bytes'))} (kernel, wait4); "
-                     f"{_gib(report['peak_rss_bytes'])} (report); predicted {_gib(plan['predicted_peak_rss_bytes'])}"),
+        ("peak RSS", f"{_gib(report['peak_rss_bytes'])} (the conversion's own high-water mark, VmHWM); "
+                     f"predicted {_gib(plan['predicted_peak_rss_bytes'])}"
+                     + (f"; wait4 {_gib(report['wait4_maxrss_bytes'])} (includes the worker at fork)"
+                        if report.get("wait4_maxrss_bytes") else "")),
         ("admission", f"held {admission.get('held_gb', '?')} GB of `{admission.get('limit', '?')}` "
                       f"(limit {admission.get('limit_gb', '?')} GB)"),
         ("sharding", sharding),
@@ -73,7 +76,7 @@ def output_link(destination: str) -> str:
 
 
 def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int) -> dict:
-    """One zoo summary row for this run: status, wall time, kernel peak RSS, size, retries, memory held and when."""
+    """One zoo summary row for this run: status, wall time, peak RSS (VmHWM), size, retries, memory held and when."""
     report = report or {}
     admission = report.get("admission") or {}
     status = "failed" if error else "skipped" if report.get("skipped") else "complete"
@@ -81,7 +84,7 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "model": job.slug, "status": status, "source": job.source, "destination": job.destination,
         "devices": job.devices,
         "wall_seconds": report.get("child_seconds" if report.get("skipped") else "wall_seconds"),
-        "peak_rss_mib": _round(report.get("kernel_peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
+        "peak_rss_mib": _round(report.get("peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
     }

@@ -48,7 +48,7 @@ def main() -> int:
     print("\n== ckptconv inspect", destination, flush=True)
     subprocess.run([sys.executable, "-m", "ckptconv", "inspect", str(destination)], check=False)
     print("\n== report", destination / "ckptconv-report.json")
-    print(_report_summary(json.loads((destination / "ckptconv-report.json").read_text()), row))
+    print(_report_summary(json.loads((destination / "ckptconv-report.json").read_text())))
     print("\n== artifacts (read back from the Prefect server)")
     for artifact in _artifacts(row["model"]):
         print(f"  {artifact.key:<34} {artifact.type:<9} {_brief(artifact)}")
@@ -58,14 +58,14 @@ def main() -> int:
     return 0
 
 
-def _report_summary(report: dict, row: dict) -> str:
+def _report_summary(report: dict) -> str:
     from flows.artifacts import STAGES
 
     stages = ", ".join(f"{name} {report['stage_seconds'][name]:.2f}s" for name in STAGES if name in report["stage_seconds"])
     return (f"  {report['family']}: {report['tensors']} tensors -> {report['leaves']} leaves, "
             f"{report['output_bytes'] / GIB:.3f} GiB on {report['devices']} devices (scan_layers={report['scan_layers']})\n"
             f"  wall {report['wall_seconds']:.2f}s ({stages})\n"
-            f"  peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB (report), {row['peak_rss_mib'] / 1024:.2f} GiB (kernel, wait4)")
+            f"  peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB (the conversion's own high-water mark)")
 
 
 def _artifacts(slug: str) -> list:

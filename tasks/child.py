@@ -1,8 +1,10 @@
 """Run ``python -m ckptconv ...`` in a fresh process: its own JAX, its own device count.
 
-The conversion child is started with Popen and reaped with ``os.wait4`` on its pid, so its
-peak RSS comes from the kernel (``ru_maxrss``) for this one child, not from a sampling thread
-and not from ``RUSAGE_CHILDREN`` (a maximum over every child this process ever waited for).
+Two memory figures come back. The child's own high-water mark (``VmHWM`` of its address space,
+read from ``/proc/PID/status`` while it runs; the conversion also reports it itself) is the
+headline: it is what the conversion used. ``os.wait4``'s ``ru_maxrss`` is kept for reference
+only: Linux carries ``ru_maxrss`` across ``exec``, so for a child forked from a large worker
+it is at least the worker's own RSS at fork time, whatever the child did.
 """
 
 from __future__ import annotations
@@ -32,10 +34,15 @@ def child_env(devices: int) -> dict[str, str]:
 
 @dataclass
 class ChildResult:
-    """How a child ended: exit code (negative: killed by that signal), kernel peak RSS, last lines."""
+    """How a child ended: exit code (negative: killed by that signal), memory figures, last lines.
+
+    ``own_peak_rss_bytes``: the child's VmHWM as last read while it ran (its own address space);
+    ``wait4_maxrss_bytes``: the kernel's ru_maxrss, which includes the parent at fork (see above).
+    """
 
     returncode: int
-    peak_rss_bytes: int
+    own_peak_rss_bytes: int
+    wait4_maxrss_bytes: int
     seconds: float
     tail: list[str] = field(default_factory=list)
     timed_out: bool = False
@@ -55,13 +62,17 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
     timed_out = threading.Event()
     timer = threading.Timer(timeout, _kill, (proc.pid, timed_out)) if timeout else None
     tail: deque[str] = deque(maxlen=TAIL_LINES)
+    peak = [0]
+    sampler = _HighWaterSampler(proc.pid, peak)
     reaped = False
     try:
         if timer:
             timer.start()
+        sampler.start()
         for raw in proc.stdout:
             line = raw.rstrip("\n")
             tail.append(line)
+            peak[0] = max(peak[0], vm_hwm_bytes(proc.pid))
             on_line(line, proc.pid)
         if timer:
             timer.cancel()
@@ -71,12 +82,46 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
     finally:
         if timer:
             timer.cancel()
+        sampler.stop()
         if not reaped:  # an exception (or cancellation) in this thread: never leave the child running
             _kill(proc.pid, None)
             _reap(proc, None, None)
         proc.stdout.close()
-    return ChildResult(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, time.monotonic() - start,
+    return ChildResult(os.waitstatus_to_exitcode(status), peak[0], usage.ru_maxrss * 1024, time.monotonic() - start,
                        list(tail), timed_out.is_set())
+
+
+def vm_hwm_bytes(pid: int) -> int:
+    """``VmHWM`` of a live process (its own address space's high-water mark), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class _HighWaterSampler(threading.Thread):
+    """Reads the child's VmHWM every 0.2 s, so a child killed without a report still has a figure.
+
+    VmHWM never decreases while the process lives, so sampling misses at most the growth in its
+    last 0.2 s (the conversion's own report, when there is one, has the exact figure).
+    """
+
+    def __init__(self, pid: int, peak: list[int]) -> None:
+        super().__init__(name="ckptconv-hwm", daemon=True)
+        self.pid, self.peak, self.done = pid, peak, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            self.peak[0] = max(self.peak[0], vm_hwm_bytes(self.pid))
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.is_alive():
+            self.join(timeout=1)
 
 
 def run_json(args: list[str], env: dict[str, str], timeout: float, ok_codes: tuple[int, ...] = (0,)) -> dict:

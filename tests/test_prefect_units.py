@@ -73,11 +73,20 @@ def test_error_line_prefers_the_cli_message():
     assert "SIGKILL" in str(failure("c", -9, [], False, None)) and "out of memory" in str(failure("c", -9, [], False, None))
 
 
-def test_stream_child_reports_kernel_peak_rss_and_lines():
+def test_stream_child_reports_the_childs_own_peak_not_the_parents():
+    """wait4's ru_maxrss of a child forked from a big process is the big process; VmHWM is the child's.
+
+    This is why the Prefect artifacts show the conversion's VmHWM: a worker holding 600 MiB would
+    otherwise report every conversion as at least 600 MiB.
+    """
+    ballast = bytearray(600 * 2**20)
+    ballast[:: 4096] = b"x" * len(ballast[:: 4096])  # touch every page: resident in this (parent) process
     lines = []
-    result = stream_child(["--version"], child_env(1), lambda line, pid: lines.append((line, pid)))
-    assert result.returncode == 0 and lines[0][0].startswith("ckptconv ")
-    assert 5 * 2**20 < result.peak_rss_bytes < 2 * GIB  # a Python interpreter, measured by wait4
+    result = stream_child(["plan", "--help"], child_env(1), lambda line, pid: lines.append((line, pid)))
+    assert result.returncode == 0 and any("usage: ckptconv plan" in line for line, _ in lines)
+    assert result.wait4_maxrss_bytes >= 600 * 2**20, "the kernel's ru_maxrss includes the parent at fork"
+    assert 5 * 2**20 < result.own_peak_rss_bytes < 300 * 2**20, "VmHWM is the child's own address space"
+    del ballast
 
 
 def test_stream_child_timeout_kills_the_child(synth_dir, tmp_path):
@@ -136,22 +145,24 @@ REPORT = {"source": {"uri": "/src", "kind": "local"}, "devices": 4, "scan_layers
           "family": "qwen3", "maxtext_decoder_block": "qwen3", "tensors": 24, "leaves": 13, "source_bytes": 2 * 2**20,
           "output_bytes": 2 * 2**20, "wall_seconds": 2.0, "peak_rss_bytes": 200 * 2**20, "skipped": False,
           "stage_seconds": {"commit": 0.1, "plan": 0.01, "read": 0.5, "transform": 0.2, "write": 1.0},
-          "kernel_peak_rss_bytes": 210 * 2**20, "attempts": 2, "child_seconds": 3.5,
+          "wait4_maxrss_bytes": 900 * 2**20, "attempts": 2, "child_seconds": 3.5,
           "admission": {"limit": "l", "limit_gb": 8, "held_gb": 1, "admitted_at": "a", "released_at": "b"}}
 
 
-def test_stage_rows_in_pipeline_order_with_kernel_peak():
+def test_stage_rows_in_pipeline_order_with_the_conversions_own_peak():
     rows = stage_rows(REPORT)
     assert [r["stage"] for r in rows] == ["plan", "read", "transform", "write", "commit", "total (wall)"]
     assert rows[1] == {"stage": "read", "seconds": 0.5, "bytes": 2 * 2**20, "mib_per_s": 4.0, "peak_rss_bytes": None}
-    assert rows[-1]["peak_rss_bytes"] == 210 * 2**20 and rows[-1]["mib_per_s"] == 1.0
+    assert rows[-1]["peak_rss_bytes"] == 200 * 2**20 and rows[-1]["mib_per_s"] == 1.0  # VmHWM, not wait4's 900
 
 
 def test_summary_markdown_and_links():
     job = Conversion("/src", "/dst", devices=4)
     text = summary_markdown(job, {"predicted_peak_rss_bytes": GIB}, REPORT, None, "13 leaves sharded over 4 devices")
     assert "| sharding | 13 leaves sharded over 4 devices |" in text and "| attempts | 2 |" in text
-    assert "0.21 GiB (kernel, wait4)" in text and "predicted 1.00 GiB" in text and "held 1 GB of `l`" in text
+    assert "0.20 GiB (the conversion's own high-water mark, VmHWM)" in text and "predicted 1.00 GiB" in text
+    assert "wait4 0.88 GiB (includes the worker at fork)" in text and "held 1 GB of `l`" in text
+    assert zoo_row(job, REPORT, None, 2)["peak_rss_mib"] == 200
     assert output_link("gs://b/p/q") == "https://console.cloud.google.com/storage/browser/b/p/q"
     assert output_link("/x/y") == "file:///x/y"
     row = zoo_row(job, REPORT, None, 2)

@@ -1,0 +1,191 @@
+"""Convert tiny checkpoints of every family with ckptconv and with MaxText 0.2.5's ``to_maxtext``,
+and compare the two outputs leaf by leaf, bit for bit; writes ``bench/FAMILIES.md``.
+
+    .venv/bin/python bench/compare_families.py [--only qwen3_moe,gemma3] [--keep]
+
+Each case is a random bf16 synthetic checkpoint (``ckptconv.synth``, the hub's names and
+``config.json``), converted by ``python -m ckptconv convert`` and by MaxText's converter through
+``bench/maxtext_convert_tiny.py`` (which only puts the checkpoint's own config into MaxText's
+``model_name`` table: MaxText cannot otherwise convert a 2-layer model). ``bench/compare_outputs.py``
+restores both with Orbax's public API in MaxText's venv. Work files go to bench/work/families/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+WORK = BENCH / "work" / "families"
+sys.path.insert(0, str(REPO))
+
+from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
+from ckptconv import synth  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family at one layout: the synthetic model, MaxText's model_name and how to run both."""
+
+    name: str
+    model: synth.SynthModel
+    maxtext_model: str
+    scan: bool = True
+    devices: int = 16
+    dtype: str = "bfloat16"
+    loader: str = "lazy"  # MaxText's tensor loading: lazy (safe_open) or eager "transformers" (Gemma 3 needs it)
+    maxtext_unscanned: bool = False  # MaxText cannot write this scanned layout: compare with its unscanned, restacked
+    extra: dict = field(default_factory=dict)
+
+
+def overrides(case: Case) -> list[str]:
+    """MaxText config overrides that give its model the checkpoint's sizes."""
+    m, config = case.model, case.model.config()
+    text = config.get("text_config", config)
+    layers = text["num_hidden_layers"] // (2 if m.model_type == "gemma2" else 1)
+    values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": layers,
+              "scan_layers": str(case.scan).lower()}
+    if not m.model_type.startswith("gemma"):
+        values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)
+    if m.model_type in ("qwen3_moe", "mixtral"):
+        values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
+                   "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
+    return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
+
+
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
+CASES = [
+    Case("qwen3", synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), "qwen3-0.6b"),
+    Case("llama3.1", synth.SynthModel(model_type="llama", tie_word_embeddings=False,
+                                      config_overrides={"rope_scaling": LLAMA31_ROPE}), "llama3.1-8b"),
+    Case("qwen3_moe", synth.SynthModel(model_type="qwen3_moe", num_experts=16, moe_intermediate_size=48,
+                                       tie_word_embeddings=False), "qwen3-30b-a3b"),
+    Case("qwen3_moe-noscan-1dev", synth.SynthModel(model_type="qwen3_moe", num_experts=8, moe_intermediate_size=48,
+                                                   tie_word_embeddings=False), "qwen3-30b-a3b", scan=False, devices=1,
+         loader="safetensors"),  # MaxText's lazy loader cannot save with 1 device (Orbax finds no handler)
+    Case("mixtral", synth.SynthModel(model_type="mixtral", num_experts=4, num_layers=4, tie_word_embeddings=False),
+         "mixtral-8x7b"),
+    # MaxText 0.2.5 fails on scanned Mixtral (it stacks MoeBlock_0/gate on axis 0: shape mismatch); compare
+    # ckptconv's scanned output with MaxText's unscanned one, its layers stacked on MaxText's scan axis 1.
+    Case("mixtral-vs-restacked", synth.SynthModel(model_type="mixtral", num_experts=4, num_layers=4,
+                                                  tie_word_embeddings=False), "mixtral-8x7b", maxtext_unscanned=True),
+    Case("mixtral-noscan", synth.SynthModel(model_type="mixtral", num_experts=4, tie_word_embeddings=False),
+         "mixtral-8x7b", scan=False),
+    Case("gemma2", synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=256000, hidden_size=32,
+                                    head_dim=8, intermediate_size=64), "gemma2-2b"),
+    Case("gemma2-noscan-f32", synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=256000, hidden_size=32,
+                                               head_dim=8, intermediate_size=64), "gemma2-2b", scan=False,
+         dtype="float32"),
+    Case("gemma3", synth.SynthModel(model_type="gemma3", num_layers=8, vocab_size=262208, hidden_size=48,
+                                    head_dim=12, intermediate_size=64), "gemma3-4b", loader="transformers"),
+    Case("gemma3-noscan-1dev", synth.SynthModel(model_type="gemma3", num_layers=7, vocab_size=262208, hidden_size=48,
+                                                head_dim=12, intermediate_size=64), "gemma3-4b", scan=False,
+         devices=1, loader="transformers"),
+]
+
+
+def run(cmd: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if log is not None:
+        log.write_text(result.stdout + result.stderr)
+    return result
+
+
+def run_case(case: Case, ctx: dict) -> dict:
+    root = WORK / case.name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    hf, ours, theirs = root / "hf", root / "ckptconv", root / "maxtext"
+    synth.write_checkpoint(case.model, str(hf))
+    layout = ["--devices", str(case.devices), "--dtype", case.dtype, "--scan-layers" if case.scan else "--no-scan-layers"]
+    mine = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), "--progress", "none", *layout],
+               log=root / "ckptconv.log")
+    loader = ["--lazy_load_tensors=true"] if case.loader == "lazy" else [
+        "--lazy_load_tensors=false", f"--eager_load_method={case.loader}"]
+    theirs_layout = overrides(case) + (["scan_layers=false"] if case.maxtext_unscanned else [])
+    mt = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(hf), str(theirs),
+              *theirs_layout, "--", *loader, f"--simulated_cpu_devices_count={case.devices}",
+              f"--save_dtype={case.dtype}"], env=ctx["mt_env"], log=root / "maxtext.log")
+    row = {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
+           "maxtext_layout": "unscanned, restacked" if case.maxtext_unscanned else "same",
+           "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
+           "ckptconv_exit": mine.returncode, "maxtext_exit": mt.returncode}
+    if mine.returncode or mt.returncode:
+        row["error"] = (mine.stderr or mt.stderr)[-600:]
+        return row
+    restack = ["--stack-layers-of-b"] if case.maxtext_unscanned else []
+    compared = run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), *restack,
+                    "--json", str(root / "compare.json")], env=ctx["mt_env"], log=root / "compare.log")
+    result = json.loads((root / "compare.json").read_text())
+    row |= {"identical": result["identical"], "leaves": result["leaves_compared"],
+            "bytes": result["bytes_compared"], "value_mismatches": result["value_mismatches"][:3],
+            "only_in_ckptconv": result["only_in_a"], "only_in_maxtext": result["only_in_b"],
+            "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]}),
+            "compare_exit": compared.returncode}
+    return row
+
+
+def write(rows: list[dict], ctx: dict, path: Path) -> None:
+    lines = [
+        "# Families: ckptconv vs MaxText 0.2.5's `to_maxtext`, leaf by leaf",
+        "",
+        f"Written by `bench/compare_families.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {ctx['mt_versions'].get('maxtext')}, transformers {ctx['mt_versions'].get('transformers')}).",
+        "Each row: one random bf16 synthetic checkpoint with the hub's names and `config.json`, converted by both "
+        "tools with the same layout; both outputs restored with Orbax's public API and compared bit for bit. "
+        "Chunk shapes may differ (ckptconv's are finer, always inside one device's shard); MaxText reads any.",
+        "",
+        "| case | MaxText model_name | scan | devices | dtype | MaxText layout | leaves | MiB | result | metadata that differs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            last = r["error"].strip().splitlines()[-1][:160].replace("|", "/")
+            result = f"failed (ckptconv exit {r['ckptconv_exit']}, MaxText exit {r['maxtext_exit']}: `{last}`)"
+            lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} | {r['dtype']} "
+                         f"| {r['maxtext_layout']} | - | - | {result} | - |")
+            continue
+        result = "**identical**" if r["identical"] else f"DIFFERENT: {r['value_mismatches'] or r['only_in_maxtext']}"
+        lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} | {r['dtype']} "
+                     f"| {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
+                     f"{', '.join(r['metadata_differences']) or 'none'} |")
+    lines += ["", "Raw rows: `bench/work/families/results.json`.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated case names or family names")
+    parser.add_argument("--keep", action="store_true", help="keep the work files")
+    parser.add_argument("--out", default=str(BENCH / "FAMILIES.md"))
+    args = parser.parse_args(argv)
+    ctx = setup_maxtext()
+    ctx["mt_env"] = {**ctx["mt_env"], **OFFLINE_ENV}
+    wanted = set(args.only.split(",")) if args.only else None
+    rows = []
+    for case in CASES:
+        if wanted and case.name not in wanted and case.model.model_type not in wanted:
+            continue
+        row = run_case(case, ctx)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        if not args.keep:
+            shutil.rmtree(WORK / case.name / "hf", ignore_errors=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "results.json").write_text(json.dumps(rows, indent=2))
+    write(rows, ctx, Path(args.out))
+    return 0 if all(r.get("identical") for r in rows if "error" not in r) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

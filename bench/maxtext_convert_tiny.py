@@ -1,0 +1,35 @@
+"""Run MaxText 0.2.5's own ``to_maxtext`` on a tiny checkpoint of a real family (bench only; MaxText's venv).
+
+    <maxtext-venv>/bin/python bench/maxtext_convert_tiny.py MODEL_NAME HF_DIR OUT_DIR [MAXTEXT_OVERRIDES...] -- [to_maxtext flags]
+
+MaxText's converter takes the HF architecture from a built-in table keyed by ``model_name``
+(``HF_MODEL_CONFIGS``), so a 2-layer model of a family it supports fails there. This runner puts
+the checkpoint's own ``config.json`` into that table for ``MODEL_NAME``, passes the sizes as
+MaxText overrides (``override_model_config=True``), and then runs ``to_maxtext`` exactly as its
+``__main__`` does. Nothing else of MaxText is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    model_name, hf_dir, out_dir, *rest = sys.argv[1:]
+    overrides, flags = (rest[: rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    import maxtext
+    import transformers
+    from maxtext.checkpoint_conversion.utils import hf_model_configs
+
+    hf_model_configs.HF_MODEL_CONFIGS[model_name] = transformers.AutoConfig.from_pretrained(hf_dir)
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    sys.argv = ["to_maxtext", base, f"model_name={model_name}", f"hf_model_path={hf_dir}",
+                f"base_output_directory={out_dir}", "hardware=cpu", "skip_jax_distributed_system=True",
+                "override_model_config=True", f"run_name=tiny-{model_name}", *overrides, *flags]
+    runpy.run_module("maxtext.checkpoint_conversion.to_maxtext", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
