@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench bench-families clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,9 @@ test-fast: setup
 
 bench: setup
 	$(PY) bench/compare_maxtext.py
+
+bench-families: setup
+	$(PY) bench/compare_families.py
 
 clean:
 	rm -rf demo-out .pytest_cache .prefect
