@@ -1,4 +1,4 @@
-"""One conversion, start to finish: source -> plan -> slabs -> write -> commit -> report.
+"""One conversion, start to finish: source -> plan -> tiles -> write -> commit -> report.
 
 Each step lives in its own module; this one only wires them and decides what to do about
 whatever is already at the destination (skip, refuse, or clean leftovers and write).
@@ -98,7 +98,6 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     """Stream every tile to the writer; time until the last tile is "write", the rest "commit"."""
     from ckptconv import writer
 
-    leaves = [writer.LeafWrite(leaf.path, leaf.shape, leaf.dtype, leaf.chunk_shape) for leaf in plan.leaves]
     done = [0, 0]  # bytes, tensors reported
     last_tile = [timer.wall()]
 
@@ -111,7 +110,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
 
     begin = timer.wall()
     writer.write_checkpoint(
-        request.destination, leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
+        request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
         devices=request.devices, custom_metadata={"scan_layers": request.scan_layers}, on_tile=on_tile,
         use_compression=request.compression, extra_items=dict(MAXTEXT_EXTRA_ITEMS),
     )

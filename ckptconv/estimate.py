@@ -48,17 +48,14 @@ def work_bytes(job: Job) -> int:
     return raw + extra
 
 
-def job_peak_bytes(job: Job, plan: ConversionPlan) -> int:
-    return TILES_ALIVE * tile_bytes(job, plan) + work_bytes(job)
-
-
-def predicted_peak_bytes(plan: ConversionPlan) -> int:
+def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
     """Baseline + the worst job's tiles in flight and read unit in production."""
-    return BASELINE_BYTES + max(job_peak_bytes(job, plan) for job in plan.jobs)
+    tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
+    return BASELINE_BYTES + max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
 
 
 def plan_summary(plan: ConversionPlan) -> dict:
-    largest_tile = max(tile_bytes(job, plan) for job in plan.jobs)
+    tiles = [tile_bytes(job, plan) for job in plan.jobs]
     return {
         "source": plan.source_uri,
         "family": plan.family.name,
@@ -70,8 +67,8 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
         "largest_read_bytes": max(job.tiling.unit_bytes for job in plan.jobs),
-        "largest_tile_bytes": largest_tile,
-        "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan)),
+        "largest_tile_bytes": max(tiles),
+        "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan, tiles)),
         "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
         "devices": plan.devices,
         "scan_layers": plan.scan_layers,

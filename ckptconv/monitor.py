@@ -72,10 +72,10 @@ class StageTimer:
 
 
 def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
-    """Make freed slab buffers go back to the OS, so RSS tracks what is alive.
+    """Make freed tile buffers go back to the OS, so RSS tracks what is alive.
 
     glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MiB),
-    after which slab-sized buffers come from the heap and stay resident when freed; and each
+    after which tile-sized buffers come from the heap and stay resident when freed; and each
     tensorstore thread may get its own arena. Fixing the threshold and capping arenas (what
     ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_ARENA_MAX`` do, but settable after start) keeps the
     peak at the live data. A no-op where glibc's ``mallopt`` is missing.

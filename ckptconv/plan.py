@@ -76,10 +76,12 @@ class Job:
         return read_units(self.tiling, self.source_shape, self.shapes, self.positions, spec)
 
     def sample_units(self, spec: ModelSpec) -> list[ReadUnit]:
-        """Read units of every size this job has: those of its first run of pieces (every
-        piece is cut alike; only a piece's last band, or a run's last group, differs)."""
-        head = self.positions[0][:-1] if self.positions and self.positions[0] else ()
-        run = tuple(p for p in self.positions if p[:-1] == head) if self.positions[0] else self.positions[:1]
+        """Read units of every size this job has, without walking the model: every piece is cut
+        alike (only its last band differs), and groups differ only at the end of a run of pieces."""
+        if self.tiling.band_axis is not None or not self.positions[0]:
+            run = self.positions[:1]
+        else:
+            run = tuple(p for p in self.positions if p[:-1] == self.positions[0][:-1])
         return list(read_units(self.tiling, self.source_shape, self.shapes, run, spec))
 
     @property
@@ -157,7 +159,8 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
                             "bytes": tensors[name].nbytes} for name in sorted(set(inactive) & set(tensors)))
     _check_shapes_and_dtypes(expected, tensors)
     out_dtype = OUTPUT_DTYPES[dtype]
-    jobs = tuple(_jobs(family, spec, stacks, tensors, out_dtype, devices))
+    jobs = tuple(_job(inst, spec, tensors, out_dtype, devices)
+                 for inst in _instances(family.active_rules(spec), stacks, spec))
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)
@@ -186,30 +189,48 @@ def _sort_tensors(source: Source, family: Family, stored: dict[str, TensorInfo])
     return tensors, summary
 
 
-def _stack_rules(rules: tuple[Rule, ...], stack: LayerStack) -> tuple[Rule, ...]:
-    return tuple(r for r in rules if r.per_layer and (r.kinds is None or stack.kind in r.kinds))
+@dataclass(frozen=True)
+class _Instance:
+    """A rule applied to one layer stack (or, for a global rule, to nothing): its pieces by name."""
+
+    rule: Rule
+    stack: LayerStack | None
+    names: tuple[str, ...]  # HF names of the pieces
+    positions: tuple[tuple[int, ...], ...]  # each piece's index on the leaves' stack axes
+
+    @property
+    def stacked(self) -> bool:
+        return self.stack is not None and self.stack.stacked
 
 
-def _names(rule: Rule, layers: tuple[int, ...], spec: ModelSpec) -> list[tuple[tuple[int, ...], str]]:
-    """(position on the stack axes, HF name) of every piece of ``rule`` over ``layers``."""
-    experts = range(spec.dim("experts")) if rule.per_expert else [None]
-    out = []
+def _instances(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: ModelSpec) -> Iterator[_Instance]:
+    """Global rules once, then every layer rule on every stack whose kind it serves, in that order."""
+    for r in rules:
+        if not r.per_layer:
+            yield _instance(r, None, spec)
+    for stack in stacks:
+        for r in rules:
+            if r.per_layer and (r.kinds is None or stack.kind in r.kinds):
+                yield _instance(r, stack, spec)
+
+
+def _instance(r: Rule, stack: LayerStack | None, spec: ModelSpec) -> _Instance:
+    """Pieces in stack order: experts outermost (MaxText's (experts, layers, ...)), then layers."""
+    layers = stack.layers if stack is not None else (0,)
+    stacked = stack is not None and stack.stacked
+    experts = range(spec.dim("experts")) if r.per_expert else [None]
+    names, positions = [], []
     for e in experts:
         for j, layer in enumerate(layers):
-            position = ((e,) if e is not None else ()) + ((j,) if len(layers) > 1 or rule.per_layer else ())
-            out.append((position, rule.hf.format(layer=layer, expert=e)))
-    return out
+            names.append(r.hf.format(layer=layer, expert=e))
+            positions.append(((e,) if e is not None else ()) + ((j,) if stacked else ()))
+    return _Instance(r, stack, tuple(names), tuple(positions))
 
 
 def expected_tensors(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: ModelSpec) -> dict[str, tuple[Rule, Shape]]:
-    dims = spec.dims
-    expected: dict[str, tuple[Rule, Shape]] = {}
-    for r in rules:
-        layer_sets = [s.layers for s in stacks if r in _stack_rules((r,), s)] if r.per_layer else [(0,)]
-        for layers in layer_sets:
-            for _, name in _names(r, layers, spec):
-                expected[name] = (r, tuple(dims[d] for d in r.hf_shape))
-    return expected
+    """Every HF tensor the rules read, with the rule and the shape ``config.json`` implies."""
+    return {name: (inst.rule, tuple(spec.dim(d) for d in inst.rule.hf_shape))
+            for inst in _instances(rules, stacks, spec) for name in inst.names}
 
 
 def _check_coverage(source: Source, family: Family, expected: dict, inactive: dict, tensors: dict[str, TensorInfo]) -> None:
@@ -243,32 +264,16 @@ def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo]) -> 
 
 # --- jobs and leaves -----------------------------------------------------------------------
 
-def _jobs(family: Family, spec: ModelSpec, stacks: tuple[LayerStack, ...], tensors: dict[str, TensorInfo],
-          dtype: np.dtype, devices: int) -> Iterator[Job]:
-    rules = family.active_rules(spec)
-    for r in rules:
-        if not r.per_layer:
-            yield _job(r, None, spec, tensors, dtype, devices)
-    for stack in stacks:
-        for r in _stack_rules(rules, stack):
-            yield _job(r, stack, spec, tensors, dtype, devices)
-
-
-def _job(r: Rule, stack: LayerStack | None, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype: np.dtype,
-         devices: int) -> Job:
-    layers = stack.layers if stack is not None else (0,)
-    named = _names(r, layers, spec)
-    pieces = tuple(tensors[name] for _, name in named)
-    positions = tuple(position for position, _ in named)
+def _job(inst: _Instance, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype: np.dtype, devices: int) -> Job:
+    r, stack = inst.rule, inst.stack
+    pieces = tuple(tensors[name] for name in inst.names)
     source_shape = pieces[0].shape
-    stacked = stack is not None and stack.stacked
-    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((len(layers),) if stacked else ())
-    if not stacked:
-        positions = tuple(p[:1] if r.per_expert else () for p in positions)
+    layers = len(stack.layers) if inst.stacked else None
+    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((layers,) if layers else ())
     shapes = []
     for output in r.outputs:
         piece = output_shape(source_shape, output.steps, spec)
-        shape, stack_axes = _stacked_shape(piece, r.per_expert, len(layers) if stacked else None, spec)
+        shape, stack_axes = _stacked_shape(piece, r.per_expert, layers, spec)
         path = PARAMS_ROOT + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
@@ -278,7 +283,7 @@ def _job(r: Rule, stack: LayerStack | None, spec: ModelSpec, tensors: dict[str, 
         raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
     leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)
                    for (path, shape, axes, steps), chunk in zip(shapes, tiling.chunks))
-    return Job(r, pieces, positions, source_shape, leaves, tiling)
+    return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 
 def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:

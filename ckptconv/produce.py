@@ -19,11 +19,8 @@ from ckptconv.plan import ConversionPlan, Job, LeafPlan
 from ckptconv.safetensors_io import read_box
 from ckptconv.sources import Source
 from ckptconv.spec import ModelSpec
-from ckptconv.tiles import ReadUnit
+from ckptconv.tiles import ReadUnit, Tile
 from ckptconv.transforms import Box, apply_steps, box_shape, box_slices
-
-Region = tuple[slice, ...]
-Tile = tuple[int, Region, np.ndarray]
 
 
 def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer) -> Iterator[Tile]:
@@ -38,7 +35,8 @@ def job_tiles(job: Job, spec: ModelSpec, source: Source, timer: StageTimer, firs
     """The tiles of one job, read unit by read unit; each source region is read once."""
     for unit in job.units(spec):
         with timer.stage("read"):
-            raws = [read_box(source, job.pieces[i], unit.source_box) for i in unit.pieces]
+            raws = [] if unit.source_box is None else [read_box(source, job.pieces[i], unit.source_box)
+                                                       for i in unit.pieces]
         for k, leaf in enumerate(job.leaves):
             box = unit.leaf_boxes[k]
             if box is None:
@@ -50,16 +48,18 @@ def job_tiles(job: Job, spec: ModelSpec, source: Source, timer: StageTimer, firs
 
 
 def _assemble(leaf: LeafPlan, box: Box, raws: list[np.ndarray], unit: ReadUnit, k: int, spec: ModelSpec) -> np.ndarray:
-    """The leaf region of one read: each piece transformed, cast, and placed on the stack axes."""
+    """The leaf region of one read: each piece transformed, cast, and placed on the stack axes
+    (zeros for a unit of vocabulary padding, which reads nothing)."""
     shape = box_shape(box)
-    parts = [_finish(leaf, apply_steps(raw, leaf.steps, spec, unit.step_boxes[k])) for raw in raws]
-    if len(parts) == 1:
-        return parts[0].reshape(shape)
+    if not raws:
+        return np.zeros(shape, dtype=leaf.dtype)
+    if len(raws) == 1:
+        return _finish(leaf, apply_steps(raws[0], leaf.steps, spec, unit.step_boxes[k])).reshape(shape)
     out = np.empty(shape, dtype=leaf.dtype)
     axis = leaf.stack_axes[-1]
-    for n, part in enumerate(parts):
+    for n, raw in enumerate(raws):
         index = (slice(None),) * axis + (n,)
-        out[index] = part.reshape(out[index].shape)
+        out[index] = apply_steps(raw, leaf.steps, spec, unit.step_boxes[k]).reshape(out[index].shape)
     return out
 
 

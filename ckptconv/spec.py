@@ -17,9 +17,8 @@ Three kinds of fields exist:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ckptconv.errors import BadInputError
 
@@ -31,7 +30,7 @@ BOOKKEEPING_FIELDS = frozenset(
         "model_type", "output_attentions", "output_hidden_states", "pad_token_id", "problem_type",
         "return_dict", "tokenizer_class", "torch_dtype", "transformers_version", "use_cache",
         "generation_config", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
-        "auto_map", "quantization_config_ignored",
+        "auto_map",
     }
 )
 
@@ -76,12 +75,14 @@ class ConfigReader:
     change weights and records it for the report; :meth:`unread` lists what nobody read.
     """
 
-    def __init__(self, config: dict[str, Any], where: str) -> None:
+    def __init__(self, config: dict[str, Any], where: str, name: str = "") -> None:
         self.config = config
         self.where = where
+        self.name = name  # the field this reader reads, for a nested object (``text_config``)
         self.read: set[str] = set()
         self.runtime_values: dict[str, Any] = {}
         self.children: list[ConfigReader] = []
+        self._rope: tuple[float, str, dict[str, Any]] | None = None
 
     def _get(self, name: str, default: Any) -> Any:
         self.read.add(name)
@@ -95,33 +96,18 @@ class ConfigReader:
     def has(self, name: str) -> bool:
         return self.config.get(name) is not None
 
-    def int(self, name: str, default: int | None = None, *, minimum: int = 1) -> int:
+    def int(self, name: str, default: int | None = None) -> int:
         value = self._get(name, default)
         if value is None:
             raise BadInputError(f"{self.where}: required field {name!r} is missing")
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= {minimum}, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 1, got {value!r}")
         return value
-
-    def optional_int(self, name: str) -> int | None:
-        return None if self.config.get(name) is None else self.int(name)
-
-    def float(self, name: str, default: float) -> float:
-        value = self._get(name, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise BadInputError(f"{self.where}: field {name!r} must be a finite number, got {value!r}")
-        return float(value)
 
     def bool(self, name: str, default: bool) -> bool:
         value = self._get(name, default)
         if not isinstance(value, bool):
             raise BadInputError(f"{self.where}: field {name!r} must be true or false, got {value!r}")
-        return value
-
-    def str(self, name: str, default: str) -> str:
-        value = self._get(name, default)
-        if not isinstance(value, str):
-            raise BadInputError(f"{self.where}: field {name!r} must be a string, got {value!r}")
         return value
 
     def require(self, name: str, allowed: tuple[Any, ...], default: Any) -> Any:
@@ -141,7 +127,7 @@ class ConfigReader:
 
     def nested(self, name: str) -> "ConfigReader":
         """A reader for an object-valued field (e.g. Gemma 3's ``text_config``), errors naming it."""
-        child = ConfigReader(self.object(name), f"{self.where}: {name}")
+        child = ConfigReader(self.object(name), f"{self.where}: {name}", name)
         self.children.append(child)
         return child
 
@@ -152,7 +138,7 @@ class ConfigReader:
             if name in self.config:
                 self.runtime_values[name] = self.config[name]
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         raise BadInputError(f"{self.where}: {message}")
 
     def unread(self) -> list[str]:
@@ -175,6 +161,8 @@ class ConfigReader:
         RoPE is applied at run time; only its *type* can change a weight layout (Llama 3.1+).
         All RoPE fields are recorded as runtime settings.
         """
+        if self._rope is not None:
+            return self._rope
         self.runtime("rope_parameters", "rope_scaling", "rope_theta")
         params = self.config.get("rope_parameters") or {}
         scaling = self.config.get("rope_scaling") or {}
@@ -185,4 +173,5 @@ class ConfigReader:
         rope_type = merged.get("rope_type", merged.get("type", "default"))
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not isinstance(rope_type, str):
             raise BadInputError(f"{self.where}: invalid rope settings {merged!r}")
-        return float(theta), rope_type, {k: v for k, v in merged.items() if k != "rope_theta"}
+        self._rope = (float(theta), rope_type, {k: v for k, v in merged.items() if k != "rope_theta"})
+        return self._rope

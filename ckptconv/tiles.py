@@ -22,11 +22,19 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
+
 from ckptconv.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.spec import ModelSpec
-from ckptconv.transforms import WHOLE, Box, Misaligned, Shape, Step, chain_quantum, forward_boxes, full_box
+from ckptconv.transforms import (
+    WHOLE, Box, Misaligned, Resize, Scale, Shape, Step, box_shape, chain_quantum, forward_boxes, full_box,
+)
 
 READ_BYTES = 16 * 1024 * 1024  # source bytes per read unit: large enough for few commits, small enough to stream
+
+
+Region = tuple[slice, ...]
+Tile = tuple[int, Region, np.ndarray]  # (leaf index, region of the leaf, its data): what the writer takes
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,10 @@ class LeafShape:
     stack_axes: tuple[int, ...]  # leaf axes holding the pieces (experts, layers), in order
     steps: tuple[Step, ...]
     itemsize: int
+
+    @property
+    def piece_shape(self) -> Shape:
+        return tuple(self.shape[axis] for axis in self.piece_axes)
 
     @property
     def piece_axes(self) -> tuple[int, ...]:
@@ -60,22 +72,23 @@ class Tiling:
     """How one job is read and chunked (see the module docstring)."""
 
     band_axis: int | None  # None: whole pieces per read
-    band: int  # units of band_axis per read (whole pieces: the axis size is irrelevant)
+    band: int | None  # units of band_axis per read (None for whole pieces)
     group: int  # consecutive pieces along the last stack axis per read (whole pieces only)
     chunks: tuple[Shape, ...]  # per leaf, in leaf coordinates
     unit_bytes: int  # source bytes of the largest read unit
-
-    def to_json(self) -> dict:
-        return {"band_axis": self.band_axis, "band": self.band, "group": self.group,
-                "chunks": [list(c) for c in self.chunks], "unit_bytes": self.unit_bytes}
+    budget: int  # the read budget this plan was made for (zero padding is written in units of it too)
 
 
 @dataclass(frozen=True)
 class ReadUnit:
-    """One read: which pieces, which source box, and where the result lands in each leaf."""
+    """One read: which pieces, which source box, and where the result lands in each leaf.
+
+    ``source_box`` None: nothing to read, the leaf boxes are zero padding (a vocabulary padded
+    to MaxText's size), written in bounded units like everything else.
+    """
 
     pieces: tuple[int, ...]  # indices into the job's pieces, in order along the group axis
-    source_box: Box
+    source_box: Box | None
     leaf_boxes: tuple[Box | None, ...]  # per leaf (None: nothing of this read lands in it)
     step_boxes: tuple[list[Box], ...]  # per leaf, the box after each step (for apply_steps)
 
@@ -87,15 +100,15 @@ def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...
     piece_bytes = math.prod(source_shape) * itemsize
     if piece_bytes <= budget:
         group = _group_size(piece_bytes, leaves, stack_shape, devices, budget)
-        chunks = tuple(_chunk(leaf, _whole_box(leaf, spec, source_shape), devices, group) for leaf in leaves)
-        return Tiling(None, source_shape[0] if source_shape else 1, group, chunks, piece_bytes * group)
+        chunks = tuple(_chunk(leaf, _image(leaf, full_box(source_shape), source_shape, spec), devices, group)
+                       for leaf in leaves)
+        return Tiling(None, None, group, chunks, piece_bytes * group, budget)
     axis, quantum = _band_axis(source_shape, itemsize, leaves, spec, budget)
     band = _band(axis, quantum, source_shape, itemsize, leaves, spec, devices, budget)
     box = _band_box(source_shape, axis, 0, band)
-    chunks = tuple(_chunk(leaf, forward_boxes(box, source_shape, leaf.steps, spec)[-1] if leaf.steps else box,
-                          devices, 1) for leaf in leaves)
+    chunks = tuple(_chunk(leaf, _image(leaf, box, source_shape, spec), devices, 1) for leaf in leaves)
     row_bytes = math.prod(source_shape[axis + 1:]) * itemsize
-    return Tiling(axis, band, 1, chunks, band * row_bytes)
+    return Tiling(axis, band, 1, chunks, band * row_bytes, budget)
 
 
 def read_units(tiling: Tiling, source_shape: Shape, leaves: tuple[LeafShape, ...], positions: tuple[tuple[int, ...], ...],
@@ -103,39 +116,100 @@ def read_units(tiling: Tiling, source_shape: Shape, leaves: tuple[LeafShape, ...
     """Every read of a job, in order; together their leaf boxes tile each leaf exactly once.
 
     ``positions``: each piece's index on the stack axes (the same for every leaf of the job).
+    Reads that land in no leaf (rows beyond a truncated vocabulary) are skipped; a padded
+    vocabulary's zero rows follow each piece as units with nothing to read.
     """
+    pads = tuple(_Padding.of(leaf, chunk, source_shape, spec) for leaf, chunk in zip(leaves, tiling.chunks))
+    for members, box in _source_boxes(tiling, source_shape, positions):
+        where = [positions[i] for i in members]
+        steps = tuple(pad.stretch(forward_boxes(box, source_shape, leaf.steps, spec) if leaf.steps else [box])
+                      for leaf, pad in zip(leaves, pads))
+        boxes = tuple(None if _empty(s[-1]) else _leaf_box(leaf, where, s[-1]) for leaf, s in zip(leaves, steps))
+        if any(b is not None for b in boxes):
+            yield ReadUnit(members, box, boxes, steps)
+        if all(stop == dim for (_, stop), dim in zip(box, source_shape)):  # the piece's last read: padding follows
+            for k, (leaf, pad) in enumerate(zip(leaves, pads)):
+                for piece_box in pad.units(leaf, tiling.budget):
+                    boxes = tuple(_leaf_box(leaf, where, piece_box) if n == k else None for n in range(len(leaves)))
+                    yield ReadUnit(members, None, boxes, tuple([] for _ in leaves))
+
+
+def _source_boxes(tiling: Tiling, source_shape: Shape,
+                  positions: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], Box]]:
+    """(pieces, source box) of every read, in order: groups of whole pieces, or bands of each piece."""
     if tiling.band_axis is None:
         for members in _groups(positions, tiling.group):
-            boxes = tuple(_leaf_box(leaf, [positions[i] for i in members], full_box(_out_shape(leaf, spec, source_shape)))
-                          for leaf in leaves)
-            step_boxes = tuple(_whole_step_boxes(leaf, spec, source_shape) for leaf in leaves)
-            yield ReadUnit(tuple(members), full_box(source_shape), boxes, step_boxes)
+            yield tuple(members), full_box(source_shape)
         return
-    axis = tiling.band_axis
-    for index, position in enumerate(positions):
+    axis, band = tiling.band_axis, tiling.band or 1
+    for index in range(len(positions)):
         for prefix in itertools.product(*(range(n) for n in source_shape[:axis])):
-            for start in range(0, source_shape[axis], tiling.band):
-                box = tuple((i, i + 1) for i in prefix) + _band_box(source_shape[axis:], 0, start, tiling.band)
-                steps = tuple(forward_boxes(box, source_shape, leaf.steps, spec) if leaf.steps else [box]
-                              for leaf in leaves)
-                boxes = tuple(None if _empty(s[-1]) else _leaf_box(leaf, [position], s[-1])
-                              for leaf, s in zip(leaves, steps))
-                yield ReadUnit((index,), box, boxes, steps)
+            for start in range(0, source_shape[axis], band):
+                yield (index,), tuple((i, i + 1) for i in prefix) + _band_box(source_shape[axis:], 0, start, band)
+
+
+@dataclass(frozen=True)
+class _Padding:
+    """Zero rows a Resize adds to a leaf (a vocabulary padded to MaxText's size), along one piece axis.
+
+    The rows between the data's end and the next chunk boundary share a chunk with the data, so
+    the piece's last read carries them (a chunk is never written twice); the rest are written
+    as zeros in units of the read budget, with nothing to read.
+    """
+
+    axis: int | None = None  # piece axis; None: no padding
+    filled: int = 0  # rows the source fills
+    stop: int = 0  # rows of the leaf
+    chunk: int = 1
+    first: int = 0  # index of the Resize step: its box and those after it hold the padded rows
+
+    @staticmethod
+    def of(leaf: LeafShape, chunk: Shape, source_shape: Shape, spec: ModelSpec) -> "_Padding":
+        resizes = [n for n, step in enumerate(leaf.steps) if isinstance(step, Resize)]
+        if not resizes:
+            return _Padding()
+        if len(resizes) > 1 or not all(isinstance(step, Scale) for step in leaf.steps[resizes[0] + 1:]):
+            raise Misaligned(f"steps {[s.name for s in leaf.steps]}: only scaling may follow a Resize "
+                             "(padding is written as zeros)")
+        image = forward_boxes(full_box(source_shape), source_shape, leaf.steps, spec)[-1]
+        for axis, ((_, stop), dim) in enumerate(zip(image, leaf.piece_shape)):
+            if stop < dim:
+                return _Padding(axis, stop, dim, chunk[leaf.piece_axes[axis]], resizes[0])
+        return _Padding()
+
+    @property
+    def carried(self) -> int:
+        """Where the last read's rows end: the chunk boundary after the data (or the leaf's end)."""
+        return min(self.stop, -(-self.filled // self.chunk) * self.chunk)
+
+    def stretch(self, boxes: list[Box]) -> list[Box]:
+        """Step boxes of a read; the read that ends the data also covers rows up to ``carried``."""
+        if self.axis is None or boxes[-1][self.axis][1] != self.filled:
+            return boxes
+        a = self.axis
+        return boxes[:self.first] + [b[:a] + ((b[a][0], self.carried),) + b[a + 1:] for b in boxes[self.first:]]
+
+    def units(self, leaf: LeafShape, budget: int) -> Iterator[Box]:
+        """Piece boxes of the zero rows after ``carried``, each within the budget."""
+        if self.axis is None:
+            return
+        row_bytes = math.prod(leaf.piece_shape) // self.stop * leaf.itemsize
+        step = max(self.chunk, budget // max(1, row_bytes) // self.chunk * self.chunk)
+        for first in range(self.carried, self.stop, step):
+            box = full_box(leaf.piece_shape)
+            yield box[:self.axis] + ((first, min(first + step, self.stop)),) + box[self.axis + 1:]
 
 
 # --- choosing ------------------------------------------------------------------------------
 
 def _group_size(piece_bytes: int, leaves: tuple[LeafShape, ...], stack_shape: Shape, devices: int, budget: int) -> int:
-    """Pieces per read along the last stack axis: as many as fit, dividing any shard of that axis."""
+    """Pieces per read along the last stack axis: as many as fit, dividing every leaf's shard of that axis."""
     if not stack_shape:
         return 1
-    group = max(1, min(stack_shape[-1], budget // max(1, piece_bytes)))
-    for leaf in leaves:
-        axis = leaf.stack_axes[-1]
-        if leaf.sharded_axis(devices) == axis:
-            extent = leaf.part(devices)[axis]
-            group = max(d for d in range(1, min(group, extent) + 1) if extent % d == 0)
-    return group
+    most = max(1, min(stack_shape[-1], budget // max(1, piece_bytes)))
+    parts = [leaf.part(devices)[leaf.stack_axes[-1]] for leaf in leaves
+             if leaf.sharded_axis(devices) == leaf.stack_axes[-1]]
+    return max(g for g in range(1, most + 1) if all(part % g == 0 for part in parts))
 
 
 def _band_axis(shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...], spec: ModelSpec, budget: int) -> tuple[int, int]:
@@ -189,12 +263,16 @@ def _fits_shards(leaf: LeafShape, shape: Shape, axis: int, band: int, spec: Mode
     sharded = leaf.sharded_axis(devices)
     if sharded is None or sharded in leaf.stack_axes:
         return True
-    box = _band_box(shape, axis, 0, band)
-    image = forward_boxes(box, shape, leaf.steps, spec)[-1] if leaf.steps else box
+    image = _image(leaf, _band_box(shape, axis, 0, band), shape, spec)
     piece_axis = leaf.piece_axes.index(sharded)
     extent = image[piece_axis][1] - image[piece_axis][0]
     shard = leaf.part(devices)[sharded]
     return extent % shard == 0 or shard % extent == 0
+
+
+def _image(leaf: LeafShape, box: Box, source_shape: Shape, spec: ModelSpec) -> Box:
+    """Where a source region lands in the leaf's piece (no padding)."""
+    return forward_boxes(box, source_shape, leaf.steps, spec)[-1] if leaf.steps else box
 
 
 def _chunk(leaf: LeafShape, piece_box: Box, devices: int, group: int) -> Shape:
@@ -214,22 +292,6 @@ def _chunk(leaf: LeafShape, piece_box: Box, devices: int, group: int) -> Shape:
 def _band_box(shape: Shape, axis: int, start: int, band: int) -> Box:
     """Axes before ``axis`` at index 0 (the caller replaces them), a band on ``axis``, the rest whole."""
     return tuple((0, 1) for _ in shape[:axis]) + ((start, min(start + band, shape[axis])),) + full_box(shape[axis + 1:])
-
-
-def _out_shape(leaf: LeafShape, spec: ModelSpec, source_shape: Shape) -> Shape:
-    return tuple(leaf.shape[axis] for axis in leaf.piece_axes)
-
-
-def _whole_box(leaf: LeafShape, spec: ModelSpec, source_shape: Shape) -> Box:
-    return full_box(_out_shape(leaf, spec, source_shape))
-
-
-def _whole_step_boxes(leaf: LeafShape, spec: ModelSpec, source_shape: Shape) -> list[Box]:
-    boxes, shape = [], source_shape
-    for step in leaf.steps:
-        shape = step.shape(shape, spec)
-        boxes.append(full_box(shape))
-    return boxes
 
 
 def _leaf_box(leaf: LeafShape, positions: list[tuple[int, ...]], piece_box: Box) -> Box:

@@ -76,7 +76,8 @@ class Step:
         return x
 
     def inverse(self) -> Step:
-        return self
+        """The step that undoes this one (MaxText -> HF); steps that lose information have none."""
+        raise NotImplementedError(f"{self.name} has no inverse")
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class RopeInterleave(Step):
     to_pairs: bool = True
 
     def _active(self, spec: ModelSpec) -> bool:
-        return bool(spec.values.get(self.when, True))
+        return bool(spec.value(self.when))
 
     def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
         return WHOLE if axis == len(shape) - 1 and self._active(spec) else 1
@@ -287,8 +288,8 @@ class Resize(Step):
     """Pad with zero rows or drop rows along ``axis`` to the spec dimension ``size``.
 
     MaxText builds its embedding with its own vocabulary size (Gemma 2: 256128 rows for HF's
-    256000; Gemma 3: 262144 for 262208); its converter pads with zeros or truncates. The last
-    read unit carries the padding, so padding rows are written once, like any other rows.
+    256000; Gemma 3: 262144 for 262208); its converter pads with zeros or truncates. ``forward``
+    maps source rows only; the tile plan writes the zero rows (``apply`` pads to its out box).
     """
 
     axis: int = 0
@@ -302,8 +303,6 @@ class Resize(Step):
         axis = _axis(self.axis, len(shape))
         size = spec.dim(self.size)
         start, stop = box[axis]
-        if stop >= shape[axis]:  # the last rows: padding belongs to them
-            stop = size
         return (*box[:axis], (min(start, size), min(stop, size)), *box[axis + 1:])
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:

@@ -1,8 +1,8 @@
 """``verify``: every stored leaf equals the transform of its source tensors, bit for bit.
 
-The expected values come from the same plan and slab producer the conversion used, but the
-stored values are read back independently from the checkpoint files, slab by slab, so the
-check costs about one slab of memory. Layout options (scan, dtype) are read from the
+The expected values come from the same plan and producer the conversion used, but the
+stored values are read back independently from the checkpoint files, tile by tile, so the
+check costs about one read unit of memory. Layout options (scan, dtype) are read from the
 checkpoint itself, so ``verify SRC DST`` needs no flags.
 """
 

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -36,6 +36,7 @@ from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization import type_handler_registry, type_handlers
 
 from ckptconv.sharding import MESH_AXIS, partition_spec, write_shape
+from ckptconv.tiles import Region, Tile
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -43,8 +44,15 @@ TARGET_FILE_BYTES = 2 * 1024**3
 # Two writes in flight overlap making a tile with writing one: ~15% faster, one tile of RAM.
 WRITES_IN_FLIGHT = 2
 
-Region = tuple[slice, ...]
-Tile = tuple[int, Region, np.ndarray]  # (index into the leaves, region, data)
+
+
+class Leaf(Protocol):
+    """What the writer needs of a leaf (the planner's ``LeafPlan`` is one; so is :class:`LeafWrite`)."""
+
+    path: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class LeafWrite:
 class _StreamedLeaf:
     """Placeholder Orbax sees as the leaf value: what the array would be, without its data."""
 
-    leaf: LeafWrite
+    leaf: Leaf
     index: int  # position in the writer's leaves (tiles name leaves by it)
     shape: tuple[int, ...]  # python ints: they end up in JSON metadata
     dtype: np.dtype
@@ -105,25 +113,32 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs) -> tupl
 
 
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
-                  tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[LeafWrite, int], None] | None) -> list[Any]:
-    """Open every leaf, write the tile stream (``WRITES_IN_FLIGHT`` at most), return ArrayMetadata."""
+                  tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None) -> list[Any]:
+    """Write the tile stream (``WRITES_IN_FLIGHT`` at most), opening each leaf at its first tile and
+    letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata."""
     by_index = {value.index: n for n, value in enumerate(values)}
-    opened = [await _open_leaf(value, info, arg) for value, info, arg in zip(values, infos, args)]
+    stores: dict[int, Any] = {}
+    metadatas: list[Any] = [None] * len(values)
     written = [0] * len(values)
     in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
     for index, region, data in tiles():
         n = by_index.get(index)
         if n is None:
             raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
-        store, metadata = opened[n]
         value = values[n]
-        region = _region(value, region, data, tuple(metadata.chunk_shape))
+        if n not in stores:
+            if metadatas[n] is not None:
+                raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
+            stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n])
+        region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
         # No transaction: each tile commits on its own, so only tiles in flight use RAM.
-        write = store[region].write(data)
+        write = stores[n][region].write(data)
         await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
         in_flight.append((write, value.leaf, data.nbytes))
         written[n] += data.size
         del data
+        if written[n] == math.prod(value.shape):
+            del stores[n]  # complete: the writes in flight keep what they need
         while len(in_flight) >= WRITES_IN_FLIGHT:
             await _settle(*in_flight.popleft(), on_tile)
     while in_flight:
@@ -133,10 +148,10 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
                              f"{math.prod(value.shape)} elements")
     return [dataclasses.replace(metadata, write_shape=value.write_shape)
-            for value, (_, metadata) in zip(values, opened)]
+            for value, metadata in zip(values, metadatas)]
 
 
-async def _settle(write: Any, leaf: LeafWrite, nbytes: int, on_tile: Callable[[LeafWrite, int], None] | None) -> None:
+async def _settle(write: Any, leaf: Leaf, nbytes: int, on_tile: Callable[[Leaf, int], None] | None) -> None:
     """Wait for one tile to be written, then tell the caller how many bytes it held."""
     await write
     if on_tile is not None:
@@ -154,7 +169,7 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
     """
 
     def __init__(self, store: array_metadata_store.Store | None, typestr: str,
-                 tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[LeafWrite, int], None] | None):
+                 tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None):
         super().__init__(array_metadata_store=store)
         self._typestr = typestr
         self._tiles = tiles
@@ -192,7 +207,7 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
                 process_index=jax.process_index())
 
 
-def _validate(leaves: Sequence[LeafWrite], devices: int) -> None:
+def _validate(leaves: Sequence[Leaf], devices: int) -> None:
     """Fail before a byte is written, naming the leaf and what is wrong with it."""
     seen: set[tuple[str, ...]] = set()
     for leaf in leaves:
@@ -214,7 +229,7 @@ def _validate(leaves: Sequence[LeafWrite], devices: int) -> None:
                              f"on {devices} devices (each device writes {part})")
 
 
-def _tree(leaves: Sequence[LeafWrite], make: Callable[[int, LeafWrite], Any]) -> dict:
+def _tree(leaves: Sequence[Leaf], make: Callable[[int, Leaf], Any]) -> dict:
     """Nest ``make(index, leaf)`` under each leaf's path."""
     tree: dict = {}
     for index, leaf in enumerate(leaves):
@@ -225,8 +240,8 @@ def _tree(leaves: Sequence[LeafWrite], make: Callable[[int, LeafWrite], Any]) ->
     return tree
 
 
-def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], tiles: Callable[[], Iterable[Tile]], *,
-                     devices: int, custom_metadata: dict, on_tile: Callable[[LeafWrite, int], None] | None = None,
+def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
+                     devices: int, custom_metadata: dict, on_tile: Callable[[Leaf, int], None] | None = None,
                      use_compression: bool = True, extra_items: dict[str, Any] | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
@@ -250,7 +265,7 @@ def write_checkpoint(destination: str, leaves: Sequence[LeafWrite], tiles: Calla
                            f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} before JAX starts")
     mesh = Mesh(np.array(jax.devices()), (MESH_AXIS,)) if devices > 1 else None
 
-    def placeholder(index: int, leaf: LeafWrite) -> _StreamedLeaf:
+    def placeholder(index: int, leaf: Leaf) -> _StreamedLeaf:
         shape = tuple(int(dim) for dim in leaf.shape)
         leaf = dataclasses.replace(leaf, shape=shape, chunk_shape=tuple(int(c) for c in leaf.chunk_shape))
         spec = PartitionSpec(*partition_spec(shape, devices))

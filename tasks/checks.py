@@ -19,7 +19,7 @@ class VerificationFailed(ChildFailed):
 @task(name="verify-checkpoint", task_run_name="verify-{job.slug}", cache_policy=NO_CACHE,
       retries=2, retry_delay_seconds=10, retry_condition_fn=retryable)
 def verify_checkpoint(job: Conversion, timeout_seconds: float = 6 * 3600) -> dict:
-    """Run ``ckptconv verify --json``: every leaf equals the transformed source, slab by slab."""
+    """Run ``ckptconv verify --json``: every leaf equals the transformed source, tile by tile."""
     result = run_json(["verify", job.source, job.destination, "--json"], child_env(1), timeout_seconds, ok_codes=(0, 1))
     if not result["ok"]:
         raise VerificationFailed(f"verify {job.destination}: {len(result['mismatches'])} mismatches, first: "

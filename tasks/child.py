@@ -62,8 +62,7 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
     timed_out = threading.Event()
     timer = threading.Timer(timeout, _kill, (proc.pid, timed_out)) if timeout else None
     tail: deque[str] = deque(maxlen=TAIL_LINES)
-    peak = [0]
-    sampler = _HighWaterSampler(proc.pid, peak)
+    sampler = _HighWaterSampler(proc.pid)
     reaped = False
     try:
         if timer:
@@ -72,11 +71,12 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
         for raw in proc.stdout:
             line = raw.rstrip("\n")
             tail.append(line)
-            peak[0] = max(peak[0], vm_hwm_bytes(proc.pid))
+            sampler.sample()  # short-lived children exit between two timed samples
             on_line(line, proc.pid)
         if timer:
             timer.cancel()
             timer.join()
+        sampler.stop()  # before the reap: afterwards the pid may belong to another process
         status, usage = _reap(proc, None if timed_out.is_set() else _remaining(start, timeout), timed_out)
         reaped = True
     finally:
@@ -87,7 +87,7 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
             _kill(proc.pid, None)
             _reap(proc, None, None)
         proc.stdout.close()
-    return ChildResult(os.waitstatus_to_exitcode(status), peak[0], usage.ru_maxrss * 1024, time.monotonic() - start,
+    return ChildResult(os.waitstatus_to_exitcode(status), sampler.peak, usage.ru_maxrss * 1024, time.monotonic() - start,
                        list(tail), timed_out.is_set())
 
 
@@ -104,19 +104,27 @@ def vm_hwm_bytes(pid: int) -> int:
 
 
 class _HighWaterSampler(threading.Thread):
-    """Reads the child's VmHWM every 0.2 s, so a child killed without a report still has a figure.
+    """Reads the child's VmHWM every 0.2 s (and whenever it prints), so a child killed without a
+    report still has a figure.
 
     VmHWM never decreases while the process lives, so sampling misses at most the growth in its
-    last 0.2 s (the conversion's own report, when there is one, has the exact figure).
+    last moments (the conversion's own report, when there is one, has the exact figure).
     """
 
-    def __init__(self, pid: int, peak: list[int]) -> None:
+    def __init__(self, pid: int) -> None:
         super().__init__(name="ckptconv-hwm", daemon=True)
-        self.pid, self.peak, self.done = pid, peak, threading.Event()
+        self.pid, self.peak, self.done, self._lock = pid, 0, threading.Event(), threading.Lock()
+
+    def sample(self) -> None:
+        value = vm_hwm_bytes(self.pid)
+        with self._lock:
+            self.peak = max(self.peak, value)
 
     def run(self) -> None:
-        while not self.done.wait(0.2):
-            self.peak[0] = max(self.peak[0], vm_hwm_bytes(self.pid))
+        while True:
+            self.sample()
+            if self.done.wait(0.2):
+                return
 
     def stop(self) -> None:
         self.done.set()

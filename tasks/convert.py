@@ -45,7 +45,7 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
     progress.finish("skipped: output already complete" if report.get("skipped") else "complete")
     logger.info("peak RSS of the conversion: %d bytes (its VmHWM; wait4 says %d, which includes this worker at fork)",
                 report["peak_rss_bytes"], result.wait4_maxrss_bytes)
-    return {**report, "sampled_peak_rss_bytes": result.own_peak_rss_bytes,
+    return {**report, "own_peak_rss_bytes": result.own_peak_rss_bytes,
             "wait4_maxrss_bytes": result.wait4_maxrss_bytes, "child_seconds": round(result.seconds, 3),
             "attempts": task_run.run_count, "admission": admission}
 

@@ -42,12 +42,16 @@ def test_tiny_budget_tiles_every_leaf_once_within_shards(tmp_path, monkeypatch, 
     banded = 0
     for job in plan.jobs:
         covered = [np.zeros(leaf.shape, dtype=np.int8) for leaf in job.leaves]
-        quantum_fits = job.pieces[0].nbytes <= BUDGET or job.tiling.band_axis is not None
         for unit in job.units(plan.spec):
-            assert len({job.pieces[i].nbytes for i in unit.pieces}) == 1
-            read = sum(math.prod(box_shape(unit.source_box)) * job.pieces[i].dtype.itemsize for i in unit.pieces)
-            if quantum_fits and job.tiling.band > 1:
-                assert read <= BUDGET, (job.rule.hf, read)
+            if unit.source_box is None:  # zero padding (a vocabulary padded to MaxText's size): nothing read
+                written = sum(math.prod(box_shape(b)) * leaf.dtype.itemsize
+                              for leaf, b in zip(job.leaves, unit.leaf_boxes) if b is not None)
+                assert written <= BUDGET or written <= max(math.prod(c) * leaf.dtype.itemsize
+                                                          for leaf, c in zip(job.leaves, (l.chunk_shape for l in job.leaves)))
+            else:
+                read = sum(math.prod(box_shape(unit.source_box)) * job.pieces[i].dtype.itemsize for i in unit.pieces)
+                if job.tiling.band is None or job.tiling.band > 1:  # a single quantum may exceed a 2 KiB budget
+                    assert read <= BUDGET, (job.rule.hf, read)
             for leaf, box, counts in zip(job.leaves, unit.leaf_boxes, covered):
                 if box is None:
                     continue

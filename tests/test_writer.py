@@ -220,7 +220,7 @@ import ml_dtypes, tensorstore as ts, jax
 from ckptconv.writer import LeafWrite, write_checkpoint
 out = os.environ["OUT"]
 shape = (1024, 32, 4096)
-def layer(l):  # generated on the fly: 8 MiB per layer, never a list of slabs
+def layer(l):  # generated on the fly: 8 MiB per layer, never a list of tiles
     row = ((np.arange(shape[0] * shape[2], dtype=np.int32) + 13 * l) % 251).astype(BF16)
     return row.reshape(shape[0], 1, shape[2])
 tiles = lambda: ((0, np.s_[:, l:l + 1, :], layer(l)) for l in range(shape[1]))

@@ -30,6 +30,10 @@ def always(spec: ModelSpec) -> bool:
     return True
 
 
+def never(spec: ModelSpec) -> bool:
+    return False
+
+
 def untied(spec: ModelSpec) -> bool:
     return not spec.value("tie_word_embeddings")
 

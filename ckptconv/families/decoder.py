@@ -95,7 +95,7 @@ def make_spec(cfg: ConfigReader, family: str, dims: dict[str, int], values: dict
     """Assemble the spec: layers, dims, values, and every runtime setting the readers accepted."""
     runtime: dict[str, Any] = dict(cfg.runtime_values)
     for child in cfg.children:
-        runtime.update({f"{child.where.rsplit(': ', 1)[-1]}.{k}": v for k, v in child.runtime_values.items()})
+        runtime.update({f"{child.name}.{k}": v for k, v in child.runtime_values.items()})
     layers = num_layers if num_layers is not None else cfg.int("num_hidden_layers")
     return ModelSpec(family=family, model_type=str(cfg.config.get("model_type")), num_layers=layers,
                      dims=dims, values=values, runtime=runtime)

@@ -10,7 +10,7 @@ What MaxText's Gemma layout changes against Llama's (its converter, 0.2.5):
 
 from __future__ import annotations
 
-from ckptconv.families.base import Rule, rule
+from ckptconv.families.base import Rule, never, rule
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, read_attention
 from ckptconv.spec import ConfigReader
 from ckptconv.transforms import NORM_PLUS_ONE, RESIZE_VOCAB, SCALE_EMBEDDING, Step
@@ -49,7 +49,7 @@ def global_rows(embedding_steps: tuple[Step, ...]) -> tuple[Rule, ...]:
         norm("model.norm.weight", ("decoder", "decoder_norm")),
         # Gemma always computes logits from the embedding; a stored head is the same tensor.
         rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL,
-             when=lambda spec: False, note=TIED_NOTE),
+             when=never, note=TIED_NOTE),
     )
 
 
@@ -65,9 +65,11 @@ def read_gemma_dims(cfg: ConfigReader, defaults: dict[str, int] | None = None) -
     cfg.require("attention_bias", (False,), False)
     cfg.require("tie_word_embeddings", (True,), True)  # MaxText's Gemma decoders: logits_via_embedding
     cfg.rope()
-    cfg.runtime("rms_norm_eps", "max_position_embeddings", "query_pre_attn_scalar", "sliding_window",
-                "attn_logit_softcapping", "final_logit_softcapping", "cache_implementation",
-                "use_bidirectional_attention")
+    cfg.runtime("rms_norm_eps", "max_position_embeddings", "sliding_window", "attn_logit_softcapping",
+                "final_logit_softcapping", "cache_implementation", "use_bidirectional_attention")
+    if cfg.has("sliding_window_size") and cfg.raw("sliding_window_size") != cfg.raw("sliding_window"):
+        cfg.fail(f"sliding_window_size={cfg.raw('sliding_window_size')!r} differs from "
+                 f"sliding_window={cfg.raw('sliding_window')!r}")  # gemma-2-9b's config.json has both
     dims = read_attention(cfg, defaults)
     dims["vocab"] = cfg.int("vocab_size", defaults.get("vocab_size"))
     dims["mlp"] = cfg.int("intermediate_size", defaults.get("intermediate_size"))

@@ -5,6 +5,11 @@ sliding-window attention) as ``*_local`` modules and ``2i + 1`` (global) as ``*_
 scanned, the local and global modules are each stacked over the ``L / 2`` pairs. Queries are
 pre-scaled by 1/sqrt(head_dim) in the weights; the embedding is padded to MaxText's 256128
 rows and scaled by sqrt(hidden) in float32.
+
+The query scale is ``query_pre_attn_scalar ** -0.5`` (what HF computes; MaxText's gemma2 attention
+adds none at run time). For 2B and 9B that is 1/sqrt(head_dim), bit for bit what MaxText's
+``to_maxtext`` writes; for 27B (head_dim 128, scalar 144 = hidden / heads) ``to_maxtext``'s
+1/sqrt(head_dim) would give wrong logits, and MaxText's own Gemma 2 script uses 1/sqrt(144) too.
 """
 
 import numpy as np
@@ -28,7 +33,8 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     check_layer_types(cfg, layers, PATTERN)
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
     hidden = dims["emb"]
-    values = {"tie_word_embeddings": True, "query_scale": query_scale(dims["hd"]),
+    scalar = cfg.int("query_pre_attn_scalar", dims["hd"])
+    values = {"tie_word_embeddings": True, "query_scale": query_scale(scalar),
               "embed_scale": float(np.float32(hidden ** 0.5))}
     return make_spec(cfg, "gemma2", dims, values, layers)
 

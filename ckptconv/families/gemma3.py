@@ -42,7 +42,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     layers = text.int("num_hidden_layers", TEXT_DEFAULTS["num_hidden_layers"])
     text.require("sliding_window_pattern", (PERIOD,), PERIOD)
     text.require("_sliding_window_pattern", (PERIOD,), PERIOD)
-    text.runtime("rope_local_base_freq")
+    text.runtime("rope_local_base_freq", "query_pre_attn_scalar")  # Gemma 3 scales queries at run time
     check_layer_types(text, layers, PATTERN)
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
     values = {"tie_word_embeddings": True,

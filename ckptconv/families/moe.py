@@ -25,10 +25,14 @@ def moe_rows(block: str, router: str, experts: str, names: tuple[str, str, str])
 
 
 def read_experts(cfg: ConfigReader, count_fields: tuple[str, ...]) -> int:
-    """The expert count, under whichever name this config uses for it (hub vs transformers 5)."""
-    for name in count_fields:
-        if cfg.has(name):
-            cfg.read.update(count_fields)  # the other spelling, if also present, is the same field
-            return cfg.int(name)
-    cfg.fail(f"required field {count_fields[0]!r} is missing")
-    raise AssertionError  # fail() raised
+    """The expert count, under whichever name this config uses for it (hub vs transformers 5).
+
+    Both spellings may be present (transformers 5 maps one onto the other); they must agree.
+    """
+    counts = {name: cfg.int(name) for name in count_fields if cfg.has(name)}
+    cfg.read.update(count_fields)
+    if not counts:
+        cfg.fail(f"required field {count_fields[0]!r} is missing")
+    if len(set(counts.values())) > 1:
+        cfg.fail(f"expert counts disagree: {counts}")
+    return next(iter(counts.values()))
