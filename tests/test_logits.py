@@ -67,6 +67,9 @@ CASES = {  # name: (model, scan)
     "mixtral": (synth.SynthModel(model_type="mixtral", tie_word_embeddings=False, num_experts=4), True),
     "gemma2": (synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96), True),
     "gemma2-noscan": (synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96), False),
+    # like Gemma 2 27B: queries scaled by query_pre_attn_scalar (here 20 = hidden / heads), not head_dim
+    "gemma2-27b-like": (synth.SynthModel(model_type="gemma2", num_layers=2, vocab_size=96, hidden_size=80,
+                                         config_overrides={"query_pre_attn_scalar": 20}), True),
     "gemma3_text": (synth.SynthModel(model_type="gemma3_text", num_layers=8, vocab_size=96,
                                      config_overrides=GEMMA3_ROPE), True),
     "gemma3_text-noscan": (synth.SynthModel(model_type="gemma3_text", num_layers=7, vocab_size=96,
