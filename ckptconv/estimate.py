@@ -35,11 +35,12 @@ def _unit_out_bytes(job: Job, unit) -> int:
 
 
 def work_bytes(job: Job) -> int:
-    """Producing one read unit besides its output: the raw read, float32 copies when the steps
-    compute, and a transposed copy when they permute axes."""
+    """Producing one read unit besides its output: the raw read (and what decoding a quantised
+    read takes), float32 copies when the steps compute, and a transposed copy when they permute axes."""
     raw = job.tiling.unit_bytes
     itemsize = job.pieces[0].dtype.itemsize
     elements = raw // itemsize
+    raw += elements * job.pieces[0].decode_bytes
     steps = [step for leaf in job.leaves for step in leaf.steps]
     computing = not all(step.exact for step in steps)
     extra = 2 * elements * np.dtype(np.float32).itemsize if computing else 0

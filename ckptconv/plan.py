@@ -21,6 +21,7 @@ import numpy as np
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, Rule
+from ckptconv.inputs import Input, resolve
 from ckptconv.safetensors_io import TensorInfo, index_checkpoint
 from ckptconv.sharding import shard_shape
 from ckptconv.sources import Source
@@ -62,7 +63,7 @@ class Job:
     and the leaves its outputs make."""
 
     rule: Rule
-    pieces: tuple[TensorInfo, ...]
+    pieces: tuple[Input, ...]
     positions: tuple[tuple[int, ...], ...]  # each piece's index on the leaves' stack axes
     source_shape: Shape
     leaves: tuple[LeafPlan, ...]
@@ -154,12 +155,15 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     stacks = family.layout(spec, scan_layers)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
-    _check_coverage(source, family, expected, inactive, tensors)
-    not_converted += tuple({"what": inactive[name][0].note, "tensors": [tensors[name].name],
-                            "bytes": tensors[name].nbytes} for name in sorted(set(inactive) & set(tensors)))
-    _check_shapes_and_dtypes(expected, tensors)
+    scheme = spec.values.get("quantization")
+    inputs, consumed = _resolve(source, expected, tensors, scheme)
+    unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
+    _check_extra(source, family, tensors, consumed | unused_consumed)
+    not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
+                            "bytes": unused[name].nbytes} for name in sorted(unused))
+    _check_shapes_and_dtypes(expected, inputs)
     out_dtype = OUTPUT_DTYPES[dtype]
-    jobs = tuple(_job(inst, spec, tensors, out_dtype, devices)
+    jobs = tuple(_job(inst, spec, inputs, out_dtype, devices)
                  for inst in _instances(family.active_rules(spec), stacks, spec))
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
@@ -233,8 +237,20 @@ def expected_tensors(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], sp
             for inst in _instances(rules, stacks, spec) for name in inst.names}
 
 
-def _check_coverage(source: Source, family: Family, expected: dict, inactive: dict, tensors: dict[str, TensorInfo]) -> None:
-    missing = sorted(set(expected) - set(tensors))
+def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo],
+             scheme: str | None) -> tuple[dict[str, Input], set[str]]:
+    """The input each expected tensor reads (stored, or decoded from its quantised parts), and
+    every stored name they consume; a missing one fails naming the leaf it feeds."""
+    inputs: dict[str, Input] = {}
+    consumed: set[str] = set()
+    missing = []
+    for name in sorted(expected):
+        found = resolve(name, tensors, scheme)
+        if found is None:
+            missing.append(name)
+            continue
+        inputs[name], names = found
+        consumed.update(names)
     if missing:
         rule = expected[missing[0]][0]
         leaves = ", ".join("/".join(o.path) for o in rule.outputs)
@@ -242,7 +258,19 @@ def _check_coverage(source: Source, family: Family, expected: dict, inactive: di
             f"{source.uri}: missing tensor {missing[0]!r} (needed for MaxText leaf {leaves})"
             f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         )
-    extra = sorted(set(tensors) - set(expected) - set(inactive))
+    return inputs, consumed
+
+
+def _resolve_present(names: dict, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[dict[str, Input], set[str]]:
+    """Inputs of inactive rules that the checkpoint holds anyway (reported, not written)."""
+    found = {name: resolve(name, tensors, scheme) for name in names}
+    present = {name: hit for name, hit in found.items() if hit is not None}
+    return ({name: hit[0] for name, hit in present.items()},
+            {stored for _, consumed in present.values() for stored in consumed})
+
+
+def _check_extra(source: Source, family: Family, tensors: dict[str, TensorInfo], consumed: set[str]) -> None:
+    extra = sorted(set(tensors) - consumed)
     if extra:
         info = tensors[extra[0]]
         raise BadInputError(
@@ -251,22 +279,22 @@ def _check_coverage(source: Source, family: Family, expected: dict, inactive: di
         )
 
 
-def _check_shapes_and_dtypes(expected: dict, tensors: dict[str, TensorInfo]) -> None:
+def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
     for name, (_, shape) in expected.items():
-        info = tensors[name]
-        if info.shape != shape:
+        found = inputs[name]
+        if found.shape != shape:
             raise BadInputError(
-                f"{info.file}: tensor {info.name!r} has shape {list(info.shape)}, config.json implies {list(shape)}"
+                f"{found.file}: tensor {found.name!r} has shape {list(found.shape)}, config.json implies {list(shape)}"
             )
-        if info.dtype not in FLOAT_SOURCE_DTYPES:
-            raise BadInputError(f"{info.file}: tensor {info.name!r} has dtype {info.dtype}, expected a float dtype")
+        if found.dtype not in FLOAT_SOURCE_DTYPES:
+            raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
 
 
 # --- jobs and leaves -----------------------------------------------------------------------
 
-def _job(inst: _Instance, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype: np.dtype, devices: int) -> Job:
+def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.dtype, devices: int) -> Job:
     r, stack = inst.rule, inst.stack
-    pieces = tuple(tensors[name] for name in inst.names)
+    pieces = tuple(inputs[name] for name in inst.names)
     source_shape = pieces[0].shape
     layers = len(stack.layers) if inst.stacked else None
     stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((layers,) if layers else ())
@@ -278,7 +306,8 @@ def _job(inst: _Instance, spec: ModelSpec, tensors: dict[str, TensorInfo], dtype
         shapes.append((path, shape, stack_axes, output.steps))
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
     try:
-        tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices)
+        tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,
+                             order=pieces[0].order)
     except Misaligned as err:
         raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
     leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)

@@ -16,7 +16,6 @@ import numpy as np
 
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import ConversionPlan, Job, LeafPlan
-from ckptconv.safetensors_io import read_box
 from ckptconv.sources import Source
 from ckptconv.spec import ModelSpec
 from ckptconv.tiles import ReadUnit, Tile
@@ -35,7 +34,7 @@ def job_tiles(job: Job, spec: ModelSpec, source: Source, timer: StageTimer, firs
     """The tiles of one job, read unit by read unit; each source region is read once."""
     for unit in job.units(spec):
         with timer.stage("read"):
-            raws = [] if unit.source_box is None else [read_box(source, job.pieces[i], unit.source_box)
+            raws = [] if unit.source_box is None else [job.pieces[i].read(source, unit.source_box)
                                                        for i in unit.pieces]
         for k, leaf in enumerate(job.leaves):
             box = unit.leaf_boxes[k]

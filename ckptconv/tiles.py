@@ -77,6 +77,7 @@ class Tiling:
     chunks: tuple[Shape, ...]  # per leaf, in leaf coordinates
     unit_bytes: int  # source bytes of the largest read unit
     budget: int  # the read budget this plan was made for (zero padding is written in units of it too)
+    order: tuple[int, ...] = ()  # source axes as stored, outermost first (a read is contiguous along it)
 
 
 @dataclass(frozen=True)
@@ -94,21 +95,25 @@ class ReadUnit:
 
 
 def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...], stack_shape: Shape,
-                spec: ModelSpec, devices: int, budget: int | None = None) -> Tiling:
-    """Choose read units and chunks for one job; see the module docstring for the guarantees."""
+                spec: ModelSpec, devices: int, budget: int | None = None, order: tuple[int, ...] | None = None) -> Tiling:
+    """Choose read units and chunks for one job; see the module docstring for the guarantees.
+
+    ``itemsize``: bytes per element of the source as read (decoded); ``order``: its axes as stored,
+    outermost first (default: as indexed), so that every read is one byte range of storage.
+    """
     budget = READ_BYTES if budget is None else budget
+    order = tuple(range(len(source_shape))) if order is None else order
     piece_bytes = math.prod(source_shape) * itemsize
     if piece_bytes <= budget:
         group = _group_size(piece_bytes, leaves, stack_shape, devices, budget)
         chunks = tuple(_chunk(leaf, _image(leaf, full_box(source_shape), source_shape, spec), devices, group)
                        for leaf in leaves)
-        return Tiling(None, None, group, chunks, piece_bytes * group, budget)
-    axis, quantum = _band_axis(source_shape, itemsize, leaves, spec, budget)
-    band = _band(axis, quantum, source_shape, itemsize, leaves, spec, devices, budget)
-    box = _band_box(source_shape, axis, 0, band)
+        return Tiling(None, None, group, chunks, piece_bytes * group, budget, order)
+    axis, quantum = _band_axis(source_shape, order, itemsize, leaves, spec, budget)
+    band = _band(axis, quantum, source_shape, order, itemsize, leaves, spec, devices, budget)
+    box = _band_box(source_shape, order, axis, 0, band)
     chunks = tuple(_chunk(leaf, _image(leaf, box, source_shape, spec), devices, 1) for leaf in leaves)
-    row_bytes = math.prod(source_shape[axis + 1:]) * itemsize
-    return Tiling(axis, band, 1, chunks, band * row_bytes, budget)
+    return Tiling(axis, band, 1, chunks, band * _inner_bytes(source_shape, order, axis, itemsize), budget, order)
 
 
 def read_units(tiling: Tiling, source_shape: Shape, leaves: tuple[LeafShape, ...], positions: tuple[tuple[int, ...], ...],
@@ -141,11 +146,15 @@ def _source_boxes(tiling: Tiling, source_shape: Shape,
         for members in _groups(positions, tiling.group):
             yield tuple(members), full_box(source_shape)
         return
-    axis, band = tiling.band_axis, tiling.band or 1
+    axis, band, order = tiling.band_axis, tiling.band or 1, tiling.order
+    outer = order[:order.index(axis)]  # stored outside the band axis: one index at a time
     for index in range(len(positions)):
-        for prefix in itertools.product(*(range(n) for n in source_shape[:axis])):
+        for prefix in itertools.product(*(range(source_shape[a]) for a in outer)):
             for start in range(0, source_shape[axis], band):
-                yield (index,), tuple((i, i + 1) for i in prefix) + _band_box(source_shape[axis:], 0, start, band)
+                box = list(_band_box(source_shape, order, axis, start, band))
+                for a, i in zip(outer, prefix):
+                    box[a] = (i, i + 1)
+                yield (index,), tuple(box)
 
 
 @dataclass(frozen=True)
@@ -212,19 +221,25 @@ def _group_size(piece_bytes: int, leaves: tuple[LeafShape, ...], stack_shape: Sh
     return max(g for g in range(1, most + 1) if all(part % g == 0 for part in parts))
 
 
-def _band_axis(shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...], spec: ModelSpec, budget: int) -> tuple[int, int]:
-    """The first source axis along which one quantum (earlier axes fixed) fits the budget.
+def _inner_bytes(shape: Shape, order: tuple[int, ...], axis: int, itemsize: int) -> int:
+    """Bytes of one index of ``axis`` with the axes stored inside it whole."""
+    return math.prod(shape[a] for a in order[order.index(axis) + 1:]) * itemsize
 
-    Earlier axes must be cuttable to single indices (quantum 1), else a read is not one byte
-    range; if nothing fits, the deepest valid axis (over budget, but correct).
+
+def _band_axis(shape: Shape, order: tuple[int, ...], itemsize: int, leaves: tuple[LeafShape, ...], spec: ModelSpec,
+               budget: int) -> tuple[int, int]:
+    """The outermost stored axis along which one quantum (outer axes fixed) fits the budget.
+
+    Axes stored outside it must be cuttable to single indices (quantum 1), else a read is not
+    one byte range; if nothing fits, the innermost valid axis (over budget, but correct).
     """
     best = None
-    for axis in range(len(shape)):
+    for axis in order:
         quantum = _quantum(axis, shape, leaves, spec)
         if quantum == WHOLE:
             break
         best = (axis, quantum)
-        if quantum * math.prod(shape[axis + 1:]) * itemsize <= budget:
+        if quantum * _inner_bytes(shape, order, axis, itemsize) <= budget:
             return best
         if quantum != 1:  # a later cut would need this axis in single indices
             break
@@ -243,27 +258,28 @@ def _quantum(axis: int, shape: Shape, leaves: tuple[LeafShape, ...], spec: Model
     return quantum
 
 
-def _band(axis: int, quantum: int, shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...], spec: ModelSpec,
-          devices: int, budget: int) -> int:
+def _band(axis: int, quantum: int, shape: Shape, order: tuple[int, ...], itemsize: int, leaves: tuple[LeafShape, ...],
+          spec: ModelSpec, devices: int, budget: int) -> int:
     """The largest band (a multiple of ``quantum``) within budget whose images respect the shards.
 
     Along a sharded leaf axis a band's image must hold whole shards or divide one, so that
     chunks (within shards) tile every image.
     """
-    row_bytes = math.prod(shape[axis + 1:]) * itemsize
+    row_bytes = _inner_bytes(shape, order, axis, itemsize)
     most = max(1, min(shape[axis] // quantum, budget // max(1, quantum * row_bytes)))
     for count in range(most, 0, -1):
         band = count * quantum
-        if all(_fits_shards(leaf, shape, axis, band, spec, devices) for leaf in leaves):
+        if all(_fits_shards(leaf, shape, order, axis, band, spec, devices) for leaf in leaves):
             return band
     return quantum
 
 
-def _fits_shards(leaf: LeafShape, shape: Shape, axis: int, band: int, spec: ModelSpec, devices: int) -> bool:
+def _fits_shards(leaf: LeafShape, shape: Shape, order: tuple[int, ...], axis: int, band: int, spec: ModelSpec,
+                 devices: int) -> bool:
     sharded = leaf.sharded_axis(devices)
     if sharded is None or sharded in leaf.stack_axes:
         return True
-    image = _image(leaf, _band_box(shape, axis, 0, band), shape, spec)
+    image = _image(leaf, _band_box(shape, order, axis, 0, band), shape, spec)
     piece_axis = leaf.piece_axes.index(sharded)
     extent = image[piece_axis][1] - image[piece_axis][0]
     shard = leaf.part(devices)[sharded]
@@ -289,9 +305,11 @@ def _chunk(leaf: LeafShape, piece_box: Box, devices: int, group: int) -> Shape:
 
 # --- boxes ---------------------------------------------------------------------------------
 
-def _band_box(shape: Shape, axis: int, start: int, band: int) -> Box:
-    """Axes before ``axis`` at index 0 (the caller replaces them), a band on ``axis``, the rest whole."""
-    return tuple((0, 1) for _ in shape[:axis]) + ((start, min(start + band, shape[axis])),) + full_box(shape[axis + 1:])
+def _band_box(shape: Shape, order: tuple[int, ...], axis: int, start: int, band: int) -> Box:
+    """Axes stored outside ``axis`` at index 0 (the caller sets them), a band on ``axis``, the rest whole."""
+    outer = set(order[:order.index(axis)])
+    return tuple((0, 1) if a in outer else (start, min(start + band, dim)) if a == axis else (0, dim)
+                 for a, dim in enumerate(shape))
 
 
 def _leaf_box(leaf: LeafShape, positions: list[tuple[int, ...]], piece_box: Box) -> Box:

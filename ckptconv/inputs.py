@@ -1,0 +1,202 @@
+"""What a rule reads: a stored tensor, or a logical tensor decoded from several stored ones.
+
+The hub ships the giants quantised: DeepSeek-V3 and Kimi-K2 as FP8 (e4m3) weights with one
+float32 scale per 128x128 block (``weight_scale_inv``), gpt-oss's experts as MXFP4 (two 4-bit
+E2M1 values per byte in ``*_blocks``, one power-of-two scale per 32 values in ``*_scales``).
+MaxText's own route dequantises them to a bfloat16 copy on disk first; here each read unit
+decodes just its rows, so the rules see the *logical* tensor (the one the bfloat16 copy holds)
+and never the format.
+
+Every input answers the same questions: its logical ``shape``, the ``dtype`` it decodes to, the
+stored bytes it costs (``nbytes``), the order its axes are stored in (``order``, outermost
+first: a read is one byte range only along that order), and ``read(source, box)``.
+
+Decoding is bit for bit MaxText's: the product is taken in float32 and rounded once to bfloat16
+(its dequantisers write bfloat16, which ``to_maxtext`` then reads).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import ml_dtypes
+import numpy as np
+
+from ckptconv.errors import BadInputError
+from ckptconv.safetensors_io import TensorInfo, read_box
+from ckptconv.sources import Source
+
+Box = tuple[tuple[int, int], ...]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+class Input(Protocol):
+    """A logical tensor a rule reads (see the module docstring)."""
+
+    name: str
+    file: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    order: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def decode_bytes(self) -> int:
+        """Bytes of temporaries per logical element while decoding (0: plain reads)."""
+
+    def read(self, source: Source, box: Box) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Plain:
+    """A tensor as stored."""
+
+    info: TensorInfo
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def file(self) -> str:
+        return self.info.file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.info.dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.info.shape)))
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        return 0
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        return read_box(source, self.info, box)
+
+
+@dataclass(frozen=True)
+class FP8Blocks:
+    """An FP8 e4m3 matrix ``weight`` with float32 ``scale`` (``weight_scale_inv``): value =
+    weight * scale[row // 128, col // 128] (DeepSeek-V3/R1, Kimi-K2 releases)."""
+
+    weight: TensorInfo
+    scale: TensorInfo
+    block: int = 128
+
+    name = property(lambda self: self.weight.name)
+    file = property(lambda self: self.weight.file)
+    shape = property(lambda self: self.weight.shape)
+    dtype = property(lambda self: BF16)
+    order = property(lambda self: (0, 1))
+    nbytes = property(lambda self: self.weight.nbytes + self.scale.nbytes)
+    decode_bytes = property(lambda self: 1 + 4 + 4)  # the fp8 bytes, float32 values, float32 products
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), (c0, c1) = box
+        weight = read_box(source, self.weight, box).astype(np.float32)
+        s0, s1 = r0 // self.block, (r1 - 1) // self.block + 1
+        scale = read_box(source, self.scale, ((s0, s1), (0, self.scale.shape[1])))
+        rows = np.repeat(scale, self.block, axis=0)[r0 - s0 * self.block:r1 - s0 * self.block]  # (r1-r0, n/128)
+        cols = np.repeat(rows, self.block, axis=1)[:, c0:c1] if (c1 - c0) % self.block or c0 % self.block else None
+        if cols is None:  # whole column blocks: scale them without expanding the scales
+            values = weight.reshape(r1 - r0, -1, self.block) * rows[:, c0 // self.block:c1 // self.block, None]
+            return values.reshape(r1 - r0, c1 - c0).astype(BF16)
+        return (weight * cols).astype(BF16)
+
+
+# E2M1 codes: bit 3 sign, bits 2-1 exponent, bit 0 mantissa. The sign of zero follows MaxText's
+# gpt-oss dequantiser, which decodes code 0b1000 to +0.0 (not -0.0).
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+
+
+@dataclass(frozen=True)
+class MXFP4:
+    """gpt-oss's MXFP4 experts: ``blocks`` (experts, rows, groups, 16) uint8 holding two E2M1 codes
+    per byte (low nibble first) and ``scales`` (experts, rows, groups) uint8 exponents (2^(s-127)).
+
+    The logical tensor is what the bfloat16 release (and MaxText's dequantiser) holds: the decoded
+    (experts, rows, groups * 32) with its last two axes swapped, i.e. (experts, cols, rows). Its
+    storage order is therefore (0, 2, 1): a read takes whole stored rows.
+    """
+
+    blocks: TensorInfo
+    scales: TensorInfo
+
+    name = property(lambda self: self.blocks.name.removesuffix("_blocks"))
+    file = property(lambda self: self.blocks.file)
+    shape = property(lambda self: (self.blocks.shape[0], self.blocks.shape[2] * 32, self.blocks.shape[1]))
+    dtype = property(lambda self: BF16)
+    order = property(lambda self: (0, 2, 1))
+    nbytes = property(lambda self: self.blocks.nbytes + self.scales.nbytes)
+    decode_bytes = property(lambda self: 4 + 4 + 2)  # float32 codes, float32 products, the bf16 copy swapped
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (e0, e1), (c0, c1), (r0, r1) = box
+        if (c0, c1) != (0, self.shape[1]):
+            raise ValueError(f"{self.name}: MXFP4 reads take whole rows, not columns {c0}:{c1}")
+        stored = ((e0, e1), (r0, r1))
+        packed = read_box(source, self.blocks, stored + ((0, self.blocks.shape[2]), (0, 16)))
+        exponents = read_box(source, self.scales, stored + ((0, self.scales.shape[2]),))
+        codes = np.stack([E2M1[packed & 0x0F], E2M1[packed >> 4]], axis=-1)  # (e, r, g, 16, 2)
+        scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 127).astype(np.float32)
+        values = (codes * scales[..., None, None]).reshape(e1 - e0, r1 - r0, -1).astype(BF16)
+        return np.ascontiguousarray(values.swapaxes(1, 2))
+
+
+# --- which stored tensors make a logical one ----------------------------------------------
+
+SCHEMES = ("fp8-block-128", "mxfp4")
+
+
+def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[Input, tuple[str, ...]] | None:
+    """The input a rule's tensor ``name`` reads, and the stored names it consumes (None: absent).
+
+    Quantised checkpoints keep some tensors in bfloat16 (embeddings, norms, routers): a tensor
+    decodes only when its companions are there.
+    """
+    info = tensors.get(name)
+    if scheme == "fp8-block-128" and info is not None and info.dtype == FP8:
+        scale = tensors.get(name + "_scale_inv")
+        if scale is None:
+            raise BadInputError(f"{info.file}: FP8 tensor {name!r} has no {name + '_scale_inv'!r}")
+        _check_fp8(info, scale)
+        return FP8Blocks(info, scale), (name, scale.name)
+    if scheme == "mxfp4" and name + "_blocks" in tensors:
+        blocks, scales = tensors[name + "_blocks"], tensors.get(name + "_scales")
+        if scales is None:
+            raise BadInputError(f"{blocks.file}: MXFP4 tensor {blocks.name!r} has no {name + '_scales'!r}")
+        _check_mxfp4(blocks, scales)
+        return MXFP4(blocks, scales), (blocks.name, scales.name)
+    if info is None:
+        return None
+    return Plain(info), (name,)
+
+
+def _check_fp8(weight: TensorInfo, scale: TensorInfo) -> None:
+    expected = tuple(math.ceil(d / 128) for d in weight.shape)
+    if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16):
+        raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32 "
+                            f"{list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+
+
+def _check_mxfp4(blocks: TensorInfo, scales: TensorInfo) -> None:
+    if (len(blocks.shape) != 4 or blocks.shape[3] != 16 or blocks.dtype != np.uint8 or scales.dtype != np.uint8
+            or scales.shape != blocks.shape[:3]):
+        raise BadInputError(f"{blocks.file}: MXFP4 {blocks.name!r} {blocks.dtype}{list(blocks.shape)} with scales "
+                            f"{scales.dtype}{list(scales.shape)}: expected uint8 (E, rows, groups, 16) and (E, rows, groups)")
