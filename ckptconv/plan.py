@@ -151,7 +151,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     family = family_for(config.get("model_type"), where)
     spec = read_spec(family, config, where)
     stored = index_checkpoint(source)
-    tensors, not_converted = _sort_tensors(source, family, stored)
+    tensors, not_converted = _sort_tensors(source, family, spec, stored)
     stacks = family.layout(spec, scan_layers)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
@@ -172,12 +172,14 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
 
 # --- names ---------------------------------------------------------------------------------
 
-def _sort_tensors(source: Source, family: Family, stored: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo], tuple]:
+def _sort_tensors(source: Source, family: Family, spec: ModelSpec,
+                  stored: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo], tuple]:
     """Stored tensors by the names the rules use; what MaxText's layout does not hold, grouped."""
     tensors: dict[str, TensorInfo] = {}
     groups: dict[str, list[TensorInfo]] = defaultdict(list)
+    skipped = family.not_converted(spec)
     for name, info in stored.items():
-        what = next((label for prefix, label in family.not_converted if name.startswith(prefix)), None)
+        what = next((label for prefix, label in skipped if name.startswith(prefix)), None)
         if what is not None:
             groups[what].append(info)
             continue

@@ -42,6 +42,7 @@ class SynthModel:
     tie_word_embeddings: bool = True
     num_experts: int = 0  # MoE families: experts per layer
     moe_intermediate_size: int = 0  # MoE families: each expert's MLP width
+    quantization: str | None = None  # "fp8" (DeepSeek-V3, Kimi-K2 releases) or "mxfp4" (gpt-oss releases)
     dtype: str = "bfloat16"
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
@@ -115,6 +116,26 @@ def _gemma3(m: SynthModel) -> dict:
             "torch_dtype": m.dtype}
 
 
+def _deepseek(m: SynthModel) -> dict:
+    """DeepSeek-V3's config.json with small sizes (MLA ranks scaled down; one dense layer first)."""
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": m.model_type, "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+        "moe_intermediate_size": m.moe_intermediate_size or m.intermediate_size // 2,
+        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_heads,
+        "n_routed_experts": m.num_experts or 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1,
+        "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": m.head_dim, "qk_rope_head_dim": 8, "v_head_dim": m.head_dim,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False, "attention_bias": False, "num_nextn_predict_layers": 0, "torch_dtype": m.dtype,
+    }
+    if m.quantization == "fp8":
+        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [128, 128]}
+    return config
+
+
 _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
     "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
@@ -125,6 +146,8 @@ _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "gemma2": lambda m: _gemma_text(m, "gemma2"),
     "gemma3_text": lambda m: _gemma_text(m, "gemma3_text"),
     "gemma3": _gemma3,
+    "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
 }
 # Stored-name prefixes of hub checkpoints whose decoder is not at the root.
 _HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
@@ -170,55 +193,134 @@ def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], d
 POOL_ELEMENTS = 24 * 1024 * 1024 + 7  # ~48 MiB of bf16: larger than zstd's window, so data stays incompressible
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """One stored tensor of the file: name, safetensors dtype, shape, and the logical tensor it belongs to."""
+
+    name: str
+    st_dtype: str
+    shape: tuple[int, ...]
+    logical: str
+    itemsize: int
+
+
+def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_name: str, itemsize: int) -> list[_Stored]:
+    """The stored tensors of one logical tensor: itself, or its quantised parts as the hub ships them."""
+    kind = _quantized(model, name, shape)
+    if kind == "fp8":  # e4m3 weight + one float32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)
+        scale = tuple(-(-d // 128) for d in shape)
+        return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale_inv", "F32", scale, name, 4)]
+    if kind == "mxfp4":  # logical (experts, cols, rows) -> blocks (experts, rows, cols/32, 16) + scales (gpt-oss)
+        experts, cols, rows = shape
+        return [_Stored(name + "_blocks", "U8", (experts, rows, cols // 32, 16), name, 1),
+                _Stored(name + "_scales", "U8", (experts, rows, cols // 32), name, 1)]
+    return [_Stored(name, st_name, shape, name, itemsize)]
+
+
+def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
+    """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts."""
+    if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
+        return "fp8"
+    if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+        return "mxfp4"
+    return None
+
+
+def quantize_fp8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 weight, float32 block scales) for ``values``: each 128x128 block scaled to use e4m3's range."""
+    rows, cols = values.shape
+    blocks = np.zeros((-(-rows // 128) * 128, -(-cols // 128) * 128), np.float32)
+    blocks[:rows, :cols] = np.abs(values)
+    amax = blocks.reshape(blocks.shape[0] // 128, 128, blocks.shape[1] // 128, 128).max(axis=(1, 3))
+    scale = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(np.float32)
+    expanded = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:rows, :cols]
+    return (values / expanded).astype(ml_dtypes.float8_e4m3fn), scale
+
+
 def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | None = None,
                      header_only: bool = False, fast: bool = False) -> dict[str, tuple]:
     """Write ``config.json`` and safetensors (sharded with an index if over ``max_shard_bytes``).
 
-    ``fast``: big tensors are cut from one pool of random values at a different offset each
-    (the same statistics and compressibility, ~10x faster to make), for memory and speed
-    benchmarks of very wide models; ``header_only``: no data at all (sparse files).
+    ``fast``: big plain tensors are cut from one pool of random values at a different offset
+    each (the same statistics and compressibility, ~10x faster to make), for memory and speed
+    benchmarks of very wide models; ``header_only``: no data at all (sparse files). Quantised
+    tensors (``SynthModel.quantization``) are stored in the hub's formats. Returns the logical
+    tensors' shapes.
     """
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(model.config(), f, indent=2)
     st_name, dtype = _ST_DTYPE[model.dtype]
     shapes = tensor_shapes(model)
-    groups = _group(shapes, dtype.itemsize, max_shard_bytes)
+    entries = [entry for name, shape in shapes.items()
+               for entry in _stored_entries(model, name, shape, st_name, dtype.itemsize)]
+    groups = _group(entries, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
+    make = _Maker(rng, dtype, pool)
     if len(groups) == 1:
-        _write_file(os.path.join(directory, "model.safetensors"), groups[0], shapes, st_name, dtype, rng, header_only,
-                    pool)
+        _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
         weight_map = {}
-        for index, names in enumerate(groups):
+        for index, group in enumerate(groups):
             file = f"model-{index + 1:05d}-of-{len(groups):05d}.safetensors"
-            _write_file(os.path.join(directory, file), names, shapes, st_name, dtype, rng, header_only, pool)
-            weight_map.update({name: file for name in names})
+            _write_file(os.path.join(directory, file), group, make, header_only)
+            weight_map.update({entry.name: file for entry in group})
         with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
     return shapes
 
 
-def _group(shapes: dict, itemsize: int, max_bytes: int | None) -> list[list[str]]:
-    groups: list[list[str]] = [[]]
+def _group(entries: list[_Stored], max_bytes: int | None) -> list[list[_Stored]]:
+    """Files of at most ``max_bytes``; the parts of one quantised tensor stay in one file."""
+    groups: list[list[_Stored]] = [[]]
     size = 0
-    for name, shape in shapes.items():
-        nbytes = math.prod(shape) * itemsize
-        if max_bytes and groups[-1] and size + nbytes > max_bytes:
+    for entry in entries:
+        nbytes = math.prod(entry.shape) * entry.itemsize
+        starts_tensor = not groups[-1] or groups[-1][-1].logical != entry.logical
+        if max_bytes and groups[-1] and starts_tensor and size + nbytes > max_bytes:
             groups.append([])
             size = 0
-        groups[-1].append(name)
+        groups[-1].append(entry)
         size += nbytes
     return groups
 
 
-def _write_file(path: str, names: list[str], shapes: dict, st_name: str, dtype: np.dtype, rng,
-                header_only: bool = False, pool: np.ndarray | None = None) -> None:
+class _Maker:
+    """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
+
+    def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None) -> None:
+        self.rng, self.dtype, self.pool = rng, dtype, pool
+        self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
+
+    def chunks(self, entry: _Stored):
+        if entry.name in self.pending:
+            yield self.pending.pop(entry.name).tobytes()
+        elif entry.st_dtype == "F8_E4M3":
+            weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
+            self.pending[entry.name + "_scale_inv"] = scale
+            yield weight.tobytes()
+        elif entry.name.endswith("_blocks"):
+            blocks = self.rng.integers(0, 256, entry.shape, dtype=np.uint8)
+            self.pending[entry.name.removesuffix("_blocks") + "_scales"] = self.rng.integers(
+                118, 124, entry.shape[:3], dtype=np.uint8)  # 2^-9 .. 2^-4: weights of trained sizes
+            yield blocks.tobytes()
+        elif self.pool is None or len(entry.shape) < 2:
+            yield random_tensor(self.rng, entry.name, entry.shape, self.dtype).tobytes()
+        else:
+            count, start = math.prod(entry.shape), int(self.rng.integers(0, self.pool.size))
+            while count:  # the pool from a random offset, wrapping around: no tensor-sized buffer
+                take = min(count, self.pool.size - start)
+                yield self.pool[start:start + take].tobytes()
+                count -= take
+                start = 0
+
+
+def _write_file(path: str, entries: list[_Stored], make: _Maker, header_only: bool = False) -> None:
     header, offset = {}, 0
-    for name in names:
-        nbytes = math.prod(shapes[name]) * dtype.itemsize
-        header[name] = {"dtype": st_name, "shape": list(shapes[name]), "data_offsets": [offset, offset + nbytes]}
+    for entry in entries:
+        nbytes = math.prod(entry.shape) * entry.itemsize
+        header[entry.name] = {"dtype": entry.st_dtype, "shape": list(entry.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)
@@ -227,14 +329,6 @@ def _write_file(path: str, names: list[str], shapes: dict, st_name: str, dtype: 
         if header_only:
             f.truncate(8 + len(header_bytes) + offset)  # a sparse file: the plan reads headers only
             return
-        for name in names:
-            count = math.prod(shapes[name])
-            if pool is None or len(shapes[name]) < 2:
-                f.write(random_tensor(rng, name, shapes[name], dtype).tobytes())
-                continue
-            start = int(rng.integers(0, pool.size))
-            while count:  # the pool from a random offset, wrapping around: no tensor-sized buffer
-                take = min(count, pool.size - start)
-                f.write(pool[start:start + take].tobytes())
-                count -= take
-                start = 0
+        for entry in entries:
+            for chunk in make.chunks(entry):
+                f.write(chunk)

@@ -143,8 +143,9 @@ class Family:
     # Stored name prefix -> the prefix the rules are written with (checkpoints saved by
     # different transformers versions name the same tensor differently).
     aliases: tuple[tuple[str, str], ...] = ()
-    # Name prefixes of tensors MaxText's text decoder does not hold, with what they are.
-    not_converted: tuple[tuple[str, str], ...] = ()
+    # Name prefixes of tensors MaxText's decoder does not hold, with what they are (per spec:
+    # DeepSeek's multi-token-prediction layers follow its last layer).
+    not_converted: Callable[[ModelSpec], tuple[tuple[str, str], ...]] = lambda spec: ()
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
     def active_rules(self, spec: ModelSpec) -> tuple[Rule, ...]:

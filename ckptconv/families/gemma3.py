@@ -59,7 +59,7 @@ FAMILY = Family(
     layout=block_layout(PERIOD),
     aliases=(("language_model.model.", "model."), ("model.language_model.", "model."),
              ("language_model.lm_head.", "lm_head.")),
-    not_converted=(("vision_tower.", "vision tower"), ("model.vision_tower.", "vision tower"),
-                   ("multi_modal_projector.", "multimodal projector"),
-                   ("model.multi_modal_projector.", "multimodal projector")),
+    not_converted=lambda spec: (("vision_tower.", "vision tower"), ("model.vision_tower.", "vision tower"),
+                                ("multi_modal_projector.", "multimodal projector"),
+                                ("model.multi_modal_projector.", "multimodal projector")),
 )

@@ -1,0 +1,147 @@
+"""DeepSeek-V3 / R1 (``model_type: deepseek_v3``) and Kimi-K2 (``kimi_k2``): MaxText ``decoder_block: deepseek``.
+
+Multi-head latent attention: queries through a low-rank pair (``wq_a``, RMSNorm ``q_norm``,
+``wq_b`` to (heads, nope + rope)); keys and values through ``wkv_a`` (to kv_lora + rope), RMSNorm
+``kv_norm`` and ``wkv_b`` to (heads, nope + v). MaxText keeps the HF RoPE layout (its
+``rope_interleave`` matches HF's), so kernels are only transposed and reshaped. The first
+``first_k_dense_replace`` layers are dense (``decoder/dense_layers``), the rest MoE
+(``decoder/moe_layers``: a sigmoid router with ``e_score_correction_bias`` as ``gate/bias``,
+routed experts, and ``n_shared_experts`` shared ones as one wider MLP).
+
+The hub releases are FP8 with 128x128 block scales; they are dequantised per read unit as
+MaxText's ``deepseek_dequantize.py`` does. The multi-token-prediction layers stored after the
+last layer (``model.layers.{num_hidden_layers}.*``) are not part of MaxText's decoder (its
+converter skips them too) and are named in the report.
+"""
+
+from __future__ import annotations
+
+from ckptconv.families.base import Family, LayerStack, rule
+from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
+from ckptconv.families.moe import read_experts
+from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.transforms import TRANSPOSE, split_last
+
+DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
+QUANTIZATION = {"fp8": "fp8-block-128"}
+
+
+def _lora_query(spec: ModelSpec) -> bool:
+    return spec.value("q_lora")
+
+
+def _plain_query(spec: ModelSpec) -> bool:
+    return not spec.value("q_lora")
+
+
+ATTENTION = "self_attention"
+ROWS = LAYER_NORM_ROWS + (
+    rule(L + "self_attn.q_a_proj.weight", (ATTENTION, "wq_a", "kernel"), ("q_lora", "emb"), KERNEL, when=_lora_query,
+         note="query projection of a model without q_lora_rank"),
+    rule(L + "self_attn.q_a_layernorm.weight", (ATTENTION, "q_norm", "scale"), ("q_lora",), when=_lora_query,
+         note="query norm of a model without q_lora_rank"),
+    rule(L + "self_attn.q_b_proj.weight", (ATTENTION, "wq_b", "kernel"), ("q", "q_lora"),
+         (TRANSPOSE, split_last("heads")), when=_lora_query, note="query projection of a model without q_lora_rank"),
+    rule(L + "self_attn.q_proj.weight", (ATTENTION, "query", "kernel"), ("q", "emb"), (TRANSPOSE, split_last("heads")),
+         when=_plain_query, note="query projection of a model with q_lora_rank"),
+    rule(L + "self_attn.kv_a_proj_with_mqa.weight", (ATTENTION, "wkv_a", "kernel"), ("kv_a", "emb"), KERNEL),
+    rule(L + "self_attn.kv_a_layernorm.weight", (ATTENTION, "kv_norm", "scale"), ("kv_lora",)),
+    rule(L + "self_attn.kv_b_proj.weight", (ATTENTION, "wkv_b", "kernel"), ("kv_b", "kv_lora"),
+         (TRANSPOSE, split_last("heads"))),
+    rule(L + "self_attn.o_proj.weight", (ATTENTION, "out", "kernel"), ("emb", "o"), OUT_KERNEL),
+    # dense layers
+    rule(L + "mlp.gate_proj.weight", ("mlp", "wi_0", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
+    rule(L + "mlp.up_proj.weight", ("mlp", "wi_1", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
+    rule(L + "mlp.down_proj.weight", ("mlp", "wo", "kernel"), ("emb", "mlp"), KERNEL, kinds=DENSE),
+    # MoE layers
+    rule(L + "mlp.shared_experts.gate_proj.weight", ("DeepSeekMoeBlock_0", "shared_experts", "wi_0", "kernel"),
+         ("shared_mlp", "emb"), KERNEL, kinds=MOE),
+    rule(L + "mlp.shared_experts.up_proj.weight", ("DeepSeekMoeBlock_0", "shared_experts", "wi_1", "kernel"),
+         ("shared_mlp", "emb"), KERNEL, kinds=MOE),
+    rule(L + "mlp.shared_experts.down_proj.weight", ("DeepSeekMoeBlock_0", "shared_experts", "wo", "kernel"),
+         ("emb", "shared_mlp"), KERNEL, kinds=MOE),
+    rule(L + "mlp.gate.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "kernel"), ("experts", "emb"), KERNEL,
+         kinds=MOE),
+    rule(L + "mlp.gate.e_score_correction_bias", ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), ("experts",),
+         kinds=MOE),
+    rule(L + "mlp.experts.{expert}.gate_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_0"), ("moe_mlp", "emb"),
+         KERNEL, kinds=MOE),
+    rule(L + "mlp.experts.{expert}.up_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_1"), ("moe_mlp", "emb"),
+         KERNEL, kinds=MOE),
+    rule(L + "mlp.experts.{expert}.down_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wo"), ("emb", "moe_mlp"),
+         KERNEL, kinds=MOE),
+    rule("model.embed_tokens.weight", ("token_embedder", "embedding"), ("vocab", "emb")),
+    rule("model.norm.weight", ("decoder", "decoder_norm", "scale"), ("emb",)),
+    rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL),
+)
+
+
+def read_spec(cfg: ConfigReader) -> ModelSpec:
+    cfg.require("hidden_act", ("silu",), "silu")
+    cfg.require("attention_bias", (False,), False)
+    cfg.require("tie_word_embeddings", (False,), False)  # MaxText's deepseek decoder has its own logits_dense
+    cfg.require("moe_layer_freq", (1,), 1)
+    cfg.require("pretraining_tp", (1,), 1)
+    cfg.rope()
+    cfg.runtime("rms_norm_eps", "max_position_embeddings", "num_experts_per_tok", "n_group", "topk_group",
+                "topk_method", "routed_scaling_factor", "scoring_func", "norm_topk_prob", "seq_aux", "aux_loss_alpha",
+                "ep_size", "rope_interleave", "head_dim", "qk_head_dim")
+    heads = cfg.int("num_attention_heads")
+    if cfg.int("num_key_value_heads", heads) != heads:
+        cfg.fail("num_key_value_heads must equal num_attention_heads (multi-head latent attention)")
+    nope, rope, v = cfg.int("qk_nope_head_dim"), cfg.int("qk_rope_head_dim"), cfg.int("v_head_dim")
+    kv_lora = cfg.int("kv_lora_rank")
+    q_lora = cfg.raw("q_lora_rank")
+    if q_lora is not None and (not isinstance(q_lora, int) or isinstance(q_lora, bool) or q_lora < 1):
+        cfg.fail(f"field 'q_lora_rank' must be a positive integer or null, got {q_lora!r}")
+    moe_mlp, shared = cfg.int("moe_intermediate_size"), cfg.int("n_shared_experts")
+    dims = {"vocab": cfg.int("vocab_size"), "emb": cfg.int("hidden_size"), "heads": heads, "mlp": cfg.int("intermediate_size"),
+            "q": heads * (nope + rope), "kv_a": kv_lora + rope, "kv_lora": kv_lora, "kv_b": heads * (nope + v),
+            "o": heads * v, "moe_mlp": moe_mlp, "shared_mlp": shared * moe_mlp,
+            "experts": read_experts(cfg, ("n_routed_experts",)), "q_lora": q_lora or 0}
+    layers = cfg.int("num_hidden_layers")
+    dense = cfg.int("first_k_dense_replace")
+    if dense > layers:
+        cfg.fail(f"first_k_dense_replace={dense} exceeds num_hidden_layers={layers}")
+    mtp = cfg.raw("num_nextn_predict_layers") or 0
+    values = {"tie_word_embeddings": False, "q_lora": q_lora is not None, "dense_layers": dense, "mtp_layers": mtp,
+              "quantization": _quantization(cfg)}
+    return make_spec(cfg, cfg.config["model_type"], dims, values, layers)
+
+
+def _quantization(cfg: ConfigReader) -> str | None:
+    """FP8 with 128x128 blocks, as released; None for a bfloat16 copy (no quantization_config)."""
+    if not cfg.has("quantization_config"):
+        return None
+    q = cfg.nested("quantization_config")
+    method = q.require("quant_method", tuple(QUANTIZATION), None)
+    q.require("fmt", ("e4m3",), "e4m3")
+    q.require("weight_block_size", ([128, 128],), [128, 128])
+    q.runtime("activation_scheme")
+    return QUANTIZATION[method]
+
+
+def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """The dense layers, then the MoE layers, each stacked on its own (MaxText: dense_layers, moe_layers)."""
+    dense, layers = spec.value("dense_layers"), spec.num_layers
+    groups = (("dense_layers", "dense", range(dense)), ("moe_layers", "moe", range(dense, layers)))
+    if scan:
+        return tuple(LayerStack(("decoder", name), tuple(hf), True, kind=kind) for name, kind, hf in groups if hf)
+    return tuple(LayerStack(("decoder", f"{name}_{n}"), (layer,), False, kind=kind)
+                 for name, kind, hf in groups for n, layer in enumerate(hf))
+
+
+def not_converted(spec: ModelSpec) -> tuple[tuple[str, str], ...]:
+    return tuple((f"model.layers.{spec.num_layers + i}.", "multi-token prediction (MTP) layer")
+                 for i in range(spec.value("mtp_layers")))
+
+
+FAMILY = Family(
+    name="deepseek",
+    model_types=("deepseek_v3", "kimi_k2"),
+    decoder_block="deepseek",
+    rules=ROWS,
+    read_spec=read_spec,
+    layout=layout,
+    not_converted=not_converted,
+)
