@@ -136,6 +136,18 @@ def _deepseek(m: SynthModel) -> dict:
     return config
 
 
+def _gpt_oss(m: SynthModel) -> dict:
+    """gpt-oss's config.json with small sizes; ``quantization="mxfp4"`` stores its experts as released."""
+    config = _decoder(m, "GptOssForCausalLM", attention_bias=True, num_local_experts=m.num_experts or 4,
+                      num_experts_per_tok=2, experts_per_token=2, sliding_window=64, swiglu_limit=7.0,
+                      initial_context_length=4096, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                      layer_types=["sliding_attention", "full_attention"] * (m.num_layers // 2))
+    if m.quantization == "mxfp4":
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    return config
+
+
 _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
     "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
@@ -148,6 +160,7 @@ _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "gemma3": _gemma3,
     "deepseek_v3": _deepseek,
     "kimi_k2": _deepseek,
+    "gpt_oss": _gpt_oss,
 }
 # Stored-name prefixes of hub checkpoints whose decoder is not at the root.
 _HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
