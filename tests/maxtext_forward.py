@@ -28,12 +28,12 @@ class Semantics:
     rope_scaling: dict | None = None
     interleaved: bool = False
     runtime_query_scale: bool = False  # Qwen, Gemma 3: queries scaled by 1/sqrt(head_dim) at run time
-    moe: str | None = None  # "softmax_topk" (Qwen3-MoE: softmax, top-k, renormalised) or "topk_softmax" (Mixtral)
+    moe: str | None = None  # "softmax_topk" (Qwen3-MoE), "topk_softmax" (Mixtral) or "gpt_oss" (biases, clamped SwiGLU)
     top_k: int = 2
     gemma: bool = False  # four norms, GELU, embedding scaled, logits divided by sqrt(hidden)
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6)
+    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss (blocks of 2)
     extra: dict = field(default_factory=dict)
 
 
@@ -82,11 +82,12 @@ def layer_params(params: dict, i: int, sem: Semantics, scan: bool) -> dict:
         half = "local" if i % 2 == 0 else "global"
         node = _take(decoder["layers"], i // 2, 1) if scan else decoder[f"layers_{i // 2}"]
         return {k[: -len(half) - 1]: v for k, v in node.items() if k.endswith("_" + half)}
-    if sem.layout == "gemma3" and scan:
-        blocks = sem.num_layers // 6
-        if i < blocks * 6:
-            return _take(decoder["layers"][f"layers_{i % 6}"], i // 6, 1)
-        return decoder["layers_remainder"][f"layers_{i - blocks * 6}"]
+    period = {"gemma3": 6, "gpt_oss": 2}.get(sem.layout)
+    if period and scan:  # MaxText scans whole blocks: block position i % period, block i // period
+        blocks = sem.num_layers // period
+        if i < blocks * period:
+            return _take(decoder["layers"][f"layers_{i % period}"], i // period, 1)
+        return decoder["layers_remainder"][f"layers_{i - blocks * period}"]
     if not scan:
         return decoder[f"layers_{i}"]
     return _stacked_take(decoder["layers"], i)
@@ -138,6 +139,26 @@ def _moe(h, block, sem: Semantics):
     return out
 
 
+def _gpt_oss_moe(h, block, sem: Semantics):
+    """gpt-oss: router with bias, softmax over the top-k logits; experts with biases and the clamped SwiGLU."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    logits = h @ f32(block["gate"]["kernel"]) + f32(block["gate"]["bias"])
+    top = np.argsort(-logits, axis=-1)[:, : sem.top_k]
+    chosen = np.take_along_axis(logits, top, axis=-1)
+    weights = np.exp(chosen - chosen.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    limit, alpha = sem.extra["swiglu_limit"], sem.extra["swiglu_alpha"]
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for k in range(sem.top_k):
+            e = top[t, k]
+            gate = np.minimum(h[t] @ f32(block["wi_0"][e]) + f32(block["wi_0_bias"][e]), limit)
+            up = np.clip(h[t] @ f32(block["wi_1"][e]) + f32(block["wi_1_bias"][e]), -limit, limit)
+            hidden = (up + 1) * gate / (1 + np.exp(-alpha * gate))
+            out[t] += weights[t, k] * (hidden @ f32(block["wo"][e]) + f32(block["wo_bias"][e]))
+    return out
+
+
 def _attention(h, att, positions, sem: Semantics):
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
@@ -158,10 +179,16 @@ def _attention(h, att, positions, sem: Semantics):
     if sem.attn_softcap:
         scores = np.tanh(scores / sem.attn_softcap) * sem.attn_softcap
     scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
+    if "sinks" in att:  # gpt-oss: a per-head logit that takes part in the softmax, then is dropped
+        sinks = np.broadcast_to(f32(att["sinks"])[:, None, None], (*scores.shape[:2], 1))
+        scores = np.concatenate([scores, sinks], axis=-1)
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
+    if "sinks" in att:
+        weights = weights[..., :-1]
     attended = np.einsum("hqk,khd->qhd", weights, v)
-    return np.einsum("thd,hde->te", attended, f32(att["out"]["kernel"]))
+    out = np.einsum("thd,hde->te", attended, f32(att["out"]["kernel"]))
+    return out + f32(att["out"]["bias"]) if "bias" in att["out"] else out
 
 
 def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
@@ -180,9 +207,11 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
             x = x + rms_norm(_mlp(h, p["mlp"], _gelu_tanh), p["post_ffw_norm"]["scale"], sem.eps)
             continue
         h = rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], sem.eps)
-        x = x + _attention(h, p["self_attention"], positions, sem)
+        x = x + _attention(h, p.get("self_attention", p.get("GptOssAttention")), positions, sem)
         h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], sem.eps)
-        if sem.moe:
+        if sem.moe == "gpt_oss":
+            x = x + _gpt_oss_moe(h, p["GptOssMlp"], sem)
+        elif sem.moe:
             block = p.get("moe_block", p.get("MoeBlock_0"))
             x = x + _moe(h, block, sem)
         else:
