@@ -19,6 +19,11 @@ from ckptconv.transforms import Permute, box_shape
 # Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools and
 # caches under load (measured 0.24-0.27 GiB on these machines for small models).
 BASELINE_BYTES = 300 * 1024**2
+# Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
+# (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
+# ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds.
+SECONDS_PER_GIB = {None: 4.4, "fp8-block-128": 6.0, "mxfp4": 6.0}
+STARTUP_SECONDS = 4.0
 # Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
 # 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
 TILES_ALIVE = 2 + 1 + 1 + 2
@@ -55,6 +60,12 @@ def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -
     return BASELINE_BYTES + max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
 
 
+def predicted_seconds(plan: ConversionPlan) -> float:
+    """Wall time at the measured rate for this kind of source (an estimate for sizing, not a promise)."""
+    rate = SECONDS_PER_GIB.get(plan.spec.values.get("quantization"), max(SECONDS_PER_GIB.values()))
+    return round(STARTUP_SECONDS + plan.output_bytes / 1024**3 * rate, 1)
+
+
 def plan_summary(plan: ConversionPlan) -> dict:
     tiles = [tile_bytes(job, plan) for job in plan.jobs]
     return {
@@ -71,6 +82,7 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "largest_tile_bytes": max(tiles),
         "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan, tiles)),
         "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
+        "predicted_seconds": predicted_seconds(plan),
         "devices": plan.devices,
         "scan_layers": plan.scan_layers,
         "dtype": str(plan.dtype),
