@@ -42,12 +42,24 @@ class Case:
     dtype: str = "bfloat16"
     loader: str = "lazy"  # MaxText's tensor loading: lazy (safe_open) or eager "transformers" (Gemma 3 needs it)
     maxtext_unscanned: bool = False  # MaxText cannot write this scanned layout: compare with its unscanned, restacked
+    dequantize: str | None = None  # MaxText's route for a quantised release: its dequantiser first (fp8, mxfp4)
     extra: dict = field(default_factory=dict)
 
 
 def overrides(case: Case) -> list[str]:
     """MaxText config overrides that give its model the checkpoint's sizes."""
     m, config = case.model, case.model.config()
+    if m.model_type == "deepseek_v3":
+        values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": config["num_attention_heads"],
+                  "base_num_kv_heads": config["num_attention_heads"], "base_mlp_dim": config["intermediate_size"],
+                  "base_moe_mlp_dim": config["moe_intermediate_size"], "num_experts": config["n_routed_experts"],
+                  "num_experts_per_tok": config["num_experts_per_tok"], "shared_experts": config["n_shared_experts"],
+                  "first_num_dense_layers": config["first_k_dense_replace"], "q_lora_rank": config["q_lora_rank"],
+                  "kv_lora_rank": config["kv_lora_rank"], "qk_nope_head_dim": config["qk_nope_head_dim"],
+                  "qk_rope_head_dim": config["qk_rope_head_dim"], "v_head_dim": config["v_head_dim"],
+                  "vocab_size": config["vocab_size"], "base_num_decoder_layers": config["num_hidden_layers"],
+                  "scan_layers": str(case.scan).lower()}
+        return [f"{k}={v}" for k, v in values.items()]
     text = config.get("text_config", config)
     layers = text["num_hidden_layers"] // (2 if m.model_type == "gemma2" else 1)
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
@@ -56,7 +68,7 @@ def overrides(case: Case) -> list[str]:
               "scan_layers": str(case.scan).lower()}
     if not m.model_type.startswith("gemma"):
         values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)
-    if m.model_type in ("qwen3_moe", "mixtral"):
+    if m.model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
     return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
@@ -91,6 +103,27 @@ CASES = [
     Case("gemma3-noscan-1dev", synth.SynthModel(model_type="gemma3", num_layers=7, vocab_size=262208, hidden_size=48,
                                                 head_dim=12, intermediate_size=64), "gemma3-4b", scan=False,
          devices=1, loader="transformers"),
+    # Quantised releases against MaxText's two-step route: its dequantiser, then to_maxtext
+    Case("deepseek-v3-fp8-noscan", synth.SynthModel(
+        model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
+        moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
+        scan=False, dequantize="fp8"),
+    Case("deepseek-v3-fp8", synth.SynthModel(
+        model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
+        moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
+        dequantize="fp8"),
+    # if MaxText cannot write the scanned layout itself: compare with its unscanned output, restacked
+    Case("deepseek-v3-fp8-vs-restacked", synth.SynthModel(
+        model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
+        moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
+        dequantize="fp8", maxtext_unscanned=True),
+    Case("gpt-oss-mxfp4", synth.SynthModel(
+        model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+        intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),
+    Case("gpt-oss-mxfp4-noscan-1dev", synth.SynthModel(
+        model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
+        intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", scan=False,
+        devices=1, loader="safetensors", dequantize="mxfp4"),
 ]
 
 
@@ -106,18 +139,28 @@ def run_case(case: Case, ctx: dict) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     hf, ours, theirs = root / "hf", root / "ckptconv", root / "maxtext"
-    synth.write_checkpoint(case.model, str(hf))
+    synth.write_checkpoint(case.model, str(hf), max_shard_bytes=1 << 20)  # an index, as MaxText's dequantisers need
     layout = ["--devices", str(case.devices), "--dtype", case.dtype, "--scan-layers" if case.scan else "--no-scan-layers"]
     mine = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), "--progress", "none", *layout],
                log=root / "ckptconv.log")
     loader = ["--lazy_load_tensors=true"] if case.loader == "lazy" else [
         "--lazy_load_tensors=false", f"--eager_load_method={case.loader}"]
     theirs_layout = overrides(case) + (["scan_layers=false"] if case.maxtext_unscanned else [])
-    mt = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(hf), str(theirs),
+    their_input = hf
+    if case.dequantize:
+        their_input = root / "hf-bf16"
+        step = run([ctx["mt_python"], str(BENCH / "maxtext_dequantize.py"), case.dequantize, str(hf), str(their_input)],
+                   env=ctx["mt_env"], log=root / "dequantize.log")
+        if step.returncode:
+            return {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
+                    "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
+                    "ckptconv_exit": mine.returncode, "maxtext_exit": step.returncode, "error": step.stderr[-600:]}
+    mt = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(their_input), str(theirs),
               *theirs_layout, "--", *loader, f"--simulated_cpu_devices_count={case.devices}",
               f"--save_dtype={case.dtype}"], env=ctx["mt_env"], log=root / "maxtext.log")
     row = {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
-           "maxtext_layout": "unscanned, restacked" if case.maxtext_unscanned else "same",
+           "maxtext_layout": ("unscanned, restacked" if case.maxtext_unscanned else "same")
+                             + (f", after MaxText's {case.dequantize} dequantiser" if case.dequantize else ""),
            "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
            "ckptconv_exit": mine.returncode, "maxtext_exit": mt.returncode}
     if mine.returncode or mt.returncode:

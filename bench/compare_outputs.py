@@ -100,25 +100,31 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
 
 
 def stacked_view(meta: dict) -> dict:
-    """B's unscanned leaves ``decoder/layers_{i}/X`` seen as scanned ``decoder/layers/X`` (layers on axis 1,
-    MaxText's param_scan_axis): for comparing with a layout MaxText's converter cannot write itself."""
+    """B's unscanned leaves ``decoder/<stack>_{i}/X`` seen as scanned ``decoder/<stack>/X``, stacked as
+    MaxText scans (parameters on axis 1, its param_scan_axis; other collections such as DeepSeek's
+    MoEBiasVar on axis 0): for comparing with a layout MaxText's converter cannot write itself."""
+    import re
+
     groups: dict[tuple, dict[int, tuple]] = {}
     rest = {}
     for path, m in meta.items():
-        layer = next((n for n, key in enumerate(path) if key.startswith("layers_") and path[n - 1] == "decoder"), None)
+        layer = next((n for n, key in enumerate(path) if n and path[n - 1] == "decoder"
+                      and re.fullmatch(r"[a-z_]+_\d+", key)), None)
         if layer is None:
             rest[path] = m
             continue
-        stacked = path[:layer] + ("layers",) + path[layer + 1:]
-        groups.setdefault(stacked, {})[int(path[layer][len("layers_"):])] = path
+        name, index = path[layer].rsplit("_", 1)
+        stacked = path[:layer] + (name,) + path[layer + 1:]
+        groups.setdefault(stacked, {})[int(index)] = path
     for stacked, layers in groups.items():
-        rest[stacked] = ("stack", [layers[i] for i in sorted(layers)])
+        axis = 1 if stacked[:2] == ("params", "params") else 0
+        rest[stacked] = ("stack", [layers[i] for i in sorted(layers)], axis)
     return rest
 
 
 def load(items: Path, path: tuple, meta, raw: dict) -> np.ndarray:
     if isinstance(meta, tuple) and meta[0] == "stack":
-        return np.stack([restore_leaf(items, p, raw[p]) for p in meta[1]], axis=1)
+        return np.stack([restore_leaf(items, p, raw[p]) for p in meta[1]], axis=meta[2])
     return restore_leaf(items, path, meta)
 
 

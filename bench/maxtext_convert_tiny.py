@@ -24,11 +24,30 @@ def main() -> None:
     from maxtext.checkpoint_conversion.utils import hf_model_configs
 
     hf_model_configs.HF_MODEL_CONFIGS[model_name] = transformers.AutoConfig.from_pretrained(hf_dir)
+    if model_name.startswith(("deepseek3", "kimi-k2")):
+        _router_bias_in_its_collection(model_name)
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
     sys.argv = ["to_maxtext", base, f"model_name={model_name}", f"hf_model_path={hf_dir}",
                 f"base_output_directory={out_dir}", "hardware=cpu", "skip_jax_distributed_system=True",
                 "override_model_config=True", f"run_name=tiny-{model_name}", *overrides, *flags]
     runpy.run_module("maxtext.checkpoint_conversion.to_maxtext", run_name="__main__", alter_sys=True)
+
+
+def _router_bias_in_its_collection(model_name: str) -> None:
+    """MaxText 0.2.5's DeepSeek mapping names the router bias ``params-...-gate-bias``, but its
+    deepseek3 / kimi-k2 model keeps that bias in the ``MoEBiasVar`` collection, so ``to_maxtext``
+    refuses every DeepSeek-V3 ("maxtext_state_dict must be a subset of flattened param_map").
+    Rename that one mapping key; its values, hooks and stacking stay MaxText's own."""
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    mapping, hooks = param_mapping.PARAM_MAPPING[model_name], param_mapping.HOOK_FNS[model_name]
+
+    def rename(table: dict) -> dict:
+        return {("MoEBiasVar-" + key[len("params-"):] if isinstance(key, str) and key.endswith("MoeBlock_0-gate-bias")
+                 else key): value for key, value in table.items()}
+
+    param_mapping.PARAM_MAPPING[model_name] = lambda *a, **k: rename(mapping(*a, **k))
+    param_mapping.HOOK_FNS[model_name] = lambda *a, **k: rename(hooks(*a, **k))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from ckptconv.transforms import Misaligned, Resize, Shape, Step, output_shape
 OUTPUT_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 FLOAT_SOURCE_DTYPES = {np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}
 PARAMS_ROOT = ("params", "params")
-SCAN_AXIS = 1  # MaxText's param_scan_axis: layers stack on axis 1
 # Beside the params MaxText's converter saves its TrainState's other fields: step 0, no optimizer.
 MAXTEXT_EXTRA_ITEMS = {"step": 0, "opt_state": {}}
 
@@ -303,8 +302,8 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
     shapes = []
     for output in r.outputs:
         piece = output_shape(source_shape, output.steps, spec)
-        shape, stack_axes = _stacked_shape(piece, r.per_expert, layers, spec)
-        path = PARAMS_ROOT + (stack.path(output.path) if stack is not None else output.path)
+        shape, stack_axes = _stacked_shape(piece, r.per_expert, layers, output.layer_axis, spec)
+        path = ("params", output.collection) + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
     try:
@@ -317,15 +316,17 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
     return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 
-def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:
-    """Experts stack on a new leading axis; scanned layers on MaxText's scan axis (1) after that."""
+def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, layer_axis: int,
+                   spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:
+    """Experts stack on a new leading axis; scanned layers on ``layer_axis`` (MaxText's scan axis 1
+    for parameters) after that."""
     shape, axes = piece, ()
     if per_expert:
         shape, axes = (spec.dim("experts"), *shape), (0,)
     if layers is not None:
-        axis = min(SCAN_AXIS, len(shape))
+        axis = min(layer_axis, len(shape))
         shape = (*shape[:axis], layers, *shape[axis:])
-        axes = axes + (axis,)
+        axes = tuple(a + (a >= axis) for a in axes) + (axis,)
     return shape, axes
 
 

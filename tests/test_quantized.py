@@ -162,7 +162,7 @@ def expected_deepseek(hf: dict, model: synth.SynthModel, scan: bool, dtype: str)
         f"{block}/shared_experts/{k}/kernel": t(f"mlp.shared_experts.{n}_proj.weight")
         for k, n in (("wi_0", "gate"), ("wi_1", "up"), ("wo", "down"))} | {
         f"{block}/MoeBlock_0/gate/kernel": t("mlp.gate.weight"),
-        f"{block}/MoeBlock_0/gate/bias": plain("mlp.gate.e_score_correction_bias")} | {
+        BIAS: plain("mlp.gate.e_score_correction_bias")} | {
         f"{block}/MoeBlock_0/{k}": (lambda i, n=n: np.stack([hf[p.format(i=i) + f"mlp.experts.{e}.{n}_proj.weight"].T
                                                              for e in range(experts)]))
         for k, n in (("wi_0", "gate"), ("wi_1", "up"), ("wo", "down"))}
@@ -172,11 +172,17 @@ def expected_deepseek(hf: dict, model: synth.SynthModel, scan: bool, dtype: str)
     for stack, tree, hf_layers in (("dense_layers", dense_layer, range(dense)), ("moe_layers", moe_layer,
                                                                                 range(dense, layers))):
         for name, make in tree.items():
+            # MaxText keeps the router bias in its MoEBiasVar collection, layers stacked on axis 0
+            root, axis = ("params/MoEBiasVar", 0) if name == BIAS else ("params/params", 1)
             if scan:
-                params[f"decoder/{stack}/{name}"] = np.stack([make(i) for i in hf_layers], axis=1)
+                params[f"{root}/decoder/{stack}/{name}"] = np.stack([make(i) for i in hf_layers], axis=axis)
             else:
-                params |= {f"decoder/{stack}_{j}/{name}": make(i) for j, i in enumerate(hf_layers)}
-    return {f"params/params/{k}": np.asarray(v).astype(DTYPES[dtype]) for k, v in params.items()}
+                params |= {f"{root}/decoder/{stack}_{j}/{name}": make(i) for j, i in enumerate(hf_layers)}
+    return {(k if k.startswith("params/") else f"params/params/{k}"): np.asarray(v).astype(DTYPES[dtype])
+            for k, v in params.items()}
+
+
+BIAS = "DeepSeekMoeBlock_0/MoeBlock_0/gate/bias"
 
 
 def expected_gpt_oss(hf: dict, model: synth.SynthModel, scan: bool, dtype: str) -> dict[str, np.ndarray]:

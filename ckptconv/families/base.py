@@ -40,10 +40,20 @@ def untied(spec: ModelSpec) -> bool:
 
 @dataclass(frozen=True)
 class Output:
-    """One leaf a rule writes: its MaxText path and the steps from the HF tensor to it."""
+    """One leaf a rule writes: its MaxText path and the steps from the HF tensor to it.
+
+    ``collection``: the variable collection the leaf lives in (``params``; DeepSeek's router bias
+    is a ``MoEBiasVar``), stored as ``items/params/<collection>/...``. Scanned, MaxText stacks
+    parameters' layers on axis 1 and other collections' on axis 0 (``layer_axis``).
+    """
 
     path: tuple[str, ...]
     steps: tuple[Step, ...] = ()
+    collection: str = "params"
+
+    @property
+    def layer_axis(self) -> int:
+        return 1 if self.collection == "params" else 0
 
 
 @dataclass(frozen=True)

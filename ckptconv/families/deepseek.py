@@ -16,7 +16,7 @@ converter skips them too) and are named in the report.
 
 from __future__ import annotations
 
-from ckptconv.families.base import Family, LayerStack, rule
+from ckptconv.families.base import Family, LayerStack, Output, Rule, rule
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
 from ckptconv.families.moe import read_experts
 from ckptconv.spec import ConfigReader, ModelSpec
@@ -62,8 +62,9 @@ ROWS = LAYER_NORM_ROWS + (
          ("emb", "shared_mlp"), KERNEL, kinds=MOE),
     rule(L + "mlp.gate.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "kernel"), ("experts", "emb"), KERNEL,
          kinds=MOE),
-    rule(L + "mlp.gate.e_score_correction_bias", ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), ("experts",),
-         kinds=MOE),
+    # MaxText (deepseek3, kimi-k2) keeps the router bias as a MoEBiasVar, outside the trained params.
+    Rule(L + "mlp.gate.e_score_correction_bias", ("experts",),
+         (Output(("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), collection="MoEBiasVar"),), kinds=MOE),
     rule(L + "mlp.experts.{expert}.gate_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_0"), ("moe_mlp", "emb"),
          KERNEL, kinds=MOE),
     rule(L + "mlp.experts.{expert}.up_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_1"), ("moe_mlp", "emb"),
