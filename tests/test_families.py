@@ -15,7 +15,8 @@ from ckptconv.families.base import always
 from ckptconv.plan import make_plan, read_spec
 from ckptconv.sources import LocalSource
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text"]
+MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text",
+               "deepseek_v3", "kimi_k2", "gpt_oss"]
 
 
 def layer_tree(mt: str, m: synth.SynthModel) -> dict[str, tuple]:
@@ -56,7 +57,72 @@ def stacked(shape: tuple, n: int) -> tuple:
     return (shape[0], n, *shape[1:])
 
 
+def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's deepseek3 tree (printed from its model): dense_layers then moe_layers; the router bias
+    in the MoEBiasVar collection, its layers stacked on axis 0."""
+    c = m.config()
+    emb, heads, L, dense, E = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], \
+        c["first_k_dense_replace"], c["n_routed_experts"]
+    qk, kv_lora, rope = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    attention = {"pre_self_attention_layer_norm/scale": (emb,), "post_self_attention_layer_norm/scale": (emb,),
+                 "self_attention/wq_a/kernel": (emb, c["q_lora_rank"]), "self_attention/q_norm/scale": (c["q_lora_rank"],),
+                 "self_attention/wq_b/kernel": (c["q_lora_rank"], heads, qk),
+                 "self_attention/wkv_a/kernel": (emb, kv_lora + rope), "self_attention/kv_norm/scale": (kv_lora,),
+                 "self_attention/wkv_b/kernel": (kv_lora, heads, c["qk_nope_head_dim"] + c["v_head_dim"]),
+                 "self_attention/out/kernel": (heads, c["v_head_dim"], emb)}
+    mlp, moe = c["intermediate_size"], c["moe_intermediate_size"]
+    dense_layer = attention | {"mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
+    b = "DeepSeekMoeBlock_0"
+    moe_layer = attention | {f"{b}/shared_experts/wi_0/kernel": (emb, moe), f"{b}/shared_experts/wi_1/kernel": (emb, moe),
+                             f"{b}/shared_experts/wo/kernel": (moe, emb), f"{b}/MoeBlock_0/gate/kernel": (emb, E),
+                             f"{b}/MoeBlock_0/wi_0": (E, emb, moe), f"{b}/MoeBlock_0/wi_1": (E, emb, moe),
+                             f"{b}/MoeBlock_0/wo": (E, moe, emb)}
+    leaves = {"params/params/token_embedder/embedding": (c["vocab_size"], emb),
+              "params/params/decoder/decoder_norm/scale": (emb,),
+              "params/params/decoder/logits_dense/kernel": (emb, c["vocab_size"])}
+    for stack, tree, n in (("dense_layers", dense_layer, dense), ("moe_layers", moe_layer, L - dense)):
+        for name, shape in tree.items():
+            if scan:
+                leaves[f"params/params/decoder/{stack}/{name}"] = stacked(shape, n)
+            else:
+                leaves |= {f"params/params/decoder/{stack}_{i}/{name}": shape for i in range(n)}
+        if stack == "moe_layers":
+            bias = f"decoder/{{}}/{b}/MoeBlock_0/gate/bias"
+            if scan:
+                leaves["params/MoEBiasVar/" + bias.format(stack)] = (n, E)
+            else:
+                leaves |= {"params/MoEBiasVar/" + bias.format(f"{stack}_{i}"): (E,) for i in range(n)}
+    return leaves
+
+
+def gpt_oss_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's gpt_oss tree (printed from its model): blocks of (sliding, full) scanned as layers_0/1."""
+    c = m.config()
+    emb, nq, nkv, hd, E, mlp = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], \
+        c["num_local_experts"], c["intermediate_size"]
+    a, p = "GptOssAttention", "GptOssMlp"
+    layer = {"pre_self_attention_layer_norm/scale": (emb,), "post_self_attention_layer_norm/scale": (emb,),
+             f"{a}/query/kernel": (emb, nq, hd), f"{a}/query/bias": (nq, hd), f"{a}/key/kernel": (emb, nkv, hd),
+             f"{a}/key/bias": (nkv, hd), f"{a}/value/kernel": (emb, nkv, hd), f"{a}/value/bias": (nkv, hd),
+             f"{a}/out/kernel": (nq, hd, emb), f"{a}/out/bias": (emb,), f"{a}/sinks": (nq,),
+             f"{p}/gate/kernel": (emb, E), f"{p}/gate/bias": (E,), f"{p}/wi_0": (E, emb, mlp), f"{p}/wi_1": (E, emb, mlp),
+             f"{p}/wi_0_bias": (E, mlp), f"{p}/wi_1_bias": (E, mlp), f"{p}/wo": (E, mlp, emb), f"{p}/wo_bias": (E, emb)}
+    leaves = {"params/params/token_embedder/embedding": (c["vocab_size"], emb),
+              "params/params/decoder/decoder_norm/scale": (emb,),
+              "params/params/decoder/logits_dense/kernel": (emb, c["vocab_size"])}
+    for name, shape in layer.items():
+        if scan:
+            leaves |= {f"params/params/decoder/layers/layers_{b}/{name}": stacked(shape, m.num_layers // 2) for b in (0, 1)}
+        else:
+            leaves |= {f"params/params/decoder/layers_{i}/{name}": shape for i in range(m.num_layers)}
+    return leaves
+
+
 def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    if mt in ("deepseek_v3", "kimi_k2"):
+        return deepseek_leaves(m, scan)
+    if mt == "gpt_oss":
+        return gpt_oss_leaves(m, scan)
     layer, L = layer_tree(mt, m), m.num_layers
     vocab = {"gemma2": 256128, "gemma3": 262144, "gemma3_text": 262144}.get(mt, m.vocab_size)
     leaves = {"params/params/token_embedder/embedding": (vocab, m.hidden_size),
@@ -89,6 +155,11 @@ def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]
 
 
 def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
+    if mt in ("deepseek_v3", "kimi_k2"):
+        return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
+                                quantization="fp8" if tied else None)
+    if mt == "gpt_oss":
+        return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,
@@ -100,7 +171,7 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_plan_matches_maxtext_tree(tmp_path, model_type, tied, scan):
     if model_type.startswith("gemma") and not tied:
-        pytest.skip("Gemma is always tied")
+        pytest.skip("Gemma is always tied")  # (for DeepSeek and gpt-oss, "tied" picks the quantised release)
     model = model_for(model_type, tied)
     synth.write_checkpoint(model, str(tmp_path))
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
@@ -131,7 +202,8 @@ def test_registry_is_consistent():
 
 TRANSFORMERS_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
                         "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
-                        "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig"}
+                        "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "gpt_oss": "GptOssConfig",
+                        "deepseek_v3": "DeepseekV3Config"}
 
 
 @pytest.mark.parametrize("model_type", TRANSFORMERS_CONFIGS)
@@ -141,8 +213,12 @@ def test_configs_written_by_transformers_parse(model_type):
         vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16)
     data = json.loads(config.to_json_string())
+    if model_type == "deepseek_v3":  # multi-head latent attention: as many KV heads as query heads
+        data |= {"num_key_value_heads": 4, "first_k_dense_replace": 1}
     spec = read_spec(family_for(data["model_type"], "config.json"), data, "config.json")
-    assert (spec.dim("emb"), spec.dim("heads"), spec.dim("kv_heads"), spec.dim("hd")) == (64, 4, 2, 16)
+    assert (spec.dim("emb"), spec.dim("heads")) == (64, 4)
+    if model_type != "deepseek_v3":
+        assert (spec.dim("kv_heads"), spec.dim("hd")) == (2, 16)
 
 
 def test_gemma3_hub_config_relies_on_transformers_defaults():
