@@ -22,8 +22,11 @@ BASELINE_BYTES = 300 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds.
-SECONDS_PER_GIB = {None: 4.4, "fp8-block-128": 6.0, "mxfp4": 6.0}
+SECONDS_PER_GIB = {None: 4.4, "fp8-block-128": 12.0, "mxfp4": 11.0}
 STARTUP_SECONDS = 4.0
+# A tile written to a sharded leaf is encoded as one chunk per device; measured: about 4 MiB more
+# peak per device beyond the first (+46 to +83 MiB at 16 devices on 70B and DeepSeek-V3 widths).
+ENCODE_BYTES_PER_DEVICE = 4 * 1024**2
 # Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
 # 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
 TILES_ALIVE = 2 + 1 + 1 + 2
@@ -55,9 +58,10 @@ def work_bytes(job: Job) -> int:
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
-    """Baseline + the worst job's tiles in flight and read unit in production."""
+    """Baseline + encoding buffers + the worst job's tiles in flight and read unit in production."""
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
-    return BASELINE_BYTES + max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
+    encoding = ENCODE_BYTES_PER_DEVICE * (plan.devices - 1)
+    return BASELINE_BYTES + encoding + max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
 
 
 def predicted_seconds(plan: ConversionPlan) -> float:
