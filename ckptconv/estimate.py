@@ -17,19 +17,21 @@ from ckptconv.plan import ConversionPlan, Job
 from ckptconv.transforms import Permute, box_shape
 
 # Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools and
-# caches under load (measured 0.24-0.27 GiB on these machines for small models).
-BASELINE_BYTES = 300 * 1024**2
+# caches under load (a tiny model converts in 0.19-0.20 GiB on these machines).
+BASELINE_BYTES = 270 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds.
-SECONDS_PER_GIB = {None: 4.4, "fp8-block-128": 12.0, "mxfp4": 11.0}
+SECONDS_PER_GIB = {None: 4.4, "fp8-block-128": 10.0, "mxfp4": 10.0}
 STARTUP_SECONDS = 4.0
-# A tile written to a sharded leaf is encoded as one chunk per device; measured: about 4 MiB more
-# peak per device beyond the first (+46 to +83 MiB at 16 devices on 70B and DeepSeek-V3 widths).
-ENCODE_BYTES_PER_DEVICE = 4 * 1024**2
 # Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
 # 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
 TILES_ALIVE = 2 + 1 + 1 + 2
+# Orbax opens OCDBT with a 100 MB node cache (tensorstore_utils: cache_pool#ocdbt). It fills as
+# the b-tree grows, about 24 KiB per chunk written (measured: a run's peak climbs job after job
+# until the cache is full), so a checkpoint of many chunks (16 devices, big models) holds it all.
+OCDBT_CACHE_BYTES = 100_000_000
+OCDBT_CACHE_PER_CHUNK = 24 * 1024
 
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -57,11 +59,17 @@ def work_bytes(job: Job) -> int:
     return raw + extra
 
 
+def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
+    """What the OCDBT node cache grows to for this checkpoint's chunk count."""
+    chunks = sum(math.prod(-(-dim // c) for dim, c in zip(leaf.shape, leaf.chunk_shape)) for leaf in plan.leaves)
+    return min(OCDBT_CACHE_BYTES, chunks * OCDBT_CACHE_PER_CHUNK)
+
+
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
-    """Baseline + encoding buffers + the worst job's tiles in flight and read unit in production."""
+    """Baseline + the OCDBT cache + the worst job's tiles in flight and read unit in production."""
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
-    encoding = ENCODE_BYTES_PER_DEVICE * (plan.devices - 1)
-    return BASELINE_BYTES + encoding + max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
+    worst = max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
+    return BASELINE_BYTES + ocdbt_cache_bytes(plan) + worst
 
 
 def predicted_seconds(plan: ConversionPlan) -> float:

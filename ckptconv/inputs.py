@@ -105,7 +105,7 @@ class FP8Blocks:
     dtype = property(lambda self: BF16)
     order = property(lambda self: (0, 1))
     nbytes = property(lambda self: self.weight.nbytes + self.scale.nbytes)
-    decode_bytes = property(lambda self: 1 + 4 + 4)  # the fp8 bytes, float32 values, float32 products
+    decode_bytes = property(lambda self: 1 + 4 + 4 + 2)  # the fp8 bytes, float32 values and products, bf16
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (r0, r1), (c0, c1) = box
@@ -144,7 +144,8 @@ class MXFP4:
     dtype = property(lambda self: BF16)
     order = property(lambda self: (0, 2, 1))
     nbytes = property(lambda self: self.blocks.nbytes + self.scales.nbytes)
-    decode_bytes = property(lambda self: 4 + 4 + 2)  # float32 codes, float32 products, the bf16 copy swapped
+    # float32 low and high codes, their stack, the products; the bf16 values and their swapped copy
+    decode_bytes = property(lambda self: 4 + 4 + 4 + 4 + 2 + 2)
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (e0, e1), (c0, c1), (r0, r1) = box

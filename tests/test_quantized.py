@@ -294,3 +294,22 @@ def test_gpt_oss_logits_match_transformers_on_the_dequantised_model(tmp_path, sy
     got = maxtext_forward.forward(unflatten(restore(dst))["params"]["params"], tokens, sem, scan=True)
     assert np.abs(expected).max() > 1e-3
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["DEEPSEEK_V3", "KIMI_K2"])
+def test_full_size_giants_plan_under_two_gib(tmp_path, name):
+    """DeepSeek-V3 (671B) and Kimi-K2 (1T) from their published config.json, with header-only shards
+    (real headers, no data): the plan accepts them and predicts a bounded peak and a time."""
+    from tests import published_configs
+
+    config = getattr(published_configs, name)
+    model = synth.SynthModel(model_type=config["model_type"], quantization="fp8", config_overrides=dict(config))
+    synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
+    for devices in (1, 16):
+        result = run_cli("plan", str(tmp_path), "--devices", str(devices), "--json")
+        assert result.returncode == 0, result.stderr
+        planned = json.loads(result.stdout)
+        assert planned["source_bytes"] > 600 * 2**30 and planned["output_bytes"] > 2 * 600 * 2**30
+        assert planned["predicted_peak_rss_bytes"] <= 2 * 2**30
+        assert 3600 < planned["predicted_seconds"] < 6 * 3600  # hours on 2 cores, at the measured rate
