@@ -17,6 +17,7 @@ Decoding is bit for bit MaxText's: the product is taken in float32 and rounded o
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +42,7 @@ class Input(Protocol):
     shape: tuple[int, ...]
     dtype: np.dtype
     order: tuple[int, ...]
+    whole_axes: tuple[int, ...]  # axes a read may not cut (the decoder needs them whole)
 
     @property
     def nbytes(self) -> int: ...
@@ -79,6 +81,10 @@ class Plain:
         return tuple(range(len(self.info.shape)))
 
     @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return ()
+
+    @property
     def nbytes(self) -> int:
         return self.info.nbytes
 
@@ -90,6 +96,9 @@ class Plain:
         return read_box(source, self.info, box)
 
 
+FLOAT32_BYTES, BF16_BYTES = 4, 2
+
+
 @dataclass(frozen=True)
 class FP8Blocks:
     """An FP8 e4m3 matrix ``weight`` with float32 ``scale`` (``weight_scale_inv``): value =
@@ -99,30 +108,61 @@ class FP8Blocks:
     scale: TensorInfo
     block: int = 128
 
-    name = property(lambda self: self.weight.name)
-    file = property(lambda self: self.weight.file)
-    shape = property(lambda self: self.weight.shape)
-    dtype = property(lambda self: BF16)
-    order = property(lambda self: (0, 1))
-    nbytes = property(lambda self: self.weight.nbytes + self.scale.nbytes)
-    decode_bytes = property(lambda self: 1 + 4 + 4 + 2)  # the fp8 bytes, float32 values and products, bf16
+    @property
+    def name(self) -> str:
+        return self.weight.name
+
+    @property
+    def file(self) -> str:
+        return self.weight.file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.weight.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return BF16
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return (0, 1)
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.scale.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        """The fp8 bytes, their float32 values, the float32 products (with their scales), the bfloat16 result."""
+        return 1 + FLOAT32_BYTES + FLOAT32_BYTES + FLOAT32_BYTES + BF16_BYTES
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (r0, r1), (c0, c1) = box
         weight = read_box(source, self.weight, box).astype(np.float32)
-        s0, s1 = r0 // self.block, (r1 - 1) // self.block + 1
-        scale = read_box(source, self.scale, ((s0, s1), (0, self.scale.shape[1])))
-        rows = np.repeat(scale, self.block, axis=0)[r0 - s0 * self.block:r1 - s0 * self.block]  # (r1-r0, n/128)
-        cols = np.repeat(rows, self.block, axis=1)[:, c0:c1] if (c1 - c0) % self.block or c0 % self.block else None
-        if cols is None:  # whole column blocks: scale them without expanding the scales
-            values = weight.reshape(r1 - r0, -1, self.block) * rows[:, c0 // self.block:c1 // self.block, None]
+        b = self.block
+        scale = _scales(source, self.scale)[r0 // b:(r1 - 1) // b + 1, c0 // b:(c1 - 1) // b + 1].astype(np.float32)
+        rows = np.repeat(scale, b, axis=0)[r0 % b:r0 % b + r1 - r0]  # (rows, column blocks of the box)
+        if c0 % b == 0 and (c1 - c0) % b == 0:  # whole column blocks: scale them without expanding the scales
+            values = weight.reshape(r1 - r0, -1, b) * rows[:, :, None]
             return values.reshape(r1 - r0, c1 - c0).astype(BF16)
-        return (weight * cols).astype(BF16)
+        return (weight * np.repeat(rows, b, axis=1)[:, c0 % b:c0 % b + c1 - c0]).astype(BF16)
+
+
+@functools.lru_cache(maxsize=8)
+def _scales(source: Source, info: TensorInfo) -> np.ndarray:
+    """A tensor's block scales (at most 60 KB), read once for all of its read units, not once each."""
+    return read_box(source, info, tuple((0, dim) for dim in info.shape))
 
 
 # E2M1 codes: bit 3 sign, bits 2-1 exponent, bit 0 mantissa. The sign of zero follows MaxText's
 # gpt-oss dequantiser, which decodes code 0b1000 to +0.0 (not -0.0).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
+E8M0_NAN = 255  # the MX specification's "not a number" scale
 
 
 @dataclass(frozen=True)
@@ -132,20 +172,44 @@ class MXFP4:
 
     The logical tensor is what the bfloat16 release (and MaxText's dequantiser) holds: the decoded
     (experts, rows, groups * 32) with its last two axes swapped, i.e. (experts, cols, rows). Its
-    storage order is therefore (0, 2, 1): a read takes whole stored rows.
+    storage order is therefore (0, 2, 1): a read takes whole stored rows, so axis 1 is never cut.
     """
 
     blocks: TensorInfo
     scales: TensorInfo
 
-    name = property(lambda self: self.blocks.name.removesuffix("_blocks"))
-    file = property(lambda self: self.blocks.file)
-    shape = property(lambda self: (self.blocks.shape[0], self.blocks.shape[2] * 32, self.blocks.shape[1]))
-    dtype = property(lambda self: BF16)
-    order = property(lambda self: (0, 2, 1))
-    nbytes = property(lambda self: self.blocks.nbytes + self.scales.nbytes)
-    # float32 low and high codes, their stack, the products; the bf16 values and their swapped copy
-    decode_bytes = property(lambda self: 4 + 4 + 4 + 4 + 2 + 2)
+    @property
+    def name(self) -> str:
+        return self.blocks.name.removesuffix("_blocks")
+
+    @property
+    def file(self) -> str:
+        return self.blocks.file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.blocks.shape[0], self.blocks.shape[2] * 32, self.blocks.shape[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return BF16
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return (0, 2, 1)
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return (1,)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes + self.scales.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        """Float32 low and high codes, their stack, the products; the bfloat16 values and their swapped copy."""
+        return 4 * FLOAT32_BYTES + 2 * BF16_BYTES
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (e0, e1), (c0, c1), (r0, r1) = box
@@ -154,15 +218,19 @@ class MXFP4:
         stored = ((e0, e1), (r0, r1))
         packed = read_box(source, self.blocks, stored + ((0, self.blocks.shape[2]), (0, 16)))
         exponents = read_box(source, self.scales, stored + ((0, self.scales.shape[2]),))
+        if (exponents == E8M0_NAN).any():
+            raise BadInputError(f"{self.scales.file}: {self.scales.name!r} holds the scale 255, which MXFP4 "
+                                f"reserves for not-a-number (experts {e0}:{e1}, rows {r0}:{r1})")
         codes = np.stack([E2M1[packed & 0x0F], E2M1[packed >> 4]], axis=-1)  # (e, r, g, 16, 2)
         scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 127).astype(np.float32)
-        values = (codes * scales[..., None, None]).reshape(e1 - e0, r1 - r0, -1).astype(BF16)
+        with np.errstate(over="ignore"):  # 2^127 * 6 overflows to inf, as in MaxText's float32 route
+            values = (codes * scales[..., None, None]).reshape(e1 - e0, r1 - r0, -1).astype(BF16)
         return np.ascontiguousarray(values.swapaxes(1, 2))
 
 
 # --- which stored tensors make a logical one ----------------------------------------------
 
-SCHEMES = ("fp8-block-128", "mxfp4")
+FP8_BLOCK, MXFP4_SCHEME = "fp8-block-128", "mxfp4"  # the quantisation schemes a spec may name
 
 
 def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[Input, tuple[str, ...]] | None:
@@ -172,13 +240,13 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
     decodes only when its companions are there.
     """
     info = tensors.get(name)
-    if scheme == "fp8-block-128" and info is not None and info.dtype == FP8:
+    if scheme == FP8_BLOCK and info is not None and info.dtype == FP8:
         scale = tensors.get(name + "_scale_inv")
         if scale is None:
             raise BadInputError(f"{info.file}: FP8 tensor {name!r} has no {name + '_scale_inv'!r}")
         _check_fp8(info, scale)
         return FP8Blocks(info, scale), (name, scale.name)
-    if scheme == "mxfp4" and name + "_blocks" in tensors:
+    if scheme == MXFP4_SCHEME and name + "_blocks" in tensors:
         blocks, scales = tensors[name + "_blocks"], tensors.get(name + "_scales")
         if scales is None:
             raise BadInputError(f"{blocks.file}: MXFP4 tensor {blocks.name!r} has no {name + '_scales'!r}")
@@ -193,7 +261,7 @@ def _check_fp8(weight: TensorInfo, scale: TensorInfo) -> None:
     expected = tuple(math.ceil(d / 128) for d in weight.shape)
     if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16):
         raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32 "
-                            f"{list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+                            f"or bfloat16 {list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
 
 
 def _check_mxfp4(blocks: TensorInfo, scales: TensorInfo) -> None:

@@ -296,6 +296,10 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
 def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.dtype, devices: int) -> Job:
     r, stack = inst.rule, inst.stack
     pieces = tuple(inputs[name] for name in inst.names)
+    kinds = {(type(p).__name__, p.shape, p.order, p.dtype) for p in pieces}
+    if len(kinds) > 1:  # e.g. some experts of a layer quantised, others not: one tile plan cannot read both
+        raise BadInputError(f"{pieces[0].file}: tensors of {r.hf!r} are stored in different ways "
+                            f"({', '.join(sorted({k[0] for k in kinds}))} with shapes {sorted({k[1] for k in kinds})})")
     source_shape = pieces[0].shape
     layers = len(stack.layers) if inst.stacked else None
     stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((layers,) if layers else ())
@@ -308,7 +312,7 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
     try:
         tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,
-                             order=pieces[0].order)
+                             order=pieces[0].order, whole=pieces[0].whole_axes)
     except Misaligned as err:
         raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
     leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)

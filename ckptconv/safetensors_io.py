@@ -166,8 +166,8 @@ def read_box(source: Source, info: TensorInfo, box: tuple[tuple[int, int], ...])
     axis, whole axes after it (what :mod:`ckptconv.tiles` plans), so it is one byte range.
     """
     shape = tuple(stop - start for start, stop in box)
-    if len(box) != len(info.shape):
-        raise ValueError(f"{info.name}: box {box} does not match shape {info.shape}")
+    if len(box) != len(info.shape) or any(not 0 <= start <= stop <= dim for (start, stop), dim in zip(box, info.shape)):
+        raise ValueError(f"{info.name}: box {box} does not lie inside shape {info.shape}")
     cut = next((axis for axis, (start, stop) in enumerate(box) if stop - start != 1), len(box))
     if any(box[axis] != (0, info.shape[axis]) for axis in range(cut + 1, len(box))):
         raise ValueError(f"{info.name}: box {box} is not one contiguous range of {info.shape}")

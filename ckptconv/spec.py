@@ -83,11 +83,19 @@ class ConfigReader:
         self.runtime_values: dict[str, Any] = {}
         self.children: list[ConfigReader] = []
         self._rope: tuple[float, str, dict[str, Any]] | None = None
+        self.model_type = config.get("model_type")  # for messages (a nested object has its root's)
 
     def _get(self, name: str, default: Any) -> Any:
         self.read.add(name)
         value = self.config.get(name, default)
         return default if value is None else value
+
+    def count(self, name: str, default: int) -> int:
+        """A non-negative integer field (a number of layers that may be 0)."""
+        value = self._get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 0, got {value!r}")
+        return value
 
     def raw(self, name: str) -> Any:
         """A field's value as stored (None if absent), for checks no typed getter expresses."""
@@ -128,6 +136,7 @@ class ConfigReader:
     def nested(self, name: str) -> "ConfigReader":
         """A reader for an object-valued field (e.g. Gemma 3's ``text_config``), errors naming it."""
         child = ConfigReader(self.object(name), f"{self.where}: {name}", name)
+        child.model_type = self.model_type
         self.children.append(child)
         return child
 
@@ -152,7 +161,7 @@ class ConfigReader:
         if unknown:
             raise BadInputError(
                 f"{self.where}: unknown field(s) {', '.join(map(repr, unknown))} for model_type "
-                f"{self.config.get('model_type')!r}; ckptconv does not know whether they change the weights"
+                f"{self.model_type!r}; ckptconv does not know whether they change the weights"
             )
 
     def rope(self) -> tuple[float, str, dict[str, Any]]:

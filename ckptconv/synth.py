@@ -49,12 +49,11 @@ class SynthModel:
     extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
 
     def config(self) -> dict:
-        config = _CONFIGS[self.model_type](self)
-        if "text_config" in config:
-            config["text_config"].update(self.config_overrides)
-        else:
-            config.update(self.config_overrides)
-        return _drop_none(config)
+        config = _drop_none(_CONFIGS[self.model_type](self))
+        # after the template's unset fields are dropped: an override of None is written as null,
+        # as real configs hold them (DeepSeek-V2-Lite's "q_lora_rank": null)
+        (config["text_config"] if "text_config" in config else config).update(self.config_overrides)
+        return config
 
 
 def _decoder(m: SynthModel, architecture: str, **extra: Any) -> dict:

@@ -77,7 +77,7 @@ class Tiling:
     chunks: tuple[Shape, ...]  # per leaf, in leaf coordinates
     unit_bytes: int  # source bytes of the largest read unit
     budget: int  # the read budget this plan was made for (zero padding is written in units of it too)
-    order: tuple[int, ...] = ()  # source axes as stored, outermost first (a read is contiguous along it)
+    order: tuple[int, ...]  # source axes as stored, outermost first (a read is contiguous along it)
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,13 @@ class ReadUnit:
 
 
 def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...], stack_shape: Shape,
-                spec: ModelSpec, devices: int, budget: int | None = None, order: tuple[int, ...] | None = None) -> Tiling:
+                spec: ModelSpec, devices: int, budget: int | None = None, order: tuple[int, ...] | None = None,
+                whole: tuple[int, ...] = ()) -> Tiling:
     """Choose read units and chunks for one job; see the module docstring for the guarantees.
 
     ``itemsize``: bytes per element of the source as read (decoded); ``order``: its axes as stored,
-    outermost first (default: as indexed), so that every read is one byte range of storage.
+    outermost first (default: as indexed), so that every read is one byte range of storage;
+    ``whole``: source axes a read may not cut (its decoder needs them whole).
     """
     budget = READ_BYTES if budget is None else budget
     order = tuple(range(len(source_shape))) if order is None else order
@@ -109,7 +111,7 @@ def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...
         chunks = tuple(_chunk(leaf, _image(leaf, full_box(source_shape), source_shape, spec), devices, group)
                        for leaf in leaves)
         return Tiling(None, None, group, chunks, piece_bytes * group, budget, order)
-    axis, quantum = _band_axis(source_shape, order, itemsize, leaves, spec, budget)
+    axis, quantum = _band_axis(source_shape, order, itemsize, leaves, spec, budget, whole)
     band = _band(axis, quantum, source_shape, order, itemsize, leaves, spec, devices, budget)
     box = _band_box(source_shape, order, axis, 0, band)
     chunks = tuple(_chunk(leaf, _image(leaf, box, source_shape, spec), devices, 1) for leaf in leaves)
@@ -146,7 +148,7 @@ def _source_boxes(tiling: Tiling, source_shape: Shape,
         for members in _groups(positions, tiling.group):
             yield tuple(members), full_box(source_shape)
         return
-    axis, band, order = tiling.band_axis, tiling.band or 1, tiling.order
+    axis, band, order = tiling.band_axis, tiling.band, tiling.order
     outer = order[:order.index(axis)]  # stored outside the band axis: one index at a time
     for index in range(len(positions)):
         for prefix in itertools.product(*(range(source_shape[a]) for a in outer)):
@@ -227,7 +229,7 @@ def _inner_bytes(shape: Shape, order: tuple[int, ...], axis: int, itemsize: int)
 
 
 def _band_axis(shape: Shape, order: tuple[int, ...], itemsize: int, leaves: tuple[LeafShape, ...], spec: ModelSpec,
-               budget: int) -> tuple[int, int]:
+               budget: int, whole: tuple[int, ...] = ()) -> tuple[int, int]:
     """The outermost stored axis along which one quantum (outer axes fixed) fits the budget.
 
     Axes stored outside it must be cuttable to single indices (quantum 1), else a read is not
@@ -235,7 +237,7 @@ def _band_axis(shape: Shape, order: tuple[int, ...], itemsize: int, leaves: tupl
     """
     best = None
     for axis in order:
-        quantum = _quantum(axis, shape, leaves, spec)
+        quantum = WHOLE if axis in whole else _quantum(axis, shape, leaves, spec)
         if quantum == WHOLE:
             break
         best = (axis, quantum)

@@ -304,3 +304,36 @@ def test_unconverted_tensors_are_reported(tmp_path):
     synth.write_checkpoint(tied, str(tmp_path / "tied"))
     plan = make_plan(LocalSource(str(tmp_path / "tied")), devices=1)
     assert [e["tensors"] for e in plan.not_converted] == [["lm_head.weight"]]
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "gpt-oss-20b", "gpt-oss-120b"])
+def test_published_giant_configs_parse(name):
+    from tests.published_configs import PUBLISHED
+
+    config = PUBLISHED[name]
+    spec = read_spec(family_for(config["model_type"], "config.json"), config, "config.json")
+    assert spec.num_layers == config["num_hidden_layers"]
+    assert spec.value("quantization") == {"gpt_oss": "mxfp4"}.get(config["model_type"], "fp8-block-128")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_interleave", False, "'rope_interleave' = False is not supported"),
+    ("num_nextn_predict_layers", "1", "must be an integer >= 0"),
+    ("n_shared_experts", 0, "always has shared experts"),
+    ("first_k_dense_replace", 62, "first_k_dense_replace=62 exceeds num_hidden_layers=61"),
+])
+def test_deepseek_config_errors(field, value, message):
+    from tests.published_configs import DEEPSEEK_V3
+
+    with pytest.raises(BadInputError, match=message):
+        read_spec(BY_MODEL_TYPE["deepseek_v3"], {**DEEPSEEK_V3, field: value}, "config.json")
+
+
+def test_deepseek_without_query_lora_and_dense_layers():
+    """q_lora_rank 0 or null (DeepSeek-V2-Lite style queries) and first_k_dense_replace 0 are valid."""
+    from tests.published_configs import DEEPSEEK_V3
+
+    for q_lora in (0, None):
+        spec = read_spec(BY_MODEL_TYPE["deepseek_v3"], {**DEEPSEEK_V3, "q_lora_rank": q_lora,
+                                                        "first_k_dense_replace": 0}, "config.json")
+        assert not spec.value("q_lora") and spec.value("dense_layers") == 0

@@ -16,6 +16,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckptconv import synth
+from ckptconv.errors import BadInputError
 from ckptconv.inputs import FP8Blocks, MXFP4
 from ckptconv.safetensors_io import index_checkpoint
 from ckptconv.sources import LocalSource
@@ -47,7 +48,8 @@ def reference_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     low, high = table[blocks & 15], table[blocks >> 4]
     codes = np.stack([low, high], axis=-1).reshape(*blocks.shape[:3], 32)
     values = codes * np.exp2(scales.astype(np.float32) - 127)[..., None]
-    return values.reshape(*blocks.shape[:2], -1).astype(BF16).swapaxes(1, 2)
+    # contiguous: safetensors' numpy writer stores a strided view's raw buffer, not its logical order
+    return np.ascontiguousarray(values.reshape(*blocks.shape[:2], -1).astype(BF16).swapaxes(1, 2))
 
 
 def load_stored(path) -> dict[str, np.ndarray]:
@@ -104,6 +106,10 @@ def test_fp8_reads_equal_the_reference_for_every_band(tmp_path, shape):
             box = ((start, min(start + band, shape[0])), (0, shape[1]))
             got = fp8.read(source, box)
             assert got.tobytes() == expected[start:start + band].tobytes(), (band, start)
+    for row in sorted({0, 3, 127, min(128, shape[0] - 1), shape[0] - 1}):  # parts of one row (the only partial reads plans make), any alignment
+        for cols in ((5, 200), (128, min(256, shape[1])), (0, shape[1]), (shape[1] - 6, shape[1])):
+            got = fp8.read(source, ((row, row + 1), cols))
+            assert got.tobytes() == np.ascontiguousarray(expected[row:row + 1, cols[0]:cols[1]]).tobytes(), (row, cols)
 
 
 def test_mxfp4_reads_equal_the_reference_for_every_band(tmp_path):
@@ -111,6 +117,7 @@ def test_mxfp4_reads_equal_the_reference_for_every_band(tmp_path):
     blocks = rng.integers(0, 256, (3, 10, 4, 16), dtype=np.uint8)
     scales = rng.integers(100, 140, (3, 10, 4), dtype=np.uint8)
     scales[0, 0, 0] = 0  # 2^-127: a float32 subnormal
+    scales[1, 0, 0] = 254  # 2^127: codes above 1.5 overflow to inf, as in MaxText's float32 product
     save_file({"e_blocks": blocks, "e_scales": scales}, str(tmp_path / "model.safetensors"))
     source = LocalSource(str(tmp_path))
     infos = index_checkpoint(source)
@@ -122,6 +129,12 @@ def test_mxfp4_reads_equal_the_reference_for_every_band(tmp_path):
         for rows in ((0, 2), (2, 6), (6, 10)):
             got = mx.read(source, ((e, e + 1), (0, 128), rows))
             assert got.tobytes() == np.ascontiguousarray(expected[e:e + 1, :, rows[0]:rows[1]]).tobytes()
+    scales[2, 9, 3] = 255  # E8M0's not-a-number: refused, naming the tensor
+    save_file({"e_blocks": blocks, "e_scales": scales}, str(tmp_path / "model.safetensors"))
+    source = LocalSource(str(tmp_path))
+    infos = index_checkpoint(source)
+    with pytest.raises(BadInputError, match="'e_scales' holds the scale 255"):
+        MXFP4(infos["e_blocks"], infos["e_scales"]).read(source, ((2, 3), (0, 128), (8, 10)))
 
 
 DEEPSEEK = synth.SynthModel(model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
@@ -272,7 +285,9 @@ def test_gpt_oss_logits_match_transformers_on_the_dequantised_model(tmp_path, sy
     transformers = pytest.importorskip("transformers")
     model = synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                              head_dim=16, intermediate_size=64, num_experts=4, quantization="mxfp4", vocab_size=128,
-                             config_overrides={"rope_theta": 10000.0})
+                             # plain RoPE (transformers' gpt_oss default is the release's YaRN, which the
+                             # reference forward does not model; RoPE settles no weight)
+                             config_overrides={"rope_scaling": {"rope_type": "default", "rope_theta": 10000.0}})
     src, dst, bf16 = synth_dir(model), tmp_path / "dst", tmp_path / "bf16"
     result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--dtype", "float32")
     assert result.returncode == 0, result.stderr
@@ -313,3 +328,18 @@ def test_full_size_giants_plan_under_two_gib(tmp_path, name):
         assert planned["source_bytes"] > 600 * 2**30 and planned["output_bytes"] > 2 * 600 * 2**30
         assert planned["predicted_peak_rss_bytes"] <= 2 * 2**30
         assert 3600 < planned["predicted_seconds"] < 6 * 3600  # hours on 2 cores, at the measured rate
+
+
+def test_deepseek_queries_without_lora(tmp_path, synth_dir):
+    """q_lora_rank null (DeepSeek-V2-Lite's queries): q_proj becomes self_attention/query, reshaped per head."""
+    model = synth.SynthModel(model_type="deepseek_v3", hidden_size=128, num_layers=2, num_heads=2, head_dim=16,
+                             intermediate_size=160, moe_intermediate_size=64, num_experts=2, vocab_size=100,
+                             config_overrides={"q_lora_rank": None})
+    src, dst = synth_dir(model), tmp_path / "dst"
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "1", "--no-scan-layers")
+    assert result.returncode == 0, result.stderr
+    hf, restored = dequantized(src), restore(dst)
+    for stack, layer in (("dense_layers_0", 0), ("moe_layers_0", 1)):
+        query = hf[f"model.layers.{layer}.self_attn.q_proj.weight"].T.reshape(128, 2, -1)
+        assert restored[f"params/params/decoder/{stack}/self_attention/query/kernel"].tobytes() == query.tobytes()
+        assert f"params/params/decoder/{stack}/self_attention/wq_a/kernel" not in restored

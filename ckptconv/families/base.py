@@ -50,10 +50,7 @@ class Output:
     path: tuple[str, ...]
     steps: tuple[Step, ...] = ()
     collection: str = "params"
-
-    @property
-    def layer_axis(self) -> int:
-        return 1 if self.collection == "params" else 0
+    layer_axis: int = 1
 
 
 @dataclass(frozen=True)

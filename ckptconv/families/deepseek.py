@@ -19,11 +19,11 @@ from __future__ import annotations
 from ckptconv.families.base import Family, LayerStack, Output, Rule, rule
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
 from ckptconv.families.moe import read_experts
+from ckptconv.families.quantized import read_quantization
 from ckptconv.spec import ConfigReader, ModelSpec
 from ckptconv.transforms import TRANSPOSE, split_last
 
 DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
-QUANTIZATION = {"fp8": "fp8-block-128"}
 
 
 def _lora_query(spec: ModelSpec) -> bool:
@@ -64,7 +64,7 @@ ROWS = LAYER_NORM_ROWS + (
          kinds=MOE),
     # MaxText (deepseek3, kimi-k2) keeps the router bias as a MoEBiasVar, outside the trained params.
     Rule(L + "mlp.gate.e_score_correction_bias", ("experts",),
-         (Output(("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), collection="MoEBiasVar"),), kinds=MOE),
+         (Output(("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), collection="MoEBiasVar", layer_axis=0),), kinds=MOE),
     rule(L + "mlp.experts.{expert}.gate_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_0"), ("moe_mlp", "emb"),
          KERNEL, kinds=MOE),
     rule(L + "mlp.experts.{expert}.up_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_1"), ("moe_mlp", "emb"),
@@ -84,42 +84,33 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     cfg.require("moe_layer_freq", (1,), 1)
     cfg.require("pretraining_tp", (1,), 1)
     cfg.rope()
+    cfg.require("rope_interleave", (True,), True)  # MaxText's MLA keeps HF's interleaved q/k RoPE layout
     cfg.runtime("rms_norm_eps", "max_position_embeddings", "num_experts_per_tok", "n_group", "topk_group",
                 "topk_method", "routed_scaling_factor", "scoring_func", "norm_topk_prob", "seq_aux", "aux_loss_alpha",
-                "ep_size", "rope_interleave", "head_dim", "qk_head_dim")
+                "ep_size", "head_dim", "qk_head_dim")
     heads = cfg.int("num_attention_heads")
     if cfg.int("num_key_value_heads", heads) != heads:
         cfg.fail("num_key_value_heads must equal num_attention_heads (multi-head latent attention)")
     nope, rope, v = cfg.int("qk_nope_head_dim"), cfg.int("qk_rope_head_dim"), cfg.int("v_head_dim")
     kv_lora = cfg.int("kv_lora_rank")
-    q_lora = cfg.raw("q_lora_rank")
-    if q_lora is not None and (not isinstance(q_lora, int) or isinstance(q_lora, bool) or q_lora < 1):
-        cfg.fail(f"field 'q_lora_rank' must be a positive integer or null, got {q_lora!r}")
-    moe_mlp, shared = cfg.int("moe_intermediate_size"), cfg.int("n_shared_experts")
+    # null or 0: queries without LoRA (DeepSeek-V2-Lite style); absent: transformers' default rank
+    q_lora = cfg.count("q_lora_rank", 0) if "q_lora_rank" in cfg.config else cfg.count("q_lora_rank", 1536)
+    moe_mlp = cfg.int("moe_intermediate_size")
+    shared = cfg.count("n_shared_experts", 1)
+    if not shared:
+        cfg.fail("n_shared_experts=0: MaxText's deepseek decoder always has shared experts")
     dims = {"vocab": cfg.int("vocab_size"), "emb": cfg.int("hidden_size"), "heads": heads, "mlp": cfg.int("intermediate_size"),
             "q": heads * (nope + rope), "kv_a": kv_lora + rope, "kv_lora": kv_lora, "kv_b": heads * (nope + v),
             "o": heads * v, "moe_mlp": moe_mlp, "shared_mlp": shared * moe_mlp,
-            "experts": read_experts(cfg, ("n_routed_experts",)), "q_lora": q_lora or 0}
+            "experts": read_experts(cfg, ("n_routed_experts",)), "q_lora": q_lora}
     layers = cfg.int("num_hidden_layers")
-    dense = cfg.int("first_k_dense_replace")
+    dense = cfg.count("first_k_dense_replace", 3)  # transformers' defaults, as for every missing field
     if dense > layers:
         cfg.fail(f"first_k_dense_replace={dense} exceeds num_hidden_layers={layers}")
-    mtp = cfg.raw("num_nextn_predict_layers") or 0
-    values = {"tie_word_embeddings": False, "q_lora": q_lora is not None, "dense_layers": dense, "mtp_layers": mtp,
-              "quantization": _quantization(cfg)}
+    mtp = cfg.count("num_nextn_predict_layers", 1)
+    values = {"tie_word_embeddings": False, "q_lora": bool(q_lora), "dense_layers": dense, "mtp_layers": mtp,
+              "quantization": read_quantization(cfg, ("fp8",))}
     return make_spec(cfg, cfg.config["model_type"], dims, values, layers)
-
-
-def _quantization(cfg: ConfigReader) -> str | None:
-    """FP8 with 128x128 blocks, as released; None for a bfloat16 copy (no quantization_config)."""
-    if not cfg.has("quantization_config"):
-        return None
-    q = cfg.nested("quantization_config")
-    method = q.require("quant_method", tuple(QUANTIZATION), None)
-    q.require("fmt", ("e4m3",), "e4m3")
-    q.require("weight_block_size", ([128, 128],), [128, 128])
-    q.runtime("activation_scheme")
-    return QUANTIZATION[method]
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:

@@ -15,6 +15,7 @@ from ckptconv.families.decoder import (
 )
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
+from ckptconv.families.quantized import read_quantization
 from ckptconv.spec import ConfigReader, ModelSpec
 from ckptconv.transforms import TakeStrided, split_last
 
@@ -62,17 +63,8 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     if layers % PERIOD:
         cfg.fail(f"num_hidden_layers={layers} is odd; MaxText scans gpt-oss in (sliding, full) pairs")
     check_layer_types(cfg, layers, PATTERN)
-    values = {"tie_word_embeddings": False, "quantization": _quantization(cfg)}
+    values = {"tie_word_embeddings": False, "quantization": read_quantization(cfg, ("mxfp4",))}
     return make_spec(cfg, "gpt_oss", dims, values, layers)
-
-
-def _quantization(cfg: ConfigReader) -> str | None:
-    if not cfg.has("quantization_config"):
-        return None
-    q = cfg.nested("quantization_config")
-    q.require("quant_method", ("mxfp4",), None)
-    q.runtime("modules_to_not_convert")  # which tensors stay bfloat16: read from the files themselves
-    return "mxfp4"
 
 
 FAMILY = Family(
