@@ -2,7 +2,8 @@
 
 Per model (``<slug>`` from the model's name or destination): ``conversion-<slug>`` (a table,
 one row per stage), ``conversion-<slug>-summary`` (markdown), ``conversion-<slug>-output``
-(a link) and ``conversion-<slug>-progress`` (made by the conversion task while it runs).
+(a link), ``conversion-<slug>-progress`` (made by the conversion task while it runs) and
+``conversion-<slug>-row`` (the model's zoo row, read back by a zoo that dispatched the run).
 Per zoo run: ``zoo-<name>``, one row per model. Builders are pure; the tasks only publish.
 """
 
@@ -102,6 +103,14 @@ def publish_model_artifacts(job: Conversion, plan: dict, report: dict, verified:
     create_link_artifact(output_link(job.destination), link_text=job.destination, key=f"{key}-output",
                          description="the MaxText checkpoint (load DST/0/items)")
     return [key, f"{key}-summary", f"{key}-output", f"{key}-progress"]
+
+
+@task(name="publish-row", task_run_name="publish-row-{job.slug}", cache_policy=NO_CACHE)
+def publish_row(job: Conversion, row: dict) -> str:
+    """The model's zoo row as a one-row table (``conversion-<slug>-row``), for a dispatching zoo to read."""
+    key = f"conversion-{job.slug}-row"
+    create_table_artifact([row], key=key, description=f"{job.source}: this run's row of the zoo table")
+    return key
 
 
 @task(name="publish-zoo-summary", cache_policy=NO_CACHE)

@@ -6,24 +6,40 @@ entry. Every step that touches JAX runs as ``python -m ckptconv ...`` in a child
 
 from __future__ import annotations
 
+import os
+import socket
+
 from prefect import flow, get_run_logger
 from prefect.states import State
 
-from flows.artifacts import publish_model_artifacts, zoo_row
+from flows.artifacts import publish_model_artifacts, publish_row, zoo_row
 from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
+from tasks.failures import retryable_io
+
+WORKER_ENV = "CKPTCONV_WORKER"  # how a worker names itself in the zoo table (default: its host name)
 
 
-def convert_one(job: Conversion, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
-    """Run one model's pipeline; returns its zoo row (raises the first step's error)."""
+def worker_name() -> str:
+    """Who ran this flow run: ``$CKPTCONV_WORKER`` (set it per worker) or the host name."""
+    return os.environ.get(WORKER_ENV) or socket.gethostname()
+
+
+def convert_one(job: Conversion, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True) -> dict:
+    """Run one model's pipeline; returns its zoo row (raises the first step's error).
+
+    ``retry_kills=False`` when a bigger pool takes over after a kill (the zoo's ``retry_pool``):
+    admission already reserved the predicted peak, so a SIGKILL here would most likely recur.
+    """
     plan = plan_conversion(job)
-    report = convert_checkpoint(job, plan["predicted_peak_rss_bytes"], timeout_seconds)
+    convert = convert_checkpoint if retry_kills else convert_checkpoint.with_options(retry_condition_fn=retryable_io)
+    report = convert(job, plan["predicted_peak_rss_bytes"], timeout_seconds)
     inspected = inspect_checkpoint.submit(job)  # runs while verify does: both only read the output
     verified = None if report["skipped"] else verify_checkpoint(job, timeout_seconds)
     inspected.wait()
     sharding = _sharding(job, inspected.state)
     publish_model_artifacts(job, plan, report, verified, sharding)
-    return zoo_row(job, report, None, report.get("attempts", 1))
+    return {**zoo_row(job, report, None, report.get("attempts", 1)), "worker": worker_name()}
 
 
 def _sharding(job: Conversion, state: State) -> str:
@@ -37,7 +53,13 @@ def _sharding(job: Conversion, state: State) -> str:
 @flow(name="convert-model", log_prints=True)
 def convert_model(source: str, destination: str, devices: int = 16, scan_layers: bool = True,
                   dtype: str = "bfloat16", overwrite: bool = False, name: str | None = None,
-                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
-    """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified."""
+                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True) -> dict:
+    """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
+
+    Its zoo row is also published as an artifact: a zoo that started this run through the
+    deployment (on another worker) reads it back from the server, no shared result storage needed.
+    """
     job = Conversion(source, destination, devices, scan_layers, dtype, overwrite, name)
-    return convert_one(job, timeout_seconds)
+    row = convert_one(job, timeout_seconds, retry_kills)
+    publish_row(job, row)
+    return row

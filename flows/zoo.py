@@ -1,38 +1,55 @@
 """The ``convert-zoo`` flow: convert every model of a manifest, then publish one summary table.
 
-Models run concurrently (threads), each one's conversion admitted by its predicted memory
-(see ``tasks.admission``), so small models pack onto one worker and big ones wait their turn.
+Two ways to run the entries, chosen by the manifest:
+
+- with a ``deployments`` table (pool -> ``convert-model`` deployment), each model becomes its own
+  flow run of its pool's deployment (``run_deployment``), so any worker of that pool takes it and
+  memory admission stays per worker; a run killed by the kernel (SIGKILL: the OOM killer) is
+  started again on the entry's ``retry_pool``. The zoo waits for all and publishes the table,
+  with the pool and worker each model finally ran on;
+- without one, every model runs in this flow run (threads), each conversion admitted by its
+  predicted memory (see ``tasks.admission``): small models pack onto one worker, big ones wait.
+
 A broken model fails on its own: the others complete, and the summary says which and why.
 
 Manifest (YAML)::
 
     name: nightly
+    deployments: {cpu-pool: convert-model/convert-model-cpu, highmem-pool: convert-model/convert-model-highmem}
     defaults: {devices: 16, scan_layers: true, dtype: bfloat16, pool: cpu-pool}
     models:
       - {name: qwen3-0-6b, source: hf://Qwen/Qwen3-0.6B, destination: gs://bucket/qwen3-0.6b}
+      - {name: qwen3-235b, source: ..., destination: ..., retry_pool: highmem-pool}
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterName
+from prefect.client.schemas.filters import (
+    ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
+    TaskRunFilterName,
+)
+from prefect.deployments import run_deployment
 from prefect.futures import wait
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_zoo_summary, zoo_row
-from flows.model import convert_one
+from flows.model import convert_one, worker_name
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
+from tasks.failures import ChildFailed, killed
 from tasks.job import Conversion
 
-ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool"}
-MAX_PARALLEL = 8  # threads; the memory limit, not this, decides how many conversions run at once
+ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool"}
+MAX_PARALLEL = 8  # threads; the memory limit (per worker), not this, decides how many conversions run at once
+POLL_SECONDS = 2.0  # how often the zoo looks at a dispatched run's state
 
 
 class ManifestError(ValueError):
@@ -40,22 +57,42 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class Entry:
+    """One model of the zoo: the conversion, the pool it runs on, the pool that takes it after a kill."""
+
+    job: Conversion
+    pool: str | None
+    retry_pool: str | None = None
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        """The pools to try, in order."""
+        return tuple(p for p in (self.pool, self.retry_pool) if p)
+
+
+@dataclass(frozen=True)
 class Zoo:
-    """A parsed manifest: its name and (conversion, pool) per model."""
+    """A parsed manifest: its name, its entries, and the deployment that converts on each pool."""
 
     name: str
-    entries: list[tuple[Conversion, str | None]]
+    entries: list[Entry]
+    deployments: dict[str, str]
+
+    def select(self, pool: str | None) -> list[Entry]:
+        """The entries for ``pool`` (all of them when ``pool`` is None)."""
+        return [entry for entry in self.entries if pool is None or entry.pool == pool]
 
     def jobs(self, pool: str | None) -> list[Conversion]:
-        """The conversions for ``pool`` (all of them when ``pool`` is None)."""
-        return [job for job, entry_pool in self.entries if pool is None or entry_pool == pool]
+        return [entry.job for entry in self.select(pool)]
 
 
 def load_manifest(path: str) -> Zoo:
-    """Read and check a zoo manifest: every model needs ``source`` and ``destination``; unknown keys are errors."""
+    """Read and check a zoo manifest: every model needs ``source`` and ``destination``; unknown keys are errors;
+    with a ``deployments`` table, every pool an entry names must have a deployment."""
     with open(path) as f:
         data = yaml.safe_load(f) or {}
     defaults = data.get("defaults") or {}
+    deployments = {str(pool): str(name) for pool, name in (data.get("deployments") or {}).items()}
     entries = []
     for index, raw in enumerate(data.get("models") or []):
         entry = {**defaults, **raw}
@@ -64,15 +101,59 @@ def load_manifest(path: str) -> Zoo:
             raise ManifestError(f"{label}: unknown field(s) {unknown}; allowed: {sorted(ENTRY_FIELDS)}")
         if missing := [key for key in ("source", "destination") if not entry.get(key)]:
             raise ManifestError(f"{label}: missing {missing}")
-        pool = entry.pop("pool", None)
-        entries.append((Conversion(**entry), pool))
-    slugs = [job.slug for job, _ in entries]
+        pool, retry_pool = entry.pop("pool", None), entry.pop("retry_pool", None)
+        if retry_pool and not deployments:
+            raise ManifestError(f"{label}: retry_pool needs a top-level 'deployments' table (pool -> deployment)")
+        if deployments and (unknown_pools := [p for p in (pool, retry_pool) if p and p not in deployments]):
+            raise ManifestError(f"{label}: no deployment for pool(s) {unknown_pools}; 'deployments' names "
+                                f"{sorted(deployments)}")
+        if deployments and not pool:
+            raise ManifestError(f"{label}: missing 'pool' (needed to pick a deployment)")
+        entries.append(Entry(Conversion(**entry), pool, retry_pool))
+    slugs = [entry.job.slug for entry in entries]
     if duplicates := sorted({slug for slug in slugs if slugs.count(slug) > 1}):
         raise ManifestError(f"{path}: several models share the artifact key(s) {duplicates}; give them distinct names")
-    return Zoo(str(data.get("name") or "zoo"), entries)
+    return Zoo(str(data.get("name") or "zoo"), entries, deployments)
 
 
 convert_entry = task(convert_one, name="convert-model-entry", task_run_name="model-{job.slug}", cache_policy=NO_CACHE)
+
+
+@task(name="dispatch-model", task_run_name="dispatch-{entry.job.slug}", cache_policy=NO_CACHE)
+def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: float) -> dict:
+    """Run the entry as a flow run of its pool's deployment; after a kill, again on its retry pool.
+
+    Returns the run's zoo row (read from its ``conversion-<slug>-row`` artifact) with the pool it
+    ran on and the pools tried; raises with every pool's failure otherwise.
+    """
+    logger = get_run_logger()
+    failures = []
+    for n, pool in enumerate(entry.pools):
+        last = n == len(entry.pools) - 1
+        parameters = {**entry.job.flow_parameters(), "timeout_seconds": timeout_seconds, "retry_kills": last}
+        run = run_deployment(deployments[pool], parameters=parameters, timeout=None, poll_interval=POLL_SECONDS,
+                             flow_run_name=f"{entry.job.slug}-on-{pool}", as_subflow=True)
+        if run.state.is_completed():
+            row = _published_row(run.id, entry.job.slug)
+            return {**row, "pool": pool, "pools_tried": list(entry.pools[:n + 1]), "flow_run": run.name}
+        failures.append(f"{pool}: {run.state.message}")
+        if last or not killed(run.state.message):
+            break
+        logger.warning("%s was killed on %s (out of memory?): retrying on %s", entry.job.slug, pool,
+                       entry.pools[n + 1])
+    raise ChildFailed("; then ".join(failures))
+
+
+def _published_row(run_id, slug: str) -> dict:
+    """The zoo row a ``convert-model`` flow run published."""
+    key = f"conversion-{slug}-row"
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]), key=ArtifactFilterKey(any_=[key])))
+    if not found:
+        raise ChildFailed(f"flow run {run_id} completed without its {key} artifact")
+    data = found[0].data
+    return (json.loads(data) if isinstance(data, str) else data)[0]
 
 
 @flow(name="convert-zoo", task_runner=ThreadPoolTaskRunner(max_workers=MAX_PARALLEL), log_prints=True)
@@ -80,12 +161,18 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> State:
     """Convert every model of ``manifest`` meant for ``pool`` (all if None); publish one summary table."""
     zoo = load_manifest(manifest)
-    jobs = zoo.jobs(pool)
-    get_run_logger().info("zoo %s: %d of %d models for pool %s", zoo.name, len(jobs), len(zoo.entries), pool or "any")
-    futures = [convert_entry.submit(job, timeout_seconds) for job in jobs]
+    entries = zoo.select(pool)
+    how = "dispatched to their pools' deployments" if zoo.deployments else "in this flow run"
+    get_run_logger().info("zoo %s: %d of %d models for pool %s, %s", zoo.name, len(entries), len(zoo.entries),
+                          pool or "any", how)
+    if zoo.deployments:
+        futures = [dispatch_entry.submit(entry, zoo.deployments, timeout_seconds) for entry in entries]
+    else:
+        futures = [convert_entry.submit(entry.job, timeout_seconds) for entry in entries]
     wait(futures)
-    attempts = _conversion_attempts([f"convert-{job.slug}" for job in jobs])
-    rows = [_row(job, future.state, attempts.get(f"convert-{job.slug}", 0)) for job, future in zip(jobs, futures)]
+    attempts = _conversion_attempts([f"convert-{entry.job.slug}" for entry in entries])
+    rows = [_row(entry, future.state, attempts.get(f"convert-{entry.job.slug}", 0))
+            for entry, future in zip(entries, futures)]
     key = publish_zoo_summary(zoo.name, rows)
     failed = [f"{row['model']}: {row['error']}" for row in rows if row["status"] == "failed"]
     if failed:
@@ -93,10 +180,10 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
     return Completed(message=f"{len(rows)} models converted (see artifact {key})", data=rows)
 
 
-def _row(job: Conversion, state: State, attempts: int) -> dict:
+def _row(entry: Entry, state: State, attempts: int) -> dict:
     if state.is_completed():
-        return state.result()
-    return zoo_row(job, None, _error(state), attempts)
+        return {"pool": entry.pool, "worker": worker_name(), **state.result()}
+    return {**zoo_row(entry.job, None, _error(state), attempts), "pool": None, "worker": None}
 
 
 def _error(state: State) -> str:

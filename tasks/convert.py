@@ -21,6 +21,7 @@ from tasks.progress import PREFIX, ProgressReporter
 
 DEFAULT_TIMEOUT_SECONDS = 6 * 3600
 KILL_HOOK = "CKPTCONV_TEST_KILL_ON_ATTEMPT"
+KILL_MODEL_HOOK = "CKPTCONV_TEST_KILL_MODEL"
 
 
 @task(name="convert-checkpoint", task_run_name="convert-{job.slug}", cache_policy=NO_CACHE,
@@ -38,7 +39,7 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
         progress = ProgressReporter(job.slug, logger)
         report_path = os.path.join(tmp, "report.json")
         result = stream_child(job.convert_args(report_path), child_env(job.devices),
-                              _kill_hook(progress.on_line), timeout_seconds)
+                              _kill_hook(job.slug, progress.on_line), timeout_seconds)
         result.check(f"ckptconv convert {job.source}", timeout_seconds)
         with open(report_path) as f:
             report = json.load(f)
@@ -50,10 +51,13 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
             "attempts": task_run.run_count, "admission": admission}
 
 
-def _kill_hook(on_line: Callable[[str, int], None]) -> Callable[[str, int], None]:
-    """Test hook: with CKPTCONV_TEST_KILL_ON_ATTEMPT=N, SIGKILL the child at its first event on attempt N."""
+def _kill_hook(slug: str, on_line: Callable[[str, int], None]) -> Callable[[str, int], None]:
+    """Test hooks, as an OOM kill would look: SIGKILL the child at its first event on attempt N
+    (CKPTCONV_TEST_KILL_ON_ATTEMPT=N), or on every attempt of one model on this worker
+    (CKPTCONV_TEST_KILL_MODEL=slug)."""
     attempt = os.environ.get(KILL_HOOK)
-    if not attempt or int(attempt) != task_run.run_count:
+    on_attempt = bool(attempt) and int(attempt) == task_run.run_count
+    if not on_attempt and os.environ.get(KILL_MODEL_HOOK) != slug:
         return on_line
 
     def killing(line: str, pid: int) -> None:

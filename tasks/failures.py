@@ -51,6 +51,16 @@ def retryable(task: Any, task_run: Any, state: Any) -> bool:
     return isinstance(state.result(raise_on_failure=False), RETRYABLE)
 
 
+def retryable_io(task: Any, task_run: Any, state: Any) -> bool:
+    """``retry_condition_fn`` when a kill goes to a bigger pool instead: retry transient I/O errors only."""
+    return isinstance(state.result(raise_on_failure=False), TransientIOError)
+
+
+def killed(message: str | None) -> bool:
+    """Whether a failed run's state message says the kernel killed the conversion (OOM, most likely)."""
+    return bool(message) and (ChildKilled.__name__ in message or "killed by SIGKILL" in message)
+
+
 def error_line(tail: list[str]) -> str:
     """The child's own one-line error if it printed one, else its last line (a traceback's exception)."""
     for line in reversed(tail):

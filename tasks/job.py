@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ class Conversion:
     def slug(self) -> str:
         """Stable key for this model's artifacts: ``name``, else the destination's last path part."""
         return slugify(self.name or self.destination.rstrip("/").rsplit("/", 1)[-1])
+
+    def flow_parameters(self) -> dict:
+        """The ``convert-model`` flow's parameters for this conversion (its signature's names)."""
+        return dataclasses.asdict(self)
 
     def layout_args(self) -> list[str]:
         """The CLI flags shared by ``plan`` and ``convert``."""

@@ -1,8 +1,12 @@
-"""End to end as a user deploys it: a real Prefect server, process work pools, deploy/prefect.yaml,
-a worker that picks up ``convert-model-cpu``, and the artifacts read back over the server's API."""
+"""End to end as a user deploys it: a real Prefect server, process work pools, deploy/prefect.yaml
+deployed from this checkout, process workers, and the artifacts read back over the server's API.
+
+One server and one ``prefect deploy`` serve the module: a single conversion on a worker, then a
+zoo spread over two workers of two pools, with a model killed on the first and retried on the second."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.conftest import run_cli
 
@@ -36,9 +41,10 @@ def _prefect(*args: str, env: dict, timeout: float = 120) -> str:
     return done.stdout
 
 
-@pytest.fixture
-def prefect_api(tmp_path):
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
     """A real ``prefect server start`` on a free port (its own PREFECT_HOME); stopped by PID."""
+    tmp_path = tmp_path_factory.mktemp("prefect-server")
     port = _free_port()
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
@@ -66,22 +72,32 @@ def prefect_api(tmp_path):
             server.wait()
 
 
-@pytest.mark.slow
-def test_deployed_convert_model_runs_on_a_process_worker(prefect_api, synth_dir, tmp_path):
+POOLS = ("cpu-pool", "tpu-pool", "highmem-pool")
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_api):
+    """The three process pools and every deployment of the shipped prefect.yaml, deployed from this checkout."""
     env = {**prefect_api, "CKPTCONV_MEMORY_LIMIT": f"ckptconv-memory-gb-e2e-{uuid.uuid4().hex[:6]}",
-           "CKPTCONV_MEMORY_GB": "8"}
-    api = env["PREFECT_API_URL"]
+           "CKPTCONV_MEMORY_GB": "8", "PREFECT_WORKER_QUERY_SECONDS": "1"}
     pools = [subprocess.Popen([sys.executable, "-m", "prefect", "work-pool", "create", pool, "--type", "process"],
-                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL) for pool in ("cpu-pool", "tpu-pool")]
-    assert [p.wait(timeout=120) for p in pools] == [0, 0]
-    # the shipped prefect.yaml, with the workers' code directory pointed at this checkout
-    config = (ROOT / "deploy" / "prefect.yaml").read_text()
-    assert "directory: /opt/ckptconv" in config
-    (tmp_path / "prefect.yaml").write_text(config.replace("directory: /opt/ckptconv", f"directory: {ROOT}"))
-    _prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(tmp_path / "prefect.yaml"), env=env)
-    deployments = {name: httpx.get(f"{api}/deployments/name/{name}", timeout=10).json() for name in (
-        "convert-model/convert-model-cpu", "convert-model/convert-model-tpu", "convert-zoo/nightly-zoo")}
-    assert [d["work_pool_name"] for d in deployments.values()] == ["cpu-pool", "tpu-pool", "cpu-pool"]
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL) for pool in POOLS]
+    assert [p.wait(timeout=120) for p in pools] == [0] * len(POOLS)
+    _prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deploy/prefect.yaml", env=env)
+    return env
+
+
+@pytest.mark.slow
+def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tmp_path):
+    env = deployed
+    api = env["PREFECT_API_URL"]
+    names = ("convert-model/convert-model-cpu", "convert-model/convert-model-tpu", "convert-model/convert-model-highmem",
+             "convert-zoo/nightly-zoo")
+    deployments = {name: httpx.get(f"{api}/deployments/name/{name}", timeout=10).json() for name in names}
+    assert [d["work_pool_name"] for d in deployments.values()] == ["cpu-pool", "tpu-pool", "highmem-pool", "cpu-pool"]
+    # no pull step in prefect.yaml: Prefect records the checkout it was deployed from
+    assert all(d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
+               for d in deployments.values())
     assert deployments["convert-model/convert-model-cpu"]["job_variables"]["env"]["MALLOC_ARENA_MAX"] == "2"
     schedule = deployments["convert-zoo/nightly-zoo"]["schedules"][0]["schedule"]
     assert (schedule["cron"], schedule["timezone"]) == ("0 2 * * *", "Europe/Zurich")
@@ -109,3 +125,69 @@ def test_deployed_convert_model_runs_on_a_process_worker(prefect_api, synth_dir,
     assert "| verify | OK" in artifacts["conversion-e2e-tiny-summary"]["data"]
     assert artifacts["conversion-e2e-tiny-progress"]["data"] == 100
     shutil.rmtree(destination)
+
+
+@contextlib.contextmanager
+def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]]):
+    """Process workers named ``name`` on ``pool`` with extra env, for the duration of the block."""
+    procs = {}
+    try:
+        for name, (pool, extra) in specs.items():
+            with open(tmp_path / f"{name}.log", "wb") as log:
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--name", name,
+                     "--type", "process"], env={**env, "CKPTCONV_WORKER": name, **extra}, cwd=ROOT,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        yield procs
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(deployed, synth_dir, tmp_path):
+    """Three models, two workers on two pools; ``zoo-oom`` is SIGKILLed on worker-a (as the OOM
+    killer would) and the zoo starts it again on highmem-pool, where worker-b completes it."""
+    env = deployed
+    models = [{"name": name, "source": str(synth_dir(name=f"src-{name}")), "destination": str(tmp_path / name),
+               "pool": pool, **extra} for name, pool, extra in (
+        ("zoo-a", "cpu-pool", {}), ("zoo-b", "highmem-pool", {}),
+        ("zoo-oom", "cpu-pool", {"retry_pool": "highmem-pool"}))]
+    manifest = tmp_path / "zoo.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "name": "pool-zoo", "defaults": {"devices": 4},
+        "deployments": {"cpu-pool": "convert-model/convert-model-cpu",
+                        "highmem-pool": "convert-model/convert-model-highmem"},
+        "models": models}))
+    specs = {"worker-a": ("cpu-pool", {"CKPTCONV_TEST_KILL_MODEL": "zoo-oom"}), "worker-b": ("highmem-pool", {})}
+    with _workers(env, tmp_path, specs):
+        zoo = subprocess.run([sys.executable, "-c", "import sys; from flows.zoo import convert_zoo; "
+                              "state = convert_zoo(manifest=sys.argv[1], return_state=True); "
+                              "sys.exit(0 if state.is_completed() else 1)", str(manifest)],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert zoo.returncode == 0, zoo.stdout[-3000:] + zoo.stderr[-3000:]
+
+    api = env["PREFECT_API_URL"]
+    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-pool-zoo"]}},
+                                                        "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
+    rows = found[0]["data"]
+    rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}
+    where = {name: (row["status"], row["pool"], row["worker"]) for name, row in rows.items()}
+    assert where == {"zoo-a": ("complete", "cpu-pool", "worker-a"), "zoo-b": ("complete", "highmem-pool", "worker-b"),
+                     "zoo-oom": ("complete", "highmem-pool", "worker-b")}
+    assert rows["zoo-oom"]["pools_tried"] == ["cpu-pool", "highmem-pool"]
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [
+        "zoo-oom-on-cpu-pool", "zoo-oom-on-highmem-pool"]}}}, timeout=10).json()
+    states = {run["name"]: (run["state"]["type"], run["state"]["message"] or "") for run in runs}
+    assert states["zoo-oom-on-highmem-pool"][0] == "COMPLETED"
+    assert states["zoo-oom-on-cpu-pool"][0] == "FAILED" and "SIGKILL" in states["zoo-oom-on-cpu-pool"][1]
+    for model in models:
+        verified = run_cli("verify", model["source"], model["destination"], "--json")
+        assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], model["name"]

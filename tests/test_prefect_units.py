@@ -17,7 +17,7 @@ from flows.zoo import ManifestError, load_manifest
 from tasks.admission import GIB, MemoryLimit, configured_limit, ram_bytes, slots_needed
 from tasks.checks import sharding_check
 from tasks.child import child_env, run_json, stream_child
-from tasks.failures import (BadInput, ChildFailed, ChildKilled, ChildTimeout, TooBigForWorker, TransientIOError,
+from tasks.failures import (BadInput, ChildFailed, ChildKilled, ChildTimeout, TooBigForWorker, TransientIOError, killed,
                             error_line, failure, retryable)
 from tasks.job import Conversion, slugify
 
@@ -179,6 +179,27 @@ def test_manifest_example_parses_and_filters_by_pool():
     assert all(job.source and job.destination for job in zoo.jobs(None))
     assert {job.devices for job in tpu} == {16, 64}
     assert [job.scan_layers for job in cpu] == [True, False, True]
+
+
+def test_manifest_deployments_name_every_pool_and_retry_pool(tmp_path):
+    zoo = load_manifest(str(ROOT / "deploy" / "zoo.yaml"))
+    assert set(zoo.deployments) == {"cpu-pool", "tpu-pool", "highmem-pool"}
+    retried = [entry for entry in zoo.entries if entry.retry_pool]
+    assert [(e.job.name, e.pools) for e in retried] == [("mistral-7b-v0-3", ("cpu-pool", "highmem-pool"))]
+    path = tmp_path / "zoo.yaml"
+    path.write_text("deployments: {cpu-pool: convert-model/convert-model-cpu}\n"
+                    "models:\n  - {name: a, source: s, destination: d, pool: cpu-pool, retry_pool: big}\n")
+    with pytest.raises(ManifestError, match=r"models\[0\] \(a\): no deployment for pool\(s\) \['big'\]"):
+        load_manifest(str(path))
+    path.write_text("models:\n  - {name: a, source: s, destination: d, retry_pool: big}\n")
+    with pytest.raises(ManifestError, match="retry_pool needs a top-level 'deployments' table"):
+        load_manifest(str(path))
+
+
+def test_kills_are_told_from_other_failures():
+    assert killed("Flow run encountered an exception: ChildKilled: ckptconv convert x: killed by SIGKILL (exit -9)")
+    assert not killed("Flow run encountered an exception: BadInput: exit 2: config.json: missing")
+    assert not killed(None)
 
 
 def test_manifest_errors_name_the_entry(tmp_path):
