@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
     convert.add_argument("--no-compression", dest="compression", action="store_false",
                          help="store raw bytes instead of zstd (faster; larger files)")
+    split = convert.add_mutually_exclusive_group()
+    split.add_argument("--partition", metavar="I/N",
+                       help="write only partition I of N (0-based; run each on any worker sharing DST)")
+    split.add_argument("--finalize", metavar="N", type=int,
+                       help="join N finished partitions into the checkpoint and commit it once")
     _hf_token_flag(convert)
 
     inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
@@ -90,8 +95,15 @@ def _convert(args: argparse.Namespace) -> int:
     report = convert(ConvertRequest(
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
-        compression=args.compression, hf_token_file=args.hf_token_file,
+        compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
+        finalize=args.finalize,
     ))
+    if args.partition:
+        state = "already written; nothing to do" if report.get("skipped") else (
+            f"{report['leaves']} leaves, {report['output_bytes'] / GIB:.2f} GiB in {report['wall_seconds']:.1f}s; "
+            f"peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB")
+        print(f"{args.destination}: partition {args.partition}: {state}")
+        return 0
     if report.get("skipped"):
         print(f"{args.destination}: already converted from this source with these options; nothing to do")
         return 0

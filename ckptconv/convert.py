@@ -14,13 +14,16 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, destination, devices
-from ckptconv.errors import CkptConvError, DestinationExistsError
+from ckptconv import __version__, destination, devices, partition
+from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.produce import plan_tiles, prefetch
 from ckptconv.sources import Source, open_source
+
+
+PARTITION_SUMMARY = ("partition", "host", "leaves", "output_bytes", "wall_seconds", "peak_rss_bytes")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class ConvertRequest:
     progress: str = "bar"
     compression: bool = True
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
+    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.partition)
+    finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -54,6 +59,10 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
+    if request.partition is not None:
+        partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
+    if request.finalize is not None and request.finalize < 1:
+        raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
     timer = StageTimer()
     started = _now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
@@ -61,8 +70,12 @@ def convert(request: ConvertRequest) -> dict:
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
     state = destination.inspect_state(request.destination)
+    if request.partition or request.finalize:
+        partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         report = {**state.report, "status": "complete", "skipped": True}
+        if request.finalize:
+            partition.remove_staging(request.destination)  # a finalize that died after its report
         _write_extra_report(request, report)
         return report
     # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit), and a
@@ -75,6 +88,12 @@ def convert(request: ConvertRequest) -> dict:
     ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
     if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
+    if request.partition:  # the finalize replaces what is at DST; a partition only adds its own part
+        return _convert_partition(plan, source, request, timer, started, print_)
+    adopt = None
+    if request.finalize:
+        records = partition.finished(request.destination, request.finalize, print_)
+        adopt = partition.link_partitions(request.destination, request.finalize)
     if not state.empty:
         destination.clear(request.destination)
     report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
@@ -85,21 +104,67 @@ def convert(request: ConvertRequest) -> dict:
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
-    _write(plan, source, request, timer, progress)
+    _write(plan, source, request, timer, progress, adopt)
     progress.close()
     report = _report(plan, source, request, timer, started, print_)
+    if request.finalize:
+        report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     destination.write_report(report_path, report)
+    if request.finalize:
+        partition.remove_staging(request.destination)
     _write_extra_report(request, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
 
-def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress) -> None:
-    """Stream every tile to the writer; time until the last tile is "write", the rest "commit"."""
+def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer,
+                       started: str, print_: str) -> dict:
+    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.partition)."""
+    from ckptconv import writer
+
+    part = partition.Partition.parse(request.partition)
+    done = partition.read_marker(request.destination, part)
+    if done is not None and done.get("fingerprint") == print_:
+        report = {**done, "skipped": True}
+        _write_extra_report(request, report)
+        return report
+    partition.reset(request.destination, part)
+    tune_malloc()
+    owner = partition.assign(plan, part.count)
+    jobs = {j for j, p in enumerate(owner) if p == part.index}
+    chosen = [(index, leaf) for index, (j, leaf) in enumerate(
+        (j, leaf) for j, job in enumerate(plan.jobs) for leaf in job.leaves) if j in jobs]
+    nbytes = sum(leaf.nbytes for _, leaf in chosen)
+    progress = Progress(sum(len(plan.jobs[j].pieces) for j in jobs), nbytes, request.progress)
+    progress.event("plan", family=plan.family.name, partition=request.partition, leaves=len(chosen), bytes=nbytes)
+    begin = timer.wall()
+    writer.write_partition(
+        str(partition.staging_dir(request.destination)), [leaf for _, leaf in chosen], [i for i, _ in chosen],
+        lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)), devices=request.devices,
+        process_id=part.process_id, on_tile=lambda leaf, n: progress.advance(0, n),
+        use_compression=request.compression)
+    timer.add("write", timer.wall() - begin)
+    progress.close()
+    report = {
+        "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
+        "partition": request.partition, "fingerprint": print_, "destination": request.destination,
+        "leaves": len(chosen), "output_bytes": nbytes, "stage_seconds": timer.as_dict(),
+        "wall_seconds": round(timer.wall(), 3), "peak_rss_bytes": peak_rss_bytes(), "host": socket.gethostname(),
+        "pid": os.getpid(), "started_at": started, "finished_at": _now(),
+    }
+    partition.write_marker(request.destination, part, report)
+    _write_extra_report(request, report)
+    progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
+    return report
+
+
+def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress,
+           adopt=None) -> None:
+    """Stream every tile to the writer (or adopt the partitions' data); time until the last tile is "write",
+    the rest "commit"."""
     from ckptconv import writer
 
     done = [0, 0]  # bytes, tensors reported
-    last_tile = [timer.wall()]
 
     def on_tile(leaf, nbytes: int) -> None:
         done[0] += nbytes
@@ -109,10 +174,11 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
         last_tile[0] = timer.wall()
 
     begin = timer.wall()
+    last_tile = [begin]  # adopted partitions: no tiles, all of it is the commit
     writer.write_checkpoint(
         request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
         devices=request.devices, custom_metadata={"scan_layers": request.scan_layers}, on_tile=on_tile,
-        use_compression=request.compression, extra_items=dict(MAXTEXT_EXTRA_ITEMS),
+        use_compression=request.compression, extra_items=dict(MAXTEXT_EXTRA_ITEMS), adopt=adopt,
     )
     end = timer.wall()
     timer.add("write", last_tile[0] - begin)

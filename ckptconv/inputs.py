@@ -138,8 +138,9 @@ class FP8Blocks:
 
     @property
     def decode_bytes(self) -> int:
-        """The fp8 bytes, their float32 values, the float32 products (with their scales), the bfloat16 result."""
-        return 1 + FLOAT32_BYTES + FLOAT32_BYTES + FLOAT32_BYTES + BF16_BYTES
+        """Beside the bfloat16 result: the float32 values, scaled in place (tracemalloc on a
+        4096 x 2048 read: 6.0 bytes per element at the peak, result included)."""
+        return FLOAT32_BYTES
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (r0, r1), (c0, c1) = box
@@ -147,10 +148,12 @@ class FP8Blocks:
         b = self.block
         scale = _scales(source, self.scale)[r0 // b:(r1 - 1) // b + 1, c0 // b:(c1 - 1) // b + 1].astype(np.float32)
         rows = np.repeat(scale, b, axis=0)[r0 % b:r0 % b + r1 - r0]  # (rows, column blocks of the box)
+        # scaled in place: one float32 copy of the read, not two (the products are the same numbers)
         if c0 % b == 0 and (c1 - c0) % b == 0:  # whole column blocks: scale them without expanding the scales
-            values = weight.reshape(r1 - r0, -1, b) * rows[:, :, None]
-            return values.reshape(r1 - r0, c1 - c0).astype(BF16)
-        return (weight * np.repeat(rows, b, axis=1)[:, c0 % b:c0 % b + c1 - c0]).astype(BF16)
+            weight.reshape(r1 - r0, -1, b)[...] *= rows[:, :, None]
+        else:
+            weight *= np.repeat(rows, b, axis=1)[:, c0 % b:c0 % b + c1 - c0]
+        return weight.astype(BF16)
 
 
 @functools.lru_cache(maxsize=8)
@@ -163,6 +166,7 @@ def _scales(source: Source, info: TensorInfo) -> np.ndarray:
 # gpt-oss dequantiser, which decodes code 0b1000 to +0.0 (not -0.0).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
 E8M0_NAN = 255  # the MX specification's "not a number" scale
+DECODE_ROWS = 64  # rows of codes looked up at a time
 
 
 @dataclass(frozen=True)
@@ -208,8 +212,10 @@ class MXFP4:
 
     @property
     def decode_bytes(self) -> int:
-        """Float32 low and high codes, their stack, the products; the bfloat16 values and their swapped copy."""
-        return 4 * FLOAT32_BYTES + 2 * BF16_BYTES
+        """Beside the bfloat16 result: the float32 codes, scaled in place, then the bfloat16 values
+        before their swapped copy (tracemalloc on 8 experts x 512 x 1024: 6.7 bytes per element at
+        the peak, result included)."""
+        return FLOAT32_BYTES + 1
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (e0, e1), (c0, c1), (r0, r1) = box
@@ -221,10 +227,16 @@ class MXFP4:
         if (exponents == E8M0_NAN).any():
             raise BadInputError(f"{self.scales.file}: {self.scales.name!r} holds the scale 255, which MXFP4 "
                                 f"reserves for not-a-number (experts {e0}:{e1}, rows {r0}:{r1})")
-        codes = np.stack([E2M1[packed & 0x0F], E2M1[packed >> 4]], axis=-1)  # (e, r, g, 16, 2)
+        codes = np.empty(packed.shape + (2,), np.float32)  # (e, r, g, 16, 2): low nibble first
+        for r in range(0, r1 - r0, DECODE_ROWS):  # table lookups index with intp: 8 bytes per code, so in slices
+            part = packed[:, r:r + DECODE_ROWS]
+            codes[:, r:r + DECODE_ROWS, ..., 0], codes[:, r:r + DECODE_ROWS, ..., 1] = E2M1[part & 0x0F], E2M1[part >> 4]
+        del packed
         scales = np.ldexp(np.float32(1), exponents.astype(np.int32) - 127).astype(np.float32)
         with np.errstate(over="ignore"):  # 2^127 * 6 overflows to inf, as in MaxText's float32 route
-            values = (codes * scales[..., None, None]).reshape(e1 - e0, r1 - r0, -1).astype(BF16)
+            codes *= scales[..., None, None]  # in place: the products are the same numbers
+        values = codes.reshape(e1 - e0, r1 - r0, -1).astype(BF16)
+        del codes
         return np.ascontiguousarray(values.swapaxes(1, 2))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Collection, Iterable, Iterator
 
 import numpy as np
 
@@ -22,11 +22,13 @@ from ckptconv.tiles import ReadUnit, Tile
 from ckptconv.transforms import Box, apply_steps, box_shape, box_slices
 
 
-def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer) -> Iterator[Tile]:
-    """Every tile of every leaf, job by job; leaf indices follow ``plan.leaves``."""
+def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
+               jobs: Collection[int] | None = None) -> Iterator[Tile]:
+    """Every tile of every leaf (of the ``jobs`` given, by index), job by job; leaf indices follow ``plan.leaves``."""
     first = 0
-    for job in plan.jobs:
-        yield from job_tiles(job, plan.spec, source, timer, first)
+    for index, job in enumerate(plan.jobs):
+        if jobs is None or index in jobs:
+            yield from job_tiles(job, plan.spec, source, timer, first)
         first += len(job.leaves)
 
 

@@ -18,6 +18,7 @@ type_handler_registry.create_type_handler_registry, array_metadata_store.Store.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import math
@@ -28,6 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
+from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from orbax.checkpoint._src.futures import future
 from orbax.checkpoint._src.metadata import array_metadata_store
@@ -98,22 +100,31 @@ def _region(value: _StreamedLeaf, index: Region, data: np.ndarray, chunk: tuple[
     return region
 
 
-async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs) -> tuple[Any, Any]:
-    """Create the leaf's zarr3 array in OCDBT with the planned chunk shape."""
-    await info.await_path_creation()
+def _write_spec(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process_id: str | None = None) -> Any:
+    """The spec Orbax would write the leaf with (zarr3 in OCDBT, the planned chunks), under this
+    process's ``ocdbt.process_<id>`` directory (a partition names its own)."""
+    process_index = process_id if process_id is not None else ocdbt_utils.get_process_index_for_subdir(
+        info.is_ocdbt_checkpoint)
     spec = ts_utils.build_array_write_spec(
         info, arg, global_shape=value.shape, local_shape=value.leaf.chunk_shape, dtype=value.dtype,
-        use_ocdbt=info.is_ocdbt_checkpoint,
-        process_index=ocdbt_utils.get_process_index_for_subdir(info.is_ocdbt_checkpoint))
+        use_ocdbt=info.is_ocdbt_checkpoint, process_index=process_index)
     if tuple(spec.metadata.chunk_shape) != value.leaf.chunk_shape:
         raise ValueError(f"{'/'.join(value.leaf.path)}: Orbax chose chunks {spec.metadata.chunk_shape}, "
                          f"planned {value.leaf.chunk_shape}")
+    return spec
+
+
+async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process_id: str | None) -> tuple[Any, Any]:
+    """Create the leaf's zarr3 array in OCDBT with the planned chunk shape."""
+    await info.await_path_creation()
+    spec = _write_spec(value, info, arg, process_id)
     store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
     return store, spec.metadata
 
 
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
-                  tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None) -> list[Any]:
+                  tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
+                  process_id: str | None = None) -> list[Any]:
     """Write the tile stream (``WRITES_IN_FLIGHT`` at most), opening each leaf at its first tile and
     letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata."""
     by_index = {value.index: n for n, value in enumerate(values)}
@@ -129,7 +140,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         if n not in stores:
             if metadatas[n] is not None:
                 raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
-            stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n])
+            stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
         region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
         # No transaction: each tile commits on its own, so only tiles in flight use RAM.
         write = stores[n][region].write(data)
@@ -169,11 +180,13 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
     """
 
     def __init__(self, store: array_metadata_store.Store | None, typestr: str,
-                 tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None):
+                 tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
+                 adopt: Callable[[epath.Path], None] | None = None):
         super().__init__(array_metadata_store=store)
         self._typestr = typestr
         self._tiles = tiles
         self._on_tile = on_tile
+        self._adopt = adopt
         self._serialized = False
 
     def typestr(self) -> str:
@@ -199,8 +212,17 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
 
     async def _write_leaves(self, values: Sequence[_StreamedLeaf], infos: Sequence[Any],
                             args: Sequence[ocp.SaveArgs]) -> None:
-        """The tile stream into all leaves, then their ArrayMetadata."""
-        metadatas = await _stream(values, infos, args, self._tiles, self._on_tile)
+        """The tile stream into all leaves (or the partitions' data, adopted), then their ArrayMetadata."""
+        if self._adopt is not None:
+            await infos[0].await_path_creation()
+            self._adopt(epath.Path(infos[0].parent_dir))
+            for value, info in zip(values, infos):  # the partitions wrote under these names
+                if info.name != ".".join(value.leaf.path):
+                    raise ValueError(f"Orbax names leaf {'/'.join(value.leaf.path)} {info.name!r}")
+            metadatas = [dataclasses.replace(_write_spec(value, info, arg).metadata, write_shape=value.write_shape)
+                         for value, info, arg in zip(values, infos, args)]
+        else:
+            metadatas = await _stream(values, infos, args, self._tiles, self._on_tile)
         if self._array_metadata_store is not None:
             await self._array_metadata_store.write(
                 checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas,
@@ -242,7 +264,8 @@ def _tree(leaves: Sequence[Leaf], make: Callable[[int, Leaf], Any]) -> dict:
 
 def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
                      devices: int, custom_metadata: dict, on_tile: Callable[[Leaf, int], None] | None = None,
-                     use_compression: bool = True, extra_items: dict[str, Any] | None = None) -> None:
+                     use_compression: bool = True, extra_items: dict[str, Any] | None = None,
+                     adopt: Callable[[epath.Path], None] | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
     Same layout as MaxText's converter: PyTreeCheckpointHandler with OCDBT + zarr3, leaves
@@ -256,6 +279,11 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     propagate unchanged and leave no complete step. ``extra_items`` are small plain values
     saved beside the leaves by Orbax's standard handlers (MaxText's ``step`` int and empty
     ``opt_state``).
+
+    ``adopt(items_dir)``, for a checkpoint written by partitions (:func:`write_partition`), puts
+    their ``ocdbt.process_*`` directories into the step being saved instead of streaming tiles;
+    Orbax then writes the metadata, merges every process directory into the root OCDBT manifest
+    and commits once, exactly as after a multi-host save.
     """
     _validate(leaves, devices)
     if devices < 1:
@@ -275,7 +303,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     store = array_metadata_store.Store()
     sharded = mesh is not None
     streaming = _StreamingHandler(store if sharded else None, "jax.Array" if sharded else "np.ndarray",
-                                  tiles, on_tile)
+                                  tiles, on_tile, adopt)
     registry = type_handler_registry.create_type_handler_registry(
         (_StreamedLeaf, streaming),  # standard handlers last: they own the typestrs
         (int, type_handlers.ScalarHandler()),
@@ -300,3 +328,27 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
             item=tree, save_args=save_args, ocdbt_target_data_file_size=TARGET_FILE_BYTES)),
             custom_metadata=custom_metadata)
         manager.wait_until_finished()
+
+
+def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int], tiles: Callable[[], Iterable[Tile]],
+                    *, devices: int, process_id: str, on_tile: Callable[[Leaf, int], None] | None = None,
+                    use_compression: bool = True) -> None:
+    """Write the data of some leaves into ``staging/ocdbt.process_<process_id>``, as one host of a
+    multi-host Orbax save writes its part: the same array specs, names and chunks, no metadata.
+
+    ``indices`` are the leaves' positions in the whole checkpoint (the tiles name leaves by them).
+    :func:`write_checkpoint` with ``adopt`` later turns the partitions into one checkpoint. No JAX
+    devices are needed: the data is laid out by the chunk plan alone.
+    """
+    _validate(leaves, devices)
+    context = ts_utils.get_ts_context(use_ocdbt=True)
+    parent = epath.Path(staging)
+    parent.mkdir(parents=True, exist_ok=True)
+    values = [_StreamedLeaf(leaf, index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype), None,
+                            write_shape(tuple(leaf.shape), devices)) for leaf, index in zip(leaves, indices)]
+    infos = [type_handlers.ParamInfo(name=".".join(leaf.path), parent_dir=parent, is_ocdbt_checkpoint=True,
+                                     use_compression=use_compression, use_zarr3=True,
+                                     ocdbt_target_data_file_size=TARGET_FILE_BYTES, ts_context=context)
+             for leaf in leaves]
+    args = [ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES)] * len(values)
+    asyncio.run(_stream(values, infos, args, tiles, on_tile, process_id))

@@ -1,0 +1,132 @@
+"""One conversion split over N workers: which jobs each partition writes, and where.
+
+Partition ``i`` of ``N`` writes the leaves of its share of the plan's jobs into
+``DST/ckptconv-partitions/ocdbt.process_partition<i>`` (as host ``i`` of a multi-host Orbax save
+writes its ``ocdbt.process_<i>``) and then a marker ``partition<i>of<N>.json`` holding the plan's
+fingerprint. ``--finalize N`` checks that all N markers carry the current fingerprint, links the
+partitions' files into the step Orbax is saving, lets Orbax write the metadata, merge the OCDBT
+manifests and commit once, and removes the staging directory. Until then nothing at DST reads as
+complete; a crashed partition is rerun alone (finished ones see their marker and skip).
+
+Jobs are split by output bytes (largest first, each to the least loaded partition), so every
+partition reads each of its source tensors once and the shares are within one job of equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.plan import ConversionPlan
+
+STAGING = "ckptconv-partitions"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Partition ``index`` (0-based) of ``count``."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Partition":
+        """``I/N`` with ``0 <= I < N``."""
+        match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+        if not match or not 0 <= int(match[1]) < int(match[2]):
+            raise BadInputError(f"--partition {text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+        return cls(int(match[1]), int(match[2]))
+
+    @property
+    def process_id(self) -> str:
+        """The ``ocdbt.process_<id>`` name (Orbax allows letters and digits only)."""
+        return f"partition{self.index}"
+
+    @property
+    def marker_name(self) -> str:
+        return f"partition{self.index}of{self.count}.json"
+
+
+def assign(plan: ConversionPlan, count: int) -> tuple[int, ...]:
+    """The partition of every job: largest jobs first, each to the partition with the fewest bytes."""
+    sizes = [sum(leaf.nbytes for leaf in job.leaves) for job in plan.jobs]
+    loads = [0] * count
+    owner = [0] * len(sizes)
+    for job in sorted(range(len(sizes)), key=lambda j: (-sizes[j], j)):
+        target = min(range(count), key=lambda p: (loads[p], p))
+        owner[job] = target
+        loads[target] += sizes[job]
+    return tuple(owner)
+
+
+def staging_dir(destination: str) -> Path:
+    return Path(destination) / STAGING
+
+
+def require_local(destination: str) -> None:
+    """Partitions meet in one directory the workers share (local disk or a shared filesystem)."""
+    if "://" in destination:
+        raise BadInputError(f"{destination}: --partition/--finalize need a local or shared-filesystem destination "
+                            "(the partitions' data is linked into the final step, not copied)")
+
+
+def read_marker(destination: str, partition: Partition) -> dict | None:
+    try:
+        return json.loads((staging_dir(destination) / partition.marker_name).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def write_marker(destination: str, partition: Partition, record: dict) -> None:
+    """Written last, atomically: a marker means the partition's data is all on disk."""
+    path = staging_dir(destination) / partition.marker_name
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def reset(destination: str, partition: Partition) -> None:
+    """Forget this partition's earlier, unfinished or stale attempt (its marker first)."""
+    (staging_dir(destination) / partition.marker_name).unlink(missing_ok=True)
+    shutil.rmtree(staging_dir(destination) / f"ocdbt.process_{partition.process_id}", ignore_errors=True)
+
+
+def finished(destination: str, count: int, fingerprint: str) -> list[dict]:
+    """The N partitions' markers, all for this plan; else an error naming the missing or stale ones."""
+    if count < 1:
+        raise BadInputError(f"--finalize {count}: the number of partitions must be >= 1")
+    records, missing = [], []
+    for index in range(count):
+        record = read_marker(destination, Partition(index, count))
+        if record is None or record.get("fingerprint") != fingerprint:
+            missing.append(f"{index}/{count}" + ("" if record is None else " (written for another source or layout)"))
+        else:
+            records.append(record)
+    if missing:
+        raise CkptConvError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
+                            f"run `ckptconv convert SRC DST --partition I/{count}` for each")
+    return records
+
+
+def link_partitions(destination: str, count: int):
+    """``adopt`` for the writer: hard-link each partition's files into the step's items directory
+    (no copy; the staging copy stays whole until the commit, so a crashed finalize loses nothing)."""
+    def adopt(items_dir) -> None:
+        for index in range(count):
+            name = f"ocdbt.process_{Partition(index, count).process_id}"
+            source = staging_dir(destination) / name
+            for root, _, files in os.walk(source):
+                target = Path(str(items_dir)) / name / Path(root).relative_to(source)
+                target.mkdir(parents=True, exist_ok=True)
+                for file in files:
+                    os.link(Path(root) / file, target / file)
+    return adopt
+
+
+def remove_staging(destination: str) -> None:
+    shutil.rmtree(staging_dir(destination), ignore_errors=True)
