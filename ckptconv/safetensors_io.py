@@ -17,7 +17,7 @@ import numpy as np
 
 from ckptconv.errors import BadInputError
 from ckptconv.safetensors_header import MAX_HEADER_BYTES, Entry, check_layout, parse_header
-from ckptconv.sources import Source
+from ckptconv.sources import Source, check_member_name
 from ckptconv.strict_json import JsonError, loads
 
 # The reference's dtypes of whole bytes (its sub-byte F4/F6 ones are refused by name).
@@ -123,7 +123,7 @@ def index_checkpoint(source: Source) -> dict[str, TensorInfo]:
 
 
 def _read_index(source: Source) -> dict[str, str]:
-    """The index's tensor -> shard map."""
+    """The index's tensor -> shard map; every shard must be a plain file name in the source."""
     where = f"{source.uri}/{INDEX_FILE}"
     try:
         index = loads(bytes(source.read_range(INDEX_FILE, 0, source.size(INDEX_FILE))).decode("utf-8"))
@@ -134,6 +134,7 @@ def _read_index(source: Source) -> dict[str, str]:
         raise BadInputError(f"{where}: weight_map must map tensor names to file names")
     for file in sorted(set(weight_map.values())):  # one check per file, not per tensor
         tensor = next(t for t, f in weight_map.items() if f == file)
+        check_member_name(f"{where}: tensor {tensor!r}", file)
         if not source.exists(file):
             raise BadInputError(f"{where}: tensor {tensor!r} maps to missing file {file!r}")
     return weight_map
