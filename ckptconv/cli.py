@@ -118,7 +118,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.inspection import inspect_checkpoint, render_table
 
     result = inspect_checkpoint(args.destination)
-    print(json.dumps(result, indent=2) if args.json else render_table(result))
+    print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
     return 0 if result["complete"] else 1
 
 
@@ -127,7 +127,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     result = verify(args.source, args.destination, hf_token_file=args.hf_token_file)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:
         for mismatch in result.mismatches[:20]:
             print(f"  {mismatch}")
@@ -143,7 +143,7 @@ def _plan(args: argparse.Namespace) -> int:
     plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
     summary = plan_summary(plan)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary, indent=2, allow_nan=False))
     else:
         for key, value in summary.items():
             print(f"{key:>24}: {value}")

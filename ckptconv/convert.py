@@ -53,7 +53,7 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "options": [request.devices, request.scan_layers, request.dtype, request.compression],
         "format": 1,
     }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()
 
 
 def convert(request: ConvertRequest) -> dict:

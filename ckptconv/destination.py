@@ -78,7 +78,7 @@ def read_report(report_path: epath.Path) -> dict | None:
 def write_report(report_path: str, report: dict) -> None:
     """Write the JSON report atomically: temp name then rename locally; one object write on GCS."""
     target = path(report_path)
-    text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    text = json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n"
     if is_gcs(report_path):
         target.write_text(text)
         return

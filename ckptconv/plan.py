@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -150,8 +150,10 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     family = family_for(config.get("model_type"), where)
     spec = read_spec(family, config, where)
     stored = index_checkpoint(source)
+    _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
     stacks = family.layout(spec, scan_layers)
+    _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
@@ -167,6 +169,52 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)
+
+
+# --- claims the headers must be able to back, checked before anything is enumerated ---------
+
+# Counts in config.json that the plan iterates over before it names tensors, each needing at
+# least one stored tensor apiece: checked against the headers first, so the plan's cost follows
+# the checkpoint, not the config (a config claiming 10**9 layers is refused at once, not
+# enumerated). Experts are bounded with the tensors the rules need (_check_piece_count): gpt-oss
+# stores all experts of a layer in one tensor.
+CLAIMED_COUNTS: tuple[tuple[str, Callable[[ModelSpec], int]], ...] = (
+    ("layers", lambda spec: spec.num_layers),
+    ("multi-token-prediction layers", lambda spec: spec.values.get("mtp_layers", 0)),
+)
+
+
+NAMED_MARGIN = 1024  # tensors the plan may name beyond twice the stored ones (a cheap, exact missing-tensor message)
+
+
+def _check_claims(where: str, spec: ModelSpec, stored: int) -> None:
+    for what, count in CLAIMED_COUNTS:
+        if count(spec) > stored:
+            raise BadInputError(f"{where}: claims {_short(count(spec))} {what}, but the safetensors headers hold "
+                                f"only {stored} tensors")
+
+
+def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: ModelSpec,
+                       stored: int) -> None:
+    """The number of tensors the rules will name, by arithmetic, before they are named one by one.
+
+    Up to twice what the headers hold (plus a margin) they are named, so that a checkpoint
+    missing a few tensors is told which; beyond that the config cannot be this checkpoint's.
+    """
+    needed = 0
+    for r in rules:
+        layers = sum(len(s.layers) for s in stacks if r.kinds is None or s.kind in r.kinds) if r.per_layer else 1
+        needed += (spec.dim("experts") if r.per_expert else 1) * layers
+    if needed > 2 * stored + NAMED_MARGIN:
+        experts = spec.dims.get("experts")
+        claims = f"{spec.num_layers} layers" + (f", {experts} experts" if experts else "")
+        raise BadInputError(f"{where}: implies {needed} tensors ({claims}), but the safetensors headers hold "
+                            f"only {stored} tensors")
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"
 
 
 # --- names ---------------------------------------------------------------------------------

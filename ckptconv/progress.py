@@ -48,7 +48,7 @@ class Progress:
     def event(self, kind: str, **fields: object) -> None:
         """One machine-readable line (only in ``jsonl`` mode)."""
         if self.mode == "jsonl":
-            self.stream.write("CKPTCONV " + json.dumps({"event": kind, **fields}) + "\n")
+            self.stream.write("CKPTCONV " + json.dumps({"event": kind, **fields}, allow_nan=False) + "\n")
             self.stream.flush()
 
     def close(self) -> None:

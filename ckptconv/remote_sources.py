@@ -20,6 +20,7 @@ of a message, a ``repr``, the provenance or anything written.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Callable
 from urllib.parse import quote
 
 from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.sources import check_regular
 
 log = logging.getLogger("ckptconv")
 
@@ -340,6 +342,7 @@ def parse_hub_uri(uri: str) -> tuple[str, str]:
 def read_token_file(path: str) -> str:
     """The hub token stored in ``path`` (surrounding whitespace removed); errors never show it."""
     try:
+        check_regular(path, os.stat(path).st_mode)  # a FIFO here would block the open forever
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as err:

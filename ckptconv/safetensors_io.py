@@ -8,7 +8,6 @@ read, so a truncated or corrupt file fails the plan, not the write.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from dataclasses import dataclass
@@ -17,24 +16,34 @@ import ml_dtypes
 import numpy as np
 
 from ckptconv.errors import BadInputError
-from ckptconv.sources import Source
+from ckptconv.safetensors_header import MAX_HEADER_BYTES, Entry, check_layout, parse_header
+from ckptconv.sources import Source, check_member_name
+from ckptconv.strict_json import JsonError, loads
 
+# The reference's dtypes of whole bytes (its sub-byte F4/F6 ones are refused by name).
 DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "F16": np.dtype(np.float16),
     "F32": np.dtype(np.float32),
     "F64": np.dtype(np.float64),
+    "C64": np.dtype(np.complex64),
     "I8": np.dtype(np.int8),
     "I16": np.dtype(np.int16),
     "I32": np.dtype(np.int32),
     "I64": np.dtype(np.int64),
     "U8": np.dtype(np.uint8),
+    "U16": np.dtype(np.uint16),
+    "U32": np.dtype(np.uint32),
+    "U64": np.dtype(np.uint64),
     "BOOL": np.dtype(np.bool_),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024
+MAX_ARRAY_BYTES = 2**63 - 1  # numpy's limit on the extent of an array's non-zero axes
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -55,10 +64,9 @@ class TensorInfo:
 
 
 def read_header(source: Source, file: str) -> dict[str, TensorInfo]:
-    """Parse and validate the header of one safetensors file.
-
-    Checks that the header is JSON, every dtype is known, every byte range matches its
-    shape, ranges do not overlap and the file is long enough to hold them all.
+    """Parse and validate the header of one safetensors file, exactly as strictly as the
+    reference library (:mod:`ckptconv.safetensors_header`): a file it refuses fails here, before
+    any tensor is read; a file it loads gives the same tensors at the same offsets.
     """
     where = f"{source.uri}/{file}"
     file_size = source.size(file)
@@ -67,51 +75,21 @@ def read_header(source: Source, file: str) -> dict[str, TensorInfo]:
     (header_len,) = struct.unpack("<Q", bytes(source.read_range(file, 0, 8)))
     if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
         raise BadInputError(f"{where}: corrupt safetensors header length {header_len} (file is {file_size} bytes)")
-    try:
-        header = json.loads(bytes(source.read_range(file, 8, header_len)))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise BadInputError(f"{where}: safetensors header is not valid JSON ({err})") from None
-    if not isinstance(header, dict):
-        raise BadInputError(f"{where}: safetensors header is not a JSON object")
-    header.pop("__metadata__", None)
+    entries = parse_header(where, bytes(source.read_range(file, 8, header_len)))
     data_start = 8 + header_len
-    tensors = {name: _tensor_info(where, file, name, entry, data_start) for name, entry in header.items()}
-    _check_ranges(where, tensors, data_start, file_size)
-    return tensors
+    check_layout(where, entries, file_size - data_start)
+    return {entry.name: _tensor_info(where, file, entry, data_start) for entry in entries}
 
 
-def _tensor_info(where: str, file: str, name: str, entry: object, data_start: int) -> TensorInfo:
-    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-        raise BadInputError(f"{where}: tensor {name!r}: header entry lacks dtype/shape/data_offsets")
-    dtype = DTYPES.get(entry["dtype"])
-    if dtype is None:
-        raise BadInputError(f"{where}: tensor {name!r}: unsupported dtype {entry['dtype']!r}")
-    shape, offsets = entry["shape"], entry["data_offsets"]
-    valid = (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
-             and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-             and 0 <= offsets[0] <= offsets[1])
-    if not valid:
-        raise BadInputError(f"{where}: tensor {name!r}: invalid shape {shape!r} or data_offsets {offsets!r}")
-    shape, (begin, end) = tuple(shape), offsets
-    info = TensorInfo(name, file, dtype, shape, data_start + begin)
-    if end - begin != info.nbytes:
-        raise BadInputError(
-            f"{where}: tensor {name!r}: {end - begin} bytes stored, shape {list(shape)} "
-            f"{entry['dtype']} needs {info.nbytes}"
-        )
-    return info
-
-
-def _check_ranges(where: str, tensors: dict[str, TensorInfo], data_start: int, file_size: int) -> None:
-    position = data_start
-    for info in sorted(tensors.values(), key=lambda t: t.offset):
-        if info.offset < position:
-            raise BadInputError(f"{where}: tensor {info.name!r} overlaps the tensor before it")
-        position = info.offset + info.nbytes
-    if position > file_size:
-        raise BadInputError(
-            f"{where}: file is truncated: {file_size} bytes, tensors need {position}"
-        )
+def _tensor_info(where: str, file: str, entry: Entry, data_start: int) -> TensorInfo:
+    dtype = DTYPES.get(entry.dtype)
+    if dtype is None:  # the reference knows it, but it packs several values in a byte
+        raise BadInputError(f"{where}: tensor {entry.name!r}: dtype {entry.dtype} is not supported "
+                            f"(sub-byte; supported: {', '.join(DTYPES)})")
+    if math.prod(d for d in entry.shape if d) * dtype.itemsize > MAX_ARRAY_BYTES:  # e.g. [0, 2**32, 2**32]
+        raise BadInputError(f"{where}: tensor {entry.name!r}: shape {list(entry.shape)} is not supported "
+                            "(no array can have it, even with no elements)")
+    return TensorInfo(entry.name, file, dtype, entry.shape, data_start + entry.begin)
 
 
 def index_checkpoint(source: Source) -> dict[str, TensorInfo]:
@@ -145,18 +123,25 @@ def index_checkpoint(source: Source) -> dict[str, TensorInfo]:
 
 
 def _read_index(source: Source) -> dict[str, str]:
+    """The index's tensor -> shard map; every shard must be a plain file name in the source."""
     where = f"{source.uri}/{INDEX_FILE}"
     try:
-        weight_map = json.loads(bytes(source.read_range(INDEX_FILE, 0, source.size(INDEX_FILE))))["weight_map"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise BadInputError(f"{where}: not a valid safetensors index ({err})") from None
+        index = loads(bytes(source.read_range(INDEX_FILE, 0, source.size(INDEX_FILE))).decode("utf-8"))
+        weight_map = index["weight_map"]
+    except (UnicodeDecodeError, JsonError, KeyError, TypeError) as err:
+        raise BadInputError(f"{where}: not a valid safetensors index ({_one_line(err)})") from None
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
         raise BadInputError(f"{where}: weight_map must map tensor names to file names")
-    for file in sorted(set(weight_map.values())):  # one existence check per file, not per tensor
+    for file in sorted(set(weight_map.values())):  # one check per file, not per tensor
+        tensor = next(t for t, f in weight_map.items() if f == file)
+        check_member_name(f"{where}: tensor {tensor!r}", file)
         if not source.exists(file):
-            tensor = next(t for t, f in weight_map.items() if f == file)
-            raise BadInputError(f"{where}: tensor {tensor!r} maps to missing file {file}")
+            raise BadInputError(f"{where}: tensor {tensor!r} maps to missing file {file!r}")
     return weight_map
+
+
+def _one_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [""])[0][:200] or type(err).__name__
 
 
 def read_box(source: Source, info: TensorInfo, box: tuple[tuple[int, int], ...]) -> np.ndarray:

@@ -8,8 +8,9 @@ stays bounded by what the caller asks for.
 from __future__ import annotations
 
 import os
+import stat
 import threading
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ckptconv.errors import BadInputError
 
@@ -35,36 +36,91 @@ class Source(Protocol):
         """Where the bytes came from (URI, revision, generations) for the report."""
 
 
+# Why a name from the checkpoint (an index's weight_map) may not be read: the first rule it breaks.
+# A shard is a plain file directly in SRC, as every hub checkpoint has it; the remote sources
+# list only those, so with these rules no scheme can be led outside SRC by a name.
+NAME_RULES: tuple[tuple[Callable[[str], bool], str], ...] = (
+    (lambda name: not name, "is empty"),
+    (lambda name: name.startswith(("/", "\\")), "is an absolute path"),
+    (lambda name: ".." in name.replace("\\", "/").split("/"), "climbs out of the source with '..'"),
+    (lambda name: "\\" in name, "holds a backslash"),
+    (lambda name: "/" in name, "is not a plain file name (shards must lie directly in the source)"),
+    (lambda name: name == ".", "names the source directory itself"),
+    (lambda name: any(ord(c) < 32 or ord(c) == 127 for c in name), "holds a control character"),
+)
+
+# File types other than regular files, and what to call them: never opened blocking, never read.
+NON_REGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+)
+
+
+def check_member_name(where: str, name: str) -> None:
+    """Refuse a file name from the checkpoint that could lead outside the source directory."""
+    for broken, reason in NAME_RULES:
+        if broken(name):
+            raise BadInputError(f"{where}: file name {name!r} {reason}; refused")
+
+
+def check_regular(path: str, mode: int) -> None:
+    """Refuse anything but a regular file: a FIFO would block the read, a device never end."""
+    if not stat.S_ISREG(mode):
+        kind = next((label for test, label in NON_REGULAR if test(mode)), "a special file")
+        raise BadInputError(f"{path}: is {kind}, not a regular file; refused")
+
+
 class LocalSource:
     """A local checkpoint directory, read with ``pread`` on file descriptors kept open.
 
     ``pread`` into a fresh buffer (unlike ``mmap`` or ``safe_open``) leaves no file pages in
     the process's RSS, and keeping one descriptor per file avoids reopening per tensor.
+    Every file is checked before it is opened: a plain name, resolving (through symlinks)
+    inside the source directory, a regular file; it is opened non-blocking and checked again
+    on the descriptor, so a FIFO or a file swapped in between cannot hang or escape.
     """
 
     def __init__(self, directory: str) -> None:
         self.uri = os.path.abspath(directory)
         if not os.path.isdir(self.uri):
             raise BadInputError(f"{directory}: source directory does not exist")
+        self._roots = _allowed_roots(self.uri)
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def _path(self, name: str) -> str:
+        check_member_name(self.uri, name)
         return os.path.join(self.uri, name)
 
     def _fd(self, name: str) -> int:
         with self._lock:
             fd = self._fds.get(name)
             if fd is None:
-                try:
-                    fd = os.open(self._path(name), os.O_RDONLY)
-                except FileNotFoundError:
-                    raise BadInputError(f"{self._path(name)}: file not found") from None
+                fd = self._open(self._path(name))
                 self._fds[name] = fd
             return fd
 
+    def _open(self, path: str) -> int:
+        real = os.path.realpath(path)
+        if not any(os.path.commonpath([root, real]) == root for root in self._roots):
+            raise BadInputError(f"{path}: resolves to {real}, outside the source directory; refused")
+        try:
+            before = os.stat(real)
+            check_regular(path, before.st_mode)
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise BadInputError(f"{path}: file not found") from None
+        except PermissionError:
+            raise BadInputError(f"{path}: permission denied") from None
+        after = os.fstat(fd)
+        if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(after.st_mode):
+            os.close(fd)
+            raise BadInputError(f"{path}: changed while being opened; refused")
+        return fd
+
     def exists(self, name: str) -> bool:
-        return os.path.isfile(self._path(name))
+        """Whether anything is there (a FIFO or a directory too: opening it then says what it is)."""
+        return os.path.lexists(self._path(name))
 
     def size(self, name: str) -> int:
         return os.fstat(self._fd(name)).st_size
@@ -108,6 +164,18 @@ def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
 
             return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
     return LocalSource(uri)
+
+
+def _allowed_roots(directory: str) -> tuple[str, ...]:
+    """Where files of ``directory`` may resolve to: inside it, and for a Hugging Face cache
+    snapshot (``models--ORG--NAME/snapshots/REV``, whose files link to ``../../blobs/``) the
+    blobs of that same repository."""
+    real = os.path.realpath(directory)
+    roots = [real]
+    parent, repo = os.path.dirname(real), os.path.dirname(os.path.dirname(real))
+    if os.path.basename(parent) == "snapshots" and os.path.basename(repo).startswith("models--"):
+        roots.append(os.path.join(repo, "blobs"))
+    return tuple(roots)
 
 
 # URI prefix -> class in ckptconv.remote_sources (by name, so importing this module stays cheap).

@@ -16,11 +16,11 @@ Three kinds of fields exist:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ckptconv.errors import BadInputError
+from ckptconv.strict_json import JsonError, loads
 
 # Fields that never change weights nor how a model runs: bookkeeping, tokens, training knobs.
 BOOKKEEPING_FIELDS = frozenset(
@@ -33,6 +33,8 @@ BOOKKEEPING_FIELDS = frozenset(
         "auto_map",
     }
 )
+# No size or count in a checkpoint exceeds what a 64-bit signed index can address.
+MAX_INT = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,20 @@ class ModelSpec:
 
 
 def load_config(text: str, where: str) -> dict[str, Any]:
-    """Parse config.json text, naming the file on error."""
+    """Parse config.json text, naming the file on error; every value is finite and strict JSON."""
     try:
-        config = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as err:
-        raise BadInputError(f"{where}: not valid JSON ({str(err)[:200]})") from None
+        config = loads(text)  # strict: NaN, Infinity, out-of-range numbers and deep nesting refused
+    except JsonError as err:
+        raise BadInputError(f"{where}: not valid JSON ({err})") from None
     if not isinstance(config, dict):
         raise BadInputError(f"{where}: expected a JSON object")
     return config
+
+
+def _short(value: Any) -> str:
+    """A value for a one-line message: a 300-digit number or a huge list is cut."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 class ConfigReader:
@@ -93,8 +101,8 @@ class ConfigReader:
     def count(self, name: str, default: int) -> int:
         """A non-negative integer field (a number of layers that may be 0)."""
         value = self._get(name, default)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 0, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_INT:
+            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 0 (and < 2**63), got {_short(value)}")
         return value
 
     def raw(self, name: str) -> Any:
@@ -108,8 +116,8 @@ class ConfigReader:
         value = self._get(name, default)
         if value is None:
             raise BadInputError(f"{self.where}: required field {name!r} is missing")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 1, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_INT:
+            raise BadInputError(f"{self.where}: field {name!r} must be an integer >= 1 (and < 2**63), got {_short(value)}")
         return value
 
     def bool(self, name: str, default: bool) -> bool:

@@ -261,7 +261,7 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     """
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(model.config(), f, indent=2)
+        json.dump(model.config(), f, indent=2, allow_nan=False)
     st_name, dtype = _ST_DTYPE[model.dtype]
     shapes = tensor_shapes(model)
     entries = [entry for name, shape in shapes.items()
@@ -279,7 +279,7 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
             _write_file(os.path.join(directory, file), group, make, header_only)
             weight_map.update({entry.name: file for entry in group})
         with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2, allow_nan=False)
     return shapes
 
 
@@ -334,7 +334,7 @@ def _write_file(path: str, entries: list[_Stored], make: _Maker, header_only: bo
         nbytes = math.prod(entry.shape) * entry.itemsize
         header[entry.name] = {"dtype": entry.st_dtype, "shape": list(entry.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)

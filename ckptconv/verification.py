@@ -2,14 +2,20 @@
 
 The expected values come from the same plan and producer the conversion used, but the
 stored values are read back independently from the checkpoint files, tile by tile, so the
-check costs about one read unit of memory. Layout options (scan, dtype) are read from the
+check costs about one read unit of memory. So that a mistake of the header reader cannot
+agree with itself, the source's byte layout is re-derived here from the raw headers, with
+plain ``json`` and none of the reader's code: every tensor's offset must be the one the plan
+read from, and the tensors must tile each file's data exactly. Layout options (scan, dtype) are read from the
 checkpoint itself, so ``verify SRC DST`` needs no flags.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 import time
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import numpy as np
 
@@ -17,7 +23,8 @@ from ckptconv import destination
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
 from ckptconv.produce import job_tiles
-from ckptconv.sources import open_source
+from ckptconv.safetensors_io import TensorInfo
+from ckptconv.sources import Source, open_source
 from ckptconv.stored import open_leaf, read_metadata, read_region
 
 # Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).
@@ -55,6 +62,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
     source = open_source(source_uri, hf_token_file=hf_token_file)
     plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1)
     result = VerifyResult()
+    result.mismatches += check_source_layout(source, plan.tensors.values())
     planned = {leaf.path for leaf in plan.leaves}
     result.mismatches += [f"{'/'.join(p)}: missing from the checkpoint" for p in sorted(planned - set(by_path))]
     result.mismatches += [f"{'/'.join(p)}: not expected from the source"
@@ -87,6 +95,39 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
         result.tensors_checked += len(job.pieces)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def check_source_layout(source: Source, tensors: Iterable[TensorInfo]) -> list[str]:
+    """Mismatches between where the plan reads each tensor and an independent reading of the headers.
+
+    Deliberately a second, minimal implementation (not :mod:`ckptconv.safetensors_header`):
+    offsets from the 8-byte length and ``data_offsets``, then one sweep in offset order that
+    the ranges start at 0, touch end to end and end at the end of the file.
+    """
+    by_file: dict[str, list[TensorInfo]] = {}
+    for info in tensors:
+        by_file.setdefault(info.file, []).append(info)
+    problems = []
+    for file, infos in sorted(by_file.items()):
+        (length,) = struct.unpack("<Q", bytes(source.read_range(file, 0, 8)))
+        header = json.loads(bytes(source.read_range(file, 8, length)))
+        ranges = sorted(_offsets(entry) for name, entry in header.items() if name != "__metadata__")
+        ends = [0] + [end for _, end in ranges]
+        if any(begin != end for (begin, _), end in zip(ranges, ends)) or ends[-1] != source.size(file) - 8 - length:
+            problems.append(f"{file}: tensors do not tile the file's data exactly (independent check)")
+        for info in infos:
+            entry = header.get(info.name)
+            offset = None if entry is None else 8 + length + _offsets(entry)[0]
+            if offset != info.offset:
+                problems.append(f"{file}: tensor {info.name!r} read at byte {info.offset}, "
+                                f"its header says {offset} (independent check)")
+    return problems
+
+
+def _offsets(entry: dict | list) -> tuple[int, int]:
+    """``data_offsets`` of a header entry (an object, or serde's array form ``[dtype, shape, offsets]``)."""
+    begin, end = entry["data_offsets"] if isinstance(entry, dict) else entry[2]
+    return begin, end
 
 
 def _stored_dtype(stored) -> str:
