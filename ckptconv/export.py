@@ -27,7 +27,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ckptconv import __version__, destination
-from ckptconv.convert import _alive, _now
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.export_plan import ExportPlan, make_export_plan
 from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
@@ -94,7 +93,7 @@ def export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if destination.is_gcs(request.destination) or "://" in request.destination:
         raise BadInputError(f"{request.destination}: export writes local directories only (so far)")
-    timer, started = StageTimer(), _now()
+    timer, started = StageTimer(), destination.now()
     with timer.stage("plan"):
         items = items_dir(request.checkpoint)
         stored = read_items_metadata(items)
@@ -148,7 +147,10 @@ def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) ->
 def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwrite: bool) -> None:
     """Decide what to do with what is at ``dst``: resume our own unfinished run, clear ours, refuse the rest."""
     ours = previous is not None and previous.get("kind") == KIND
-    if ours and previous.get("status") == "writing" and _alive(previous):
+    if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
+        raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
+                                     "pass --overwrite to replace it")
+    if ours and previous.get("status") == "writing" and destination.writer_alive(previous):
         raise CkptConvError(f"{dst}: another export (pid {previous['pid']} on {previous['host']}) is writing here; "
                             "wait for it or stop it")
     occupied = os.path.isdir(dst) and any(name != PENDING for name in os.listdir(dst))
@@ -317,7 +319,7 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
         "peak_rss_bytes": peak_rss_bytes(),
         "fingerprint": print_,
         "started_at": started,
-        "finished_at": _now(),
+        "finished_at": destination.now(),
         "pid": os.getpid(),
     }
 

@@ -119,8 +119,10 @@ class StreamedFile:
 
     @property
     def complete(self) -> bool:
-        ends = self.layout.tensors[-1].nbytes if self.layout.tensors else 0
-        return self._index >= len(self.layout.tensors) - 1 and self._done == ends
+        """Every tensor has all its bytes (tensors after the current one are empty, if any)."""
+        rest = self.layout.tensors[self._index + 1:]
+        current = self.layout.tensors[self._index].nbytes if self._index < len(self.layout.tensors) else 0
+        return self._done == current and all(entry.nbytes == 0 for entry in rest)
 
     def close(self) -> None:
         if not self.complete:

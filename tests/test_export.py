@@ -154,6 +154,11 @@ def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch
         together = [name for name, f in weight_map.items() if f == file]
         assert len(together) == 1 or os.path.getsize(hf / file) < 40_000 + 4096, file
     assert export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", shard_size="40KB"))["skipped"]
+    with pytest.raises(DestinationExistsError, match="other options"):
+        export(ExportRequest(str(mt), str(hf), like=str(src), progress="none"))
+    replaced = export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", overwrite=True))
+    assert sorted(os.listdir(hf)) == sorted(
+        [*replaced["files"], "config.json", "model.safetensors.index.json", "ckptconv-report.json"])
 
     # A crash after two files: the rerun keeps them (same inode) and writes the rest.
     crashed = tmp_path / "crashed"
