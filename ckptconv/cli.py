@@ -1,4 +1,4 @@
-"""``ckptconv``: convert, inspect, verify and plan from the command line.
+"""``ckptconv``: convert, export, inspect, verify and plan from the command line.
 
 JAX is imported only inside the commands that need it, after ``--devices`` has been put into
 ``XLA_FLAGS``: the device count is fixed the moment JAX starts. Errors we can explain print
@@ -39,6 +39,18 @@ def _parser() -> argparse.ArgumentParser:
     split.add_argument("--finalize", metavar="N", type=int,
                        help="join N finished partitions into the checkpoint and commit it once")
     _hf_token_flag(convert)
+
+    export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)")
+    export.add_argument("checkpoint", help="MaxText checkpoint: its items directory (DST/0/items) or a convert DST")
+    export.add_argument("destination", help="output directory for the HF model")
+    export.add_argument("--like", required=True, help="the HF model it is (config.json, tokenizer files; "
+                        "weights not needed): a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
+    export.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    export.add_argument("--shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
+    export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
+    export.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
+    _hf_token_flag(export)
 
     inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
     inspect.add_argument("destination")
@@ -114,6 +126,26 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from ckptconv.export import ExportRequest, export
+
+    report = export(ExportRequest(
+        checkpoint=args.checkpoint, destination=args.destination, like=args.like, dtype=args.dtype,
+        shard_size=args.shard_size, report=args.report, overwrite=args.overwrite, progress=args.progress,
+        hf_token_file=args.hf_token_file,
+    ))
+    if report.get("skipped"):
+        print(f"{args.destination}: already exported from this checkpoint with these options; nothing to do")
+        return 0
+    stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
+    print(f"exported {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
+          f"to {args.destination} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; "
+          f"{stages}")
+    for note in report["not_exported"]:
+        print(f"  note: {note['what']}")
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.inspection import inspect_checkpoint, render_table
 
@@ -150,4 +182,4 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"convert": _convert, "inspect": _inspect, "verify": _verify, "plan": _plan}
+COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan}

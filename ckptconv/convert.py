@@ -7,7 +7,6 @@ whatever is already at the destination (skip, refuse, or clean leftovers and wri
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import json
 import os
@@ -64,7 +63,7 @@ def convert(request: ConvertRequest) -> dict:
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
     timer = StageTimer()
-    started = _now()
+    started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
@@ -82,7 +81,7 @@ def convert(request: ConvertRequest) -> dict:
     # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
     # is still alive. Anything else there is refused unless asked to replace it.
     report = state.report or {}
-    if report.get("status") == "writing" and _alive(report):
+    if report.get("status") == "writing" and destination.writer_alive(report):
         raise CkptConvError(f"{request.destination}: another conversion (pid {report['pid']} on "
                             f"{report['host']}) is writing here; wait for it or stop it")
     ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
@@ -210,24 +209,9 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "peak_rss_bytes": peak_rss_bytes(),
         "fingerprint": print_,
         "started_at": started,
-        "finished_at": _now(),
+        "finished_at": destination.now(),
         "pid": os.getpid(),
     }
-
-
-def _alive(report: dict) -> bool:
-    """Whether the process that wrote a "writing" report still runs (same host only: else unknowable)."""
-    if report.get("host") != socket.gethostname() or not isinstance(report.get("pid"), int):
-        return False
-    if report["pid"] == os.getpid():
-        return False
-    try:
-        os.kill(report["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _occupant(state: destination.DestinationState) -> str:
@@ -239,7 +223,3 @@ def _occupant(state: destination.DestinationState) -> str:
 def _write_extra_report(request: ConvertRequest, report: dict) -> None:
     if request.report:
         destination.write_report(request.report, report)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

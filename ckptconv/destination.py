@@ -8,8 +8,10 @@ Works on local paths and ``gs://`` through ``etils.epath`` (fsspec/gcsfs), as Or
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import socket
 from dataclasses import dataclass
 
 from etils import epath
@@ -108,3 +110,23 @@ def clear(destination: str) -> None:
                 child.rmtree()
             else:
                 child.unlink()
+
+
+def writer_alive(report: dict) -> bool:
+    """Whether the process that wrote a "writing" report still runs (same host only: else unknowable)."""
+    if report.get("host") != socket.gethostname() or not isinstance(report.get("pid"), int):
+        return False
+    if report["pid"] == os.getpid():
+        return False
+    try:
+        os.kill(report["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def now() -> str:
+    """UTC now, as reports record times."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -164,8 +164,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
                             "bytes": unused[name].nbytes} for name in sorted(unused))
     _check_shapes_and_dtypes(expected, inputs)
     out_dtype = OUTPUT_DTYPES[dtype]
-    jobs = tuple(_job(inst, spec, inputs, out_dtype, devices)
-                 for inst in _instances(family.active_rules(spec), stacks, spec))
+    jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)
@@ -340,6 +339,13 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
 
 
 # --- jobs and leaves -----------------------------------------------------------------------
+
+def layout_jobs(family: Family, spec: ModelSpec, stacks: tuple[LayerStack, ...], inputs: dict[str, Input],
+                dtype: np.dtype, devices: int) -> tuple[Job, ...]:
+    """Every job of the active rules on ``stacks``, in writing order: what ``convert`` writes and
+    ``export`` reads back (``inputs``: the HF tensor each rule's pieces read or become)."""
+    return tuple(_job(inst, spec, inputs, dtype, devices) for inst in _instances(family.active_rules(spec), stacks, spec))
+
 
 def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.dtype, devices: int) -> Job:
     r, stack = inst.rule, inst.stack

@@ -19,7 +19,8 @@ GIB = 1024**3
 class Progress:
     """Counts tensors and bytes written; renders as ``bar``, ``jsonl`` or ``none``."""
 
-    def __init__(self, total_tensors: int, total_bytes: int, mode: str = "bar", stream: TextIO = sys.stderr) -> None:
+    def __init__(self, total_tensors: int, total_bytes: int, mode: str = "bar", stream: TextIO = sys.stderr,
+                 desc: str = "convert") -> None:
         self.total_tensors, self.total_bytes = total_tensors, total_bytes
         self.tensors = self.bytes = 0
         self.mode, self.stream = mode, stream
@@ -29,7 +30,7 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=stream,
-                             desc="convert", dynamic_ncols=True, mininterval=0.5)
+                             desc=desc, dynamic_ncols=True, mininterval=0.5)
 
     def advance(self, tensors: int, nbytes: int) -> None:
         self.tensors += tensors

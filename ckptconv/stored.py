@@ -44,20 +44,24 @@ class StoredLeaf:
 
 def read_metadata(dst: str) -> tuple[list[StoredLeaf], dict]:
     """Leaves (sorted by name) and the step's custom metadata of the checkpoint at ``dst``."""
-    import jax
-    import orbax.checkpoint as ocp
-
     items = destination.items_path(dst)
     if not (items / "_METADATA").exists():
         raise BadInputError(f"{dst}: no checkpoint metadata at {items}")
-    tree = ocp.PyTreeCheckpointHandler().metadata(items)
+    return read_items_metadata(items.as_posix()), _step_metadata(dst)
+
+
+def read_items_metadata(items: str) -> list[StoredLeaf]:
+    """Leaves (sorted by name) of the Orbax PyTree at ``items`` (``DST/0/items``), from its metadata alone."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointHandler().metadata(destination.path(items))
     tree = getattr(tree, "tree", tree)
     leaves = []
     for key_path, meta in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_meta)[0]:
         path = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in key_path)
         leaves.append(_stored_leaf(path, meta))
-    step_meta = _step_metadata(dst)
-    return sorted(leaves, key=lambda leaf: leaf.name), step_meta
+    return sorted(leaves, key=lambda leaf: leaf.name)
 
 
 def _is_meta(node: Any) -> bool:
@@ -91,10 +95,14 @@ def _step_metadata(dst: str) -> dict:
 
 def open_leaf(dst: str, path: tuple[str, ...]):
     """A tensorstore handle on one stored leaf (read lazily, slice by slice)."""
+    return open_items_leaf(destination.items_path(dst).as_posix(), path)
+
+
+def open_items_leaf(items: str, path: tuple[str, ...]):
+    """A tensorstore handle on one leaf of the Orbax PyTree at ``items``."""
     import tensorstore as ts
     from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
-    items = destination.items_path(dst).as_posix()
     kvstore = ts_utils.build_kvstore_tspec(items, name=".".join(path), use_ocdbt=True)
     spec = {"driver": "zarr3", "kvstore": kvstore, "recheck_cached_data": False, "recheck_cached_metadata": False}
     context = ts_utils.get_ts_context(use_ocdbt=True)

@@ -141,6 +141,18 @@ def read_units(tiling: Tiling, source_shape: Shape, leaves: tuple[LeafShape, ...
                     yield ReadUnit(members, None, boxes, tuple([] for _ in leaves))
 
 
+def source_reads(tiling: Tiling, source_shape: Shape,
+                 positions: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], Box]]:
+    """(pieces, source box) of every read in order, rows no leaf holds included: the units ``export``
+    writes, each piece's regions consecutive and in row-major order."""
+    return _source_boxes(tiling, source_shape, positions)
+
+
+def leaf_region(leaf: LeafShape, positions: list[tuple[int, ...]], piece_box: Box) -> Box:
+    """The leaf box holding ``piece_box`` of the pieces at ``positions`` (consecutive on the last stack axis)."""
+    return _leaf_box(leaf, positions, piece_box)
+
+
 def _source_boxes(tiling: Tiling, source_shape: Shape,
                   positions: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], Box]]:
     """(pieces, source box) of every read, in order: groups of whole pieces, or bands of each piece."""

@@ -282,6 +282,40 @@ class TakeStrided(Step):
         index[_axis(self.axis, x.ndim)] = slice(self.start, None, self.step)
         return np.ascontiguousarray(x[tuple(index)])
 
+    def inverse(self) -> Step:
+        return PutStrided(f"{self.name}_inverse", self.axis, self.start, self.step)
+
+
+@dataclass(frozen=True)
+class PutStrided(Step):
+    """The inverse of :class:`TakeStrided`: the values go to every ``step``-th element of ``axis``
+    from ``start`` of a tensor the rule's other outputs fill at the other offsets.
+
+    A single output cannot make the whole tensor, so ``apply`` refuses; the export assembles
+    the tensor with :meth:`place`, once per output (gpt-oss: ``wi_0`` to even, ``wi_1`` to odd
+    columns of ``gate_up_proj``). It must be the last step of an inverse chain.
+    """
+
+    axis: int = -1
+    start: int = 0
+    step: int = 2
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis = _axis(self.axis, len(shape))
+        return (*shape[:axis], shape[axis] * self.step, *shape[axis + 1:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        raise NotImplementedError(f"{self.name}: fills only every {self.step}-th element; use place()")
+
+    def place(self, out: np.ndarray, x: np.ndarray) -> None:
+        """Write ``x`` into its strided positions of ``out`` (the whole tensor or region)."""
+        index = [slice(None)] * out.ndim
+        index[_axis(self.axis, out.ndim)] = slice(self.start, None, self.step)
+        out[tuple(index)] = x
+
+    def inverse(self) -> Step:
+        return TakeStrided(f"{self.name}_inverse", self.axis, self.start, self.step)
+
 
 @dataclass(frozen=True)
 class Resize(Step):
@@ -294,6 +328,7 @@ class Resize(Step):
 
     axis: int = 0
     size: str = "maxtext_vocab"
+    source: str = "vocab"  # the spec dimension the input has along ``axis`` (what the inverse restores)
 
     def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
         axis = _axis(self.axis, len(shape))
@@ -314,6 +349,10 @@ class Resize(Step):
         pad = [(0, 0)] * x.ndim
         pad[axis] = (0, want - have)
         return np.pad(x, pad)
+
+    def inverse(self) -> Step:
+        """Back to ``source`` rows: rows MaxText dropped come back as zeros, its padding is dropped."""
+        return Resize(f"{self.name}_inverse", self.axis, self.source, self.size)
 
 
 # --- The steps families use ---------------------------------------------------------------
@@ -382,6 +421,37 @@ def chain_quantum(axis: int, shape: Shape, steps: tuple[Step, ...], spec: ModelS
         per_unit *= factor
         shape = step.shape(shape, spec)
     return quantum, axis
+
+
+def inverse_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """The chain that undoes ``steps`` (MaxText -> HF): each step's inverse, in reverse order."""
+    return tuple(step.inverse() for step in reversed(steps))
+
+
+def inverse_boxes(box: Box, shape: Shape, steps: tuple[Step, ...], spec: ModelSpec) -> list[Box]:
+    """The box after each step of :func:`inverse_steps` for the HF region ``box``: the forward
+    boxes walked back, ending at ``box`` itself."""
+    forward = [box, *forward_boxes(box, shape, steps, spec)]
+    return forward[-2::-1]
+
+
+def apply_inverse(leaf: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: list[Box],
+                  out: np.ndarray) -> None:
+    """Undo ``steps`` on a leaf region and write the HF region into ``out`` (cast to its dtype).
+
+    ``boxes`` from :func:`inverse_boxes`. A trailing :class:`PutStrided` fills only its share of
+    ``out``; every other chain fills ``out`` whole.
+    """
+    chain = inverse_steps(steps)
+    last = chain[-1] if chain else None
+    body = chain[:-1] if isinstance(last, PutStrided) else chain
+    if any(isinstance(step, PutStrided) for step in body):
+        raise ValueError(f"steps {[s.name for s in steps]}: a strided take must be the first step")
+    values = apply_steps(leaf, body, spec, boxes[:len(body)]) if body else leaf
+    if isinstance(last, PutStrided):
+        last.place(out, values.astype(out.dtype, copy=False))
+    else:
+        out[...] = values.astype(out.dtype, copy=False).reshape(out.shape)
 
 
 def apply_steps(x: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: list[Box] | None = None) -> np.ndarray:

@@ -6,8 +6,9 @@ fixed when its JAX starts, so every conversion, plan, verify and inspect gets it
 
 from tasks.checks import inspect_checkpoint, sharding_check, verify_checkpoint
 from tasks.convert import convert_checkpoint
-from tasks.job import Conversion
+from tasks.export import export_checkpoint
+from tasks.job import Conversion, Export
 from tasks.plan import plan_conversion
 
-__all__ = ["Conversion", "convert_checkpoint", "inspect_checkpoint", "plan_conversion", "sharding_check",
+__all__ = ["Conversion", "Export", "convert_checkpoint", "export_checkpoint", "inspect_checkpoint", "plan_conversion", "sharding_check",
            "verify_checkpoint"]

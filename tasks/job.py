@@ -43,3 +43,27 @@ class Conversion:
         extra = ["--overwrite"] if self.overwrite else []
         return ["convert", self.source, self.destination, *self.layout_args(),
                 "--progress", "jsonl", "--report", report_path, *extra]
+
+
+@dataclass(frozen=True)
+class Export:
+    """One ``ckptconv export CHECKPOINT DESTINATION --like LIKE`` with its output options."""
+
+    checkpoint: str
+    destination: str
+    like: str
+    dtype: str = "bfloat16"
+    shard_size: str = "5GB"
+    overwrite: bool = False
+    name: str | None = None
+
+    @property
+    def slug(self) -> str:
+        """Stable key for this export's artifacts: ``name``, else the destination's last path part."""
+        return slugify(self.name or self.destination.rstrip("/").rsplit("/", 1)[-1])
+
+    def export_args(self, report_path: str) -> list[str]:
+        """``export`` arguments with machine-readable progress and the report written to ``report_path``."""
+        extra = ["--overwrite"] if self.overwrite else []
+        return ["export", self.checkpoint, self.destination, "--like", self.like, "--dtype", self.dtype,
+                "--shard-size", self.shard_size, "--progress", "jsonl", "--report", report_path, *extra]

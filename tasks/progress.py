@@ -14,10 +14,11 @@ GIB = 1024**3
 
 
 class ProgressReporter:
-    """Feed it output lines (``on_line``); it logs them and moves ``conversion-<slug>-progress``."""
+    """Feed it output lines (``on_line``); it logs them and moves ``<kind>-<slug>-progress``
+    (``conversion`` or ``export``)."""
 
-    def __init__(self, slug: str, logger: logging.Logger | logging.LoggerAdapter) -> None:
-        self.key = f"conversion-{slug}-progress"
+    def __init__(self, slug: str, logger: logging.Logger | logging.LoggerAdapter, kind: str = "conversion") -> None:
+        self.key = f"{kind}-{slug}-progress"
         self.logger = logger
         self.events: dict[str, dict] = {}
         self._last_log = 0.0

@@ -1,0 +1,329 @@
+"""``export``: a MaxText Orbax checkpoint back to HF safetensors, streamed, on the same family data.
+
+Wiring only: the plan (:mod:`ckptconv.export_plan`) checks the checkpoint against ``--like``;
+each job's read units (the conversion's own tile plan) are read from the stored leaves by
+tensorstore, a band or a group of layers at a time, never a whole stacked leaf; each rule's
+steps are undone (:func:`ckptconv.transforms.apply_inverse`) and the HF bytes appended to
+safetensors files written header first (:mod:`ckptconv.safetensors_writer`).
+
+Commit protocol (local destinations): everything is written into ``DST/.ckptconv-pending``
+(shards as ``*.partial`` until whole) while ``DST/ckptconv-report.json`` says ``writing``;
+then the files are moved into ``DST`` and the report, written last, says ``complete``. A rerun
+with the same checkpoint, ``--like`` and options skips a complete export and, after a crash,
+keeps every shard already whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ckptconv import __version__, destination
+from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
+from ckptconv.export_plan import ExportPlan, make_export_plan
+from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
+from ckptconv.produce import prefetch
+from ckptconv.progress import Progress
+from ckptconv.safetensors_writer import (
+    INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
+)
+from ckptconv.sources import Source, open_source
+from ckptconv.stored import StoredLeaf, open_items_leaf, read_items_metadata, read_region
+from ckptconv.tiles import leaf_region, source_reads
+from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
+
+PENDING = ".ckptconv-pending"
+KIND = "export"
+# Files a HF model directory carries besides weights and config.json, copied from --like when present.
+COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                "chat_template.json")
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+Chunk = tuple[str, np.ndarray]  # (HF tensor name, its next bytes in row-major order)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """The CLI's words: which checkpoint, where to, which HF model it is, and the output format."""
+
+    checkpoint: str
+    destination: str
+    like: str
+    dtype: str = "bfloat16"
+    shard_size: str = "5GB"
+    report: str | None = None
+    overwrite: bool = False
+    progress: str = "bar"
+    hf_token_file: str | None = None
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``2GiB`` or a byte count -> bytes (HF's ``max_shard_size`` units)."""
+    value = text.strip().upper().replace(" ", "")
+    number = value.rstrip("KMGIB")
+    unit = value[len(number):]
+    try:
+        size = int(float(number) * SIZE_UNITS[unit])
+    except (KeyError, ValueError):
+        raise BadInputError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
+    if size <= 0:
+        raise BadInputError(f"--shard-size {text!r} must be positive")
+    return size
+
+
+def items_dir(checkpoint: str) -> str:
+    """The Orbax PyTree to read: ``CKPT`` itself, or ``CKPT/items``, or ``CKPT/0/items`` (a convert output)."""
+    root = destination.path(destination.absolute(checkpoint))
+    for candidate in (root, root / "items", root / destination.STEP / "items"):
+        if (candidate / "_METADATA").exists():
+            return candidate.as_posix()
+    raise BadInputError(f"{checkpoint}: no Orbax checkpoint (_METADATA) here, in items/ or in 0/items/")
+
+
+def export(request: ExportRequest) -> dict:
+    """Run one export; returns the report (also written into the destination)."""
+    request = dataclasses.replace(request, destination=destination.absolute(request.destination))
+    if destination.is_gcs(request.destination) or "://" in request.destination:
+        raise BadInputError(f"{request.destination}: export writes local directories only (so far)")
+    timer, started = StageTimer(), destination.now()
+    with timer.stage("plan"):
+        items = items_dir(request.checkpoint)
+        stored = read_items_metadata(items)
+        like = open_source(request.like, hf_token_file=request.hf_token_file)
+        plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
+        layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
+        print_ = fingerprint(items, stored, plan, request)
+    dst, pending = request.destination, os.path.join(request.destination, PENDING)
+    previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)
+    if _complete(dst, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
+        report = {**previous, "skipped": True}
+        _extra_report(request, report)
+        return report
+    _prepare(dst, pending, previous, print_, request.overwrite)
+    report_path = os.path.join(dst, destination.REPORT_NAME)
+    destination.write_report(report_path, {"status": "writing", "kind": KIND, "fingerprint": print_,
+                                           "started_at": started, "pid": os.getpid(), "host": socket.gethostname()})
+    tune_malloc()
+    progress = Progress(len(plan.tensors), plan.output_bytes, request.progress, desc="export")
+    progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
+    done = {layout.name for layout in layouts if finished(pending, layout) or finished(dst, layout)}
+    _write_shards(plan, items, layouts, done, pending, timer, progress)
+    with timer.stage("commit"):
+        _write_small_files(plan, like, pending, layouts)
+        _move_into(pending, dst)
+    progress.close()
+    report = _report(plan, request, items, layouts, timer, started, print_)
+    destination.write_report(report_path, report)
+    _extra_report(request, report)
+    progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
+    return report
+
+
+def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request: ExportRequest) -> str:
+    """Identity of (checkpoint as far as cheaply knowable, --like's config, options)."""
+    manifest = os.path.join(items, "manifest.ocdbt")
+    stat = os.stat(manifest) if os.path.exists(manifest) else None
+    identity = {"items": items, "manifest": None if stat is None else [stat.st_size, stat.st_mtime_ns],
+                "leaves": [(leaf.name, leaf.shape, leaf.dtype) for leaf in stored],
+                "config": plan.config_text, "options": [request.dtype, request.shard_size], "format": 1}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --- destination ---------------------------------------------------------------------------
+
+def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) -> bool:
+    return (report is not None and report.get("kind") == KIND and report.get("status") == "complete"
+            and all(finished(dst, layout) for layout in layouts))
+
+
+def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwrite: bool) -> None:
+    """Decide what to do with what is at ``dst``: resume our own unfinished run, clear ours, refuse the rest."""
+    ours = previous is not None and previous.get("kind") == KIND
+    if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
+        raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
+                                     "pass --overwrite to replace it")
+    if ours and previous.get("status") == "writing" and destination.writer_alive(previous):
+        raise CkptConvError(f"{dst}: another export (pid {previous['pid']} on {previous['host']}) is writing here; "
+                            "wait for it or stop it")
+    occupied = os.path.isdir(dst) and any(name != PENDING for name in os.listdir(dst))
+    if occupied and not ours and not overwrite:
+        raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
+                                     "its weights, config and tokenizer files")
+    resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
+    if not resuming:
+        _clear(dst, pending)
+    os.makedirs(pending, exist_ok=True)
+
+
+def _clear(dst: str, pending: str) -> None:
+    """Remove what an export writes at ``dst`` (report first: nothing then reads as complete)."""
+    if not os.path.isdir(dst):
+        return
+    for name in (destination.REPORT_NAME,):
+        if os.path.exists(os.path.join(dst, name)):
+            os.unlink(os.path.join(dst, name))
+    shutil.rmtree(pending, ignore_errors=True)
+    for name in os.listdir(dst):
+        if name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", *COPIED_FILES):
+            os.unlink(os.path.join(dst, name))
+
+
+def _move_into(pending: str, dst: str) -> None:
+    """Move every finished file from the pending directory into ``dst``; the report then commits."""
+    for name in sorted(os.listdir(pending)):
+        if not name.endswith(PARTIAL):
+            os.replace(os.path.join(pending, name), os.path.join(dst, name))
+    shutil.rmtree(pending)
+
+
+def _write_small_files(plan: ExportPlan, like: Source, pending: str, layouts: tuple[FileLayout, ...]) -> None:
+    """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
+    with open(os.path.join(pending, INDEX_NAME), "w") as f:
+        f.write(index_json(layouts))
+    with open(os.path.join(pending, "config.json"), "w") as f:
+        f.write(_config_text(plan))
+    for name in COPIED_FILES:
+        if like.exists(name):
+            with open(os.path.join(pending, name), "wb") as f:
+                f.write(bytes(like.read_range(name, 0, like.size(name))))
+
+
+def _config_text(plan: ExportPlan) -> str:
+    """``--like``'s config as it was, unless the weights' format changed: no ``quantization_config``
+    for dequantised weights, ``torch_dtype`` saying the dtype written."""
+    config = dict(plan.config)
+    config.pop("quantization_config", None)
+    dtype_name = plan.dtype.name
+    for key in ("torch_dtype", "dtype"):
+        if key in config and config[key] != dtype_name:
+            config[key] = dtype_name
+    return plan.config_text if config == plan.config else json.dumps(config, indent=2) + "\n"
+
+
+# --- streaming -----------------------------------------------------------------------------
+
+def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...], done: set[str], pending: str,
+                  timer: StageTimer, progress: Progress) -> None:
+    """Stream every HF tensor into its file; files already whole (a resumed run) are not read again."""
+    file_of = {entry.name: layout for layout in layouts for entry in layout.tensors}
+    skip = {entry.name for layout in layouts if layout.name in done for entry in layout.tensors}
+    current: StreamedFile | None = None
+    last = [None]
+    try:
+        for name, data in prefetch(lambda: export_chunks(plan, items, timer, skip)):
+            layout = file_of[name]
+            if layout.name in done:
+                continue
+            with timer.stage("write"):
+                if current is None or current.layout is not layout:
+                    if current is not None:
+                        current.close()
+                    current = StreamedFile(pending, layout)
+                current.append(name, data)
+            progress.advance(int(name != last[0]), data.nbytes)
+            last[0] = name
+        if current is not None:
+            with timer.stage("write"):
+                current.close()
+                current = None
+    finally:
+        if current is not None:
+            current.abandon()
+
+
+def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str] = frozenset()) -> Iterator[Chunk]:
+    """Every HF tensor's bytes in writing order, job by job, read unit by read unit."""
+    for job in plan.jobs:
+        names = [plan.hf_names[piece.name] for piece in job.pieces]
+        if all(name in skip for name in names):
+            continue
+        stores = [_Lazy(lambda leaf=leaf: open_items_leaf(items, leaf.path)) for leaf in job.leaves]
+        shapes = job.shapes
+        for members, box in source_reads(job.tiling, job.source_shape, job.positions):
+            if all(names[i] in skip for i in members):
+                continue
+            where = [job.positions[i] for i in members]
+            regions = []
+            with timer.stage("read"):
+                for k, (leaf, shape) in enumerate(zip(job.leaves, shapes)):
+                    image = forward_boxes(box, job.source_shape, leaf.steps, plan.spec)[-1] if leaf.steps else box
+                    region = leaf_region(shape, where, image)
+                    if any(stop <= start for start, stop in region):  # rows MaxText does not hold
+                        regions.append(np.zeros(box_shape(region), leaf.dtype))
+                    else:
+                        regions.append(read_region(stores[k].get(), box_slices(region)))
+            for n, index in enumerate(members):
+                with timer.stage("transform"):
+                    out = np.empty(box_shape(box), plan.dtype)
+                    for leaf, shape, region in zip(job.leaves, shapes, regions):
+                        piece = region[_member(shape.stack_axes, len(region.shape), n)]
+                        apply_inverse(piece, leaf.steps, plan.spec,
+                                      inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+                yield names[index], out
+            del regions
+
+
+def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:
+    """Index of the ``n``-th piece of a read in its leaf region (stack axes dropped)."""
+    index: list = [slice(None)] * ndim
+    for axis in stack_axes[:-1]:
+        index[axis] = 0
+    if stack_axes:
+        index[stack_axes[-1]] = n
+    return tuple(index)
+
+
+class _Lazy:
+    """A leaf handle opened at its first read (a resumed run skips most leaves)."""
+
+    def __init__(self, open_: Callable[[], object]) -> None:
+        self._open, self._value = open_, None
+
+    def get(self):
+        if self._value is None:
+            self._value = self._open()
+        return self._value
+
+
+# --- report --------------------------------------------------------------------------------
+
+def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple[FileLayout, ...],
+            timer: StageTimer, started: str, print_: str) -> dict:
+    return {
+        "tool": f"ckptconv {__version__}",
+        "kind": KIND,
+        "status": "complete",
+        "skipped": False,
+        "checkpoint": items,
+        "like": request.like,
+        "destination": request.destination,
+        "family": plan.family.name,
+        "model": plan.spec.to_json(),
+        "scan_layers": plan.scan_layers,
+        "not_exported": list(plan.not_exported),
+        "dtype": request.dtype,
+        "tensors": len(plan.tensors),
+        "files": [layout.name for layout in layouts],
+        "output_bytes": plan.output_bytes,
+        "shard_size": request.shard_size,
+        "stage_seconds": timer.as_dict(),
+        "wall_seconds": round(timer.wall(), 3),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "fingerprint": print_,
+        "started_at": started,
+        "finished_at": destination.now(),
+        "pid": os.getpid(),
+    }
+
+
+def _extra_report(request: ExportRequest, report: dict) -> None:
+    if request.report:
+        destination.write_report(request.report, report)

@@ -1,0 +1,169 @@
+"""Plan an export (MaxText -> HF) from ``--like``'s ``config.json`` and the checkpoint's metadata alone.
+
+The export runs the conversion's own plan backwards: the same family rules and layer stacks
+give every job (a rule on a layer stack), its leaves and its tile plan, with the HF tensors as
+the jobs' *outputs* instead of their inputs. Before a byte is written the checkpoint must hold
+exactly the leaves that plan names, with the shapes ``config.json`` implies: a checkpoint of
+another model (or another size) fails naming the first leaf that differs. Whether the layers
+were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/layers_0/...``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from ckptconv.errors import BadInputError
+from ckptconv.families import family_for
+from ckptconv.families.base import Family
+from ckptconv.plan import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
+from ckptconv.safetensors_io import index_checkpoint
+from ckptconv.safetensors_writer import TensorEntry
+from ckptconv.sources import Source
+from ckptconv.spec import ModelSpec
+from ckptconv.stored import StoredLeaf
+from ckptconv.transforms import Resize
+
+Box = tuple[tuple[int, int], ...]
+PARAM_ROOT = "params"  # the items tree's TrainState field holding every collection MaxText's model reads
+
+
+@dataclass(frozen=True)
+class Target:
+    """One HF tensor the export writes (a rule's piece seen from the other side): the conversion
+    planner's :class:`~ckptconv.inputs.Input` questions, answered for a tensor not yet written."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    file: str = ""
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def decode_bytes(self) -> int:
+        return 0
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        raise TypeError(f"{self.name}: an export target is written, not read")
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What an export reads (the jobs' leaves) and writes (``tensors``, in writing order)."""
+
+    family: Family
+    spec: ModelSpec
+    config: dict
+    config_text: str
+    scan_layers: bool
+    dtype: np.dtype
+    jobs: tuple[Job, ...]
+    hf_names: dict[str, str]  # the rules' tensor names -> the names written (as --like stores them)
+    tensors: tuple[TensorEntry, ...]
+    not_exported: tuple[dict, ...]
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(entry.nbytes for entry in self.tensors)
+
+
+def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bfloat16",
+                     where: str = "checkpoint") -> ExportPlan:
+    """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
+    :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
+    if dtype not in OUTPUT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(OUTPUT_DTYPES)})")
+    out_dtype = OUTPUT_DTYPES[dtype]
+    config_text, config = read_config(like)
+    family = family_for(config.get("model_type"), f"{like.uri}/config.json")
+    spec = read_spec(family, config, f"{like.uri}/config.json")
+    params = {leaf.path: leaf for leaf in stored if leaf.path[:1] == (PARAM_ROOT,)}
+    if not params:
+        raise BadInputError(f"{where}: no leaves under '{PARAM_ROOT}' (not a MaxText parameter checkpoint)")
+    leaf_dtype = np.dtype(next(iter(params.values())).dtype)
+    devices = _device_count(next(iter(params.values())))
+    candidates = []
+    for scan in (True, False):
+        stacks = family.layout(spec, scan)
+        expected = expected_tensors(family.active_rules(spec), stacks, spec)
+        targets = {name: Target(name, shape, out_dtype) for name, (_, shape) in expected.items()}
+        jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
+        candidates.append((scan, jobs))
+    scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
+    _check_leaves(where, like.uri, jobs, params)
+    hf_names = _hf_names(like, family, [p.name for job in jobs for p in job.pieces])
+    tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape) for job in jobs for p in job.pieces)
+    return ExportPlan(family, spec, config, config_text, scan, out_dtype, jobs, hf_names, tensors,
+                      _not_exported(family, spec, jobs))
+
+
+def _device_count(leaf: StoredLeaf) -> int:
+    """Devices the checkpoint was sharded over: the tile plan then reads whole stored chunks."""
+    return math.prod(leaf.mesh_shape) if leaf.mesh_shape else 1
+
+
+def _check_leaves(where: str, like: str, jobs: tuple[Job, ...], params: dict[tuple[str, ...], StoredLeaf]) -> None:
+    planned = {leaf.path: leaf for job in jobs for leaf in job.leaves}
+    for path, leaf in planned.items():
+        found = params.get(path)
+        if found is None:
+            raise BadInputError(f"{where}: missing leaf {leaf.name!r}, which {like}/config.json implies "
+                                f"(a checkpoint of another model?)")
+        if found.shape != leaf.shape:
+            raise BadInputError(f"{where}: leaf {leaf.name!r} has shape {list(found.shape)}, "
+                                f"{like}/config.json implies {list(leaf.shape)}")
+        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) != np.dtype(ml_dtypes.bfloat16):
+            raise BadInputError(f"{where}: leaf {leaf.name!r} has dtype {found.dtype}, expected a float dtype")
+    extra = sorted(set(params) - set(planned))
+    if extra:
+        raise BadInputError(f"{where}: unexpected leaf {'/'.join(extra[0])!r} for {like}/config.json"
+                            f"{f' and {len(extra) - 1} more' if len(extra) > 1 else ''} (a checkpoint of another model?)")
+
+
+def _hf_names(like: Source, family: Family, names: list[str]) -> dict[str, str]:
+    """The names to write: as ``--like`` stores them when it has weights (Gemma 3's hub checkpoints
+    say ``language_model.model.*`` where the rules say ``model.*``), else the rules' own names."""
+    try:
+        stored = index_checkpoint(like)
+    except BadInputError:  # --like may be a config-only directory
+        stored = {}
+    prefixes = [(canonical, alias) for alias, canonical in family.aliases
+                if any(name.startswith(alias) for name in stored)]
+    renamed = {}
+    for name in names:
+        prefix = next(((c, a) for c, a in prefixes if name.startswith(c)), None)
+        renamed[name] = prefix[1] + name[len(prefix[0]):] if prefix else name
+    return renamed
+
+
+def _not_exported(family: Family, spec: ModelSpec, jobs: tuple[Job, ...]) -> tuple[dict, ...]:
+    """What the HF model has that the MaxText checkpoint cannot give back, named for the report."""
+    prefixes: dict[str, list[str]] = {}
+    for prefix, what in family.not_converted(spec):
+        prefixes.setdefault(what, []).append(f"{prefix}*")
+    notes = [{"what": f"{what}: not in a MaxText checkpoint, not exported", "tensors": names}
+             for what, names in prefixes.items()]
+    for job in jobs:
+        for step in (s for leaf in job.leaves for s in leaf.steps if isinstance(s, Resize)):
+            rows, kept = job.source_shape[step.axis], spec.dim(step.size)
+            if rows > kept:
+                notes.append({"what": f"rows {kept}..{rows - 1} are not in MaxText's vocabulary of {kept} rows: "
+                                      "written as zeros", "tensors": [job.pieces[0].name]})
+    if spec.values.get("quantization"):
+        notes.append({"what": f"quantised release ({spec.values['quantization']}): exported dequantised; "
+                              "config.json without quantization_config", "tensors": []})
+    return tuple(notes)

@@ -1,0 +1,224 @@
+"""``export``: HF -> MaxText -> HF gives back the source, bit for bit, for every family, scanned or not.
+
+The conversions run in this process (fast); the CLI runs where its exit status or a fresh
+process's memory figure is what is tested. Exported files are read with the reference
+safetensors reader, and ``transformers`` loads one exported directory.
+
+Through a bfloat16 MaxText checkpoint every step is exact except Gemma's ``1 + w`` norms: the
+sum is rounded to bfloat16 in the checkpoint (MaxText's converter does the same), so those
+norms come back within one bfloat16 step; through a float32 checkpoint Gemma is exact too.
+"""
+
+import glob
+import json
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from ckptconv import synth
+from ckptconv.convert import ConvertRequest, convert
+from ckptconv.errors import BadInputError, DestinationExistsError
+from ckptconv.export import PENDING, ExportRequest, export
+from tests.conftest import run_cli
+
+MiB = 2**20
+MOE = {"num_experts": 4, "moe_intermediate_size": 32}
+MODELS = {
+    "qwen3": synth.SynthModel(model_type="qwen3"),
+    "qwen2": synth.SynthModel(model_type="qwen2", tie_word_embeddings=False),
+    "llama": synth.SynthModel(model_type="llama", tie_word_embeddings=False),
+    "llama3.1": synth.SynthModel(model_type="llama", config_overrides={"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}),
+    "mistral": synth.SynthModel(model_type="mistral", tie_word_embeddings=False),
+    "qwen3_moe": synth.SynthModel(model_type="qwen3_moe", tie_word_embeddings=False, num_layers=3, **MOE),
+    "mixtral": synth.SynthModel(model_type="mixtral", tie_word_embeddings=False, num_experts=4),
+    "gemma2": synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96),
+    "gemma3": synth.SynthModel(model_type="gemma3", num_layers=8, vocab_size=96),  # a 6-layer block + 2 remainder
+    "deepseek_v3": synth.SynthModel(model_type="deepseek_v3", num_layers=3, **MOE),  # 1 dense, 2 MoE layers
+    "gpt_oss": synth.SynthModel(model_type="gpt_oss", num_layers=4, num_experts=4),
+}
+NORM_ROUNDED = ("gemma2", "gemma3")  # 1 + w rounded to bfloat16 in the checkpoint
+
+
+@pytest.fixture(autouse=True, scope="module")
+def jax_with_16_devices():
+    """Start JAX with conftest's 16 devices before an in-process conversion with ``devices=1`` would
+    set XLA_FLAGS to 1 for the rest of the session."""
+    import jax
+
+    assert jax.device_count() == 16
+
+
+def hf_tensors(directory) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
+        tensors.update(load_file(path))
+    return tensors
+
+
+def round_trip(tmp_path, model: synth.SynthModel, scan: bool, dtype: str = "bfloat16", devices: int = 1,
+               **options) -> tuple:
+    src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
+    synth.write_checkpoint(model, str(src))
+    convert(ConvertRequest(str(src), str(mt), devices=devices, scan_layers=scan, dtype=dtype, progress="none"))
+    report = export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", **options))
+    return src, mt, hf, report
+
+
+def assert_same(source: dict, exported: dict, close: tuple[str, ...] = ()) -> None:
+    """Bit for bit, except the names in ``close`` (within one bfloat16 step)."""
+    assert sorted(exported) == sorted(source)
+    for name, want in source.items():
+        got = exported[name]
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+        if name.endswith(close) and close:
+            step = np.abs(want.astype(np.float32)) * 2.0**-7
+            assert (np.abs(got.astype(np.float32) - want.astype(np.float32)) <= step).all(), name
+        else:
+            assert got.tobytes() == want.tobytes(), name
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
+@pytest.mark.parametrize("name", MODELS)
+def test_round_trip_is_bit_identical(tmp_path, name, scan):
+    model = MODELS[name]
+    src, _, hf, report = round_trip(tmp_path, model, scan, devices=16 if name in ("qwen3", "gpt_oss") else 1)
+    close = ("norm.weight",) if name in NORM_ROUNDED else ()
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf), close)
+    assert report["scan_layers"] is scan and report["status"] == "complete"
+    assert json.loads((hf / "config.json").read_text()) == model.config()
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(hf_tensors(hf))
+    assert not (hf / PENDING).exists()
+
+
+@pytest.mark.parametrize("name", NORM_ROUNDED)
+def test_gemma_round_trip_through_float32_is_bit_identical(tmp_path, name):
+    src, _, hf, _ = round_trip(tmp_path, MODELS[name], scan=True, dtype="float32")
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
+
+
+def test_tied_embeddings_export_no_head_and_transformers_gives_the_source_logits(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = synth.SynthModel(model_type="qwen3", num_layers=3)
+    src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
+    synth.write_checkpoint(model, str(src))
+    convert(ConvertRequest(str(src), str(mt), devices=1, progress="none"))
+    (src / "tokenizer_config.json").write_text('{"model_max_length": 4096}\n')
+    result = run_cli("export", str(mt / "0" / "items"), str(hf), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert "exported" in result.stdout and (hf / "tokenizer_config.json").read_text() == '{"model_max_length": 4096}\n'
+    assert "lm_head.weight" not in hf_tensors(hf)
+    tokens = torch.tensor([[1, 7, 42, 300, 511, 2]])
+    logits = []
+    for directory in (src, hf):
+        loaded = AutoModelForCausalLM.from_pretrained(str(directory), torch_dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits.append(loaded(tokens).logits.numpy())
+    np.testing.assert_array_equal(logits[1], logits[0])
+
+
+def test_shape_mismatch_with_like_exits_2_and_writes_nothing(tmp_path):
+    src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
+    synth.write_checkpoint(synth.SynthModel(), str(src))
+    convert(ConvertRequest(str(src), str(mt), devices=1, progress="none"))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(synth.SynthModel(intermediate_size=96).config()))
+    result = run_cli("export", str(mt), str(hf), "--like", str(other), "--progress", "none")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "mlp/wi_0/kernel" in result.stderr and "[64, 2, 96]" in result.stderr
+    assert not hf.exists()
+    with pytest.raises(BadInputError, match="missing leaf 'params/params/decoder/logits_dense/kernel'"):
+        (other / "config.json").write_text(json.dumps(synth.SynthModel("llama", tie_word_embeddings=False).config()))
+        export(ExportRequest(str(mt), str(hf), like=str(other), progress="none"))
+    assert not hf.exists()
+
+
+def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch):
+    from ckptconv import safetensors_writer
+
+    model = synth.SynthModel(num_layers=4)
+    src, mt, hf, report = round_trip(tmp_path, model, scan=True, shard_size="40KB")
+    files = report["files"]
+    assert len(files) > 3 and sorted(os.listdir(hf)) == sorted(
+        [*files, "config.json", "model.safetensors.index.json", "ckptconv-report.json"])
+    weight_map = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
+    for file in files:  # data up to the limit, plus the header; a larger tensor (the embedding) alone
+        together = [name for name, f in weight_map.items() if f == file]
+        assert len(together) == 1 or os.path.getsize(hf / file) < 40_000 + 4096, file
+    assert export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", shard_size="40KB"))["skipped"]
+    with pytest.raises(DestinationExistsError, match="other options"):
+        export(ExportRequest(str(mt), str(hf), like=str(src), progress="none"))
+    replaced = export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", overwrite=True))
+    assert sorted(os.listdir(hf)) == sorted(
+        [*replaced["files"], "config.json", "model.safetensors.index.json", "ckptconv-report.json"])
+
+    # A crash after two files: the rerun keeps them (same inode) and writes the rest.
+    crashed = tmp_path / "crashed"
+    real_close, closed = safetensors_writer.StreamedFile.close, []
+
+    def close_twice(self):
+        if len(closed) == 2:
+            raise OSError("disk full (simulated)")
+        real_close(self)
+        closed.append(self.layout.name)
+
+    monkeypatch.setattr(safetensors_writer.StreamedFile, "close", close_twice)
+    with pytest.raises(OSError):
+        export(ExportRequest(str(mt), str(crashed), like=str(src), progress="none", shard_size="40KB"))
+    monkeypatch.undo()
+    assert json.loads((crashed / "ckptconv-report.json").read_text())["status"] == "writing"
+    kept = {name: os.stat(crashed / PENDING / name).st_ino for name in closed}
+    again = export(ExportRequest(str(mt), str(crashed), like=str(src), progress="none", shard_size="40KB"))
+    assert again["status"] == "complete" and {name: os.stat(crashed / name).st_ino for name in closed} == kept
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(crashed))
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(DestinationExistsError):
+        export(ExportRequest(str(mt), str(foreign), like=str(src), progress="none"))
+
+
+def test_fp8_release_exports_dequantised_bfloat16(tmp_path):
+    from ckptconv.verification import verify
+
+    model = synth.SynthModel(model_type="deepseek_v3", num_layers=2, vocab_size=256, hidden_size=128,
+                             intermediate_size=256, quantization="fp8", **MOE)
+    src, mt, hf, report = round_trip(tmp_path, model, scan=True)
+    config = json.loads((hf / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+    assert any("exported dequantised" in note["what"] for note in report["not_exported"])
+    tensors = hf_tensors(hf)
+    assert {t.dtype for t in tensors.values()} == {np.dtype(ml_dtypes.bfloat16)}
+    assert not any(name.endswith("_scale_inv") for name in tensors)
+    result = verify(str(hf), str(mt))  # the checkpoint is exactly what the exported model converts to
+    assert result.ok, result.mismatches[:3]
+
+
+@pytest.mark.slow
+def test_export_peak_rss_does_not_grow_with_layers(tmp_path):
+    def model(layers):
+        return synth.SynthModel(vocab_size=8192, hidden_size=1024, num_layers=layers, num_heads=8, num_kv_heads=4,
+                                head_dim=128, intermediate_size=4096)
+
+    peaks = {}
+    for layers in (3, 12):
+        src, mt, hf = tmp_path / f"src{layers}", tmp_path / f"mt{layers}", tmp_path / f"hf{layers}"
+        synth.write_checkpoint(model(layers), str(src), fast=True)
+        convert(ConvertRequest(str(src), str(mt), devices=16, progress="none", compression=False))
+        result = run_cli("export", str(mt), str(hf), "--like", str(src), "--progress", "none", "--shard-size", "200MB")
+        assert result.returncode == 0, result.stderr
+        report = json.loads((hf / "ckptconv-report.json").read_text())
+        peaks[layers] = report["peak_rss_bytes"]
+        print(f"export of {layers} layers ({report['output_bytes'] / MiB:.0f} MiB): peak {peaks[layers] / MiB:.0f} MiB, "
+              f"{report['wall_seconds']:.1f} s")
+        assert report["output_bytes"] > (layers * 30 * MiB)
+    assert peaks[12] <= peaks[3] + 64 * MiB, {k: v / MiB for k, v in peaks.items()}
