@@ -149,7 +149,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
         "leaves": len(chosen), "output_bytes": nbytes, "stage_seconds": timer.as_dict(),
         "wall_seconds": round(timer.wall(), 3), "peak_rss_bytes": peak_rss_bytes(), "host": socket.gethostname(),
-        "pid": os.getpid(), "started_at": started, "finished_at": _now(),
+        "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
     }
     partition.write_marker(request.destination, part, report)
     _write_extra_report(request, report)

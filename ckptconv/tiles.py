@@ -27,7 +27,7 @@ import numpy as np
 from ckptconv.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.spec import ModelSpec
 from ckptconv.transforms import (
-    WHOLE, Box, Misaligned, Resize, Scale, Shape, Step, box_shape, chain_quantum, forward_boxes, full_box,
+    WHOLE, Box, Misaligned, Resize, Scale, Shape, Step, chain_quantum, forward_boxes, full_box,
 )
 
 READ_BYTES = 16 * 1024 * 1024  # source bytes per read unit: large enough for few commits, small enough to stream

@@ -7,7 +7,6 @@ reader, stacked as MaxText stacks them: experts first, then layers on axis 1.
 """
 
 import json
-import math
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 for safetensors.numpy)
 import numpy as np

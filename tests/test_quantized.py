@@ -8,7 +8,6 @@ from the quantised source, and gpt-oss's logits match transformers running the d
 """
 
 import json
-import math
 
 import ml_dtypes
 import numpy as np

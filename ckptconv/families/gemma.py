@@ -11,7 +11,7 @@ What MaxText's Gemma layout changes against Llama's (its converter, 0.2.5):
 from __future__ import annotations
 
 from ckptconv.families.base import Rule, never, rule
-from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, read_attention
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, TIED_NOTE, read_attention
 from ckptconv.spec import ConfigReader
 from ckptconv.transforms import NORM_PLUS_ONE, RESIZE_VOCAB, SCALE_EMBEDDING, Step
 
