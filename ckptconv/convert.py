@@ -57,6 +57,7 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 
 def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
+    _check_paths(request.source, request.destination)
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if request.partition is not None:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
@@ -84,6 +85,7 @@ def convert(request: ConvertRequest) -> dict:
     if report.get("status") == "writing" and destination.writer_alive(report):
         raise CkptConvError(f"{request.destination}: another conversion (pid {report['pid']} on "
                             f"{report['host']}) is writing here; wait for it or stop it")
+    destination.check_ownership(request.destination, state)  # nothing below deletes what is not ours
     ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
     if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
@@ -214,9 +216,23 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
     }
 
 
+def _check_paths(source: str, target: str) -> None:
+    """Before any work: no empty or root destination (an unset shell variable must not mean "here"),
+    and source and destination apart (the destination's step is what a rerun replaces)."""
+    if not target.strip():
+        raise BadInputError("the destination is empty (an unset shell variable?); give a directory or gs:// URI")
+    if "://" not in target and os.path.realpath(target) == os.path.realpath(os.sep):
+        raise BadInputError(f"{target!r}: the filesystem root cannot be a destination")
+    if "://" in source or "://" in target:
+        a, b = source.rstrip("/") + "/", target.rstrip("/") + "/"
+    else:
+        a, b = os.path.realpath(source) + os.sep, os.path.realpath(target) + os.sep
+    if a.startswith(b) or b.startswith(a):
+        raise BadInputError(f"{target}: the destination and the source {source} overlap (one holds the other); "
+                            "convert into a directory of its own")
+
+
 def _occupant(state: destination.DestinationState) -> str:
-    if state.report is None:
-        return "holds a checkpoint without a ckptconv report (another tool's, or a run that did not finish)"
     return "holds a checkpoint converted from a different source or with different options"
 
 

@@ -11,15 +11,23 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass
 
 from etils import epath
 
+from ckptconv.errors import BadInputError
+
 STEP = "0"
 REPORT_NAME = "ckptconv-report.json"
 COMMIT_MARKER = "commit_success.txt"
 TMP_MARKER = ".orbax-checkpoint-tmp"
+# What Orbax's CheckpointManager deletes as an unfinished step when it opens a directory
+# (orbax step.TMP_DIR_STEP_PATTERN): such a name that is not provably ours must stop us first.
+ORBAX_TMP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")
+# The temporaries our own save of step 0 makes (locally ``0.orbax-checkpoint-tmp-<time>``).
+OUR_TMP = re.compile(r"0\.orbax-checkpoint-tmp(-\d+)?")
 
 
 def absolute(destination: str) -> str:
@@ -64,10 +72,31 @@ def inspect_state(destination: str) -> DestinationState:
     finalised = (step / "_CHECKPOINT_METADATA").exists() and (step / "items").exists()
     if is_gcs(destination):
         finalised = finalised and (step / COMMIT_MARKER).exists()
-    leftovers = tuple(sorted(p.name for p in root.iterdir() if TMP_MARKER in p.name))
+    leftovers = tuple(sorted(p.name for p in root.iterdir() if OUR_TMP.fullmatch(p.name)))
     if step.exists() and not finalised:
         leftovers += (STEP,)
     return DestinationState(finalised, read_report(root / REPORT_NAME), leftovers)
+
+
+def check_ownership(destination: str, state: DestinationState) -> None:
+    """Refuse (one line naming the path) to run where we would delete what we cannot prove we wrote.
+
+    Ours is what a ckptconv report vouches for: the report is written before anything else, so a
+    step or temporary without one is someone else's (a MaxText conversion, the user's notes). And
+    Orbax deletes every name that looks like its temporary when it opens DST: such a name that is
+    not one of ours stops the run before Orbax sees it.
+    """
+    root = path(destination)
+    if not root.exists():
+        return
+    for child in sorted(root.iterdir(), key=lambda p: p.name):
+        if ORBAX_TMP.match(child.name) and not OUR_TMP.fullmatch(child.name):
+            raise BadInputError(f"{child}: Orbax would delete this as an unfinished checkpoint step; "
+                                "move it out of the destination")
+    if state.report is None and (state.checkpoint or state.leftovers):
+        what = root / (STEP if STEP in state.leftovers or state.checkpoint else state.leftovers[0])
+        raise BadInputError(f"{what}: not written by ckptconv (no {REPORT_NAME} beside it), so not replaced or "
+                            "removed; move it away or choose another destination")
 
 
 def read_report(report_path: epath.Path) -> dict | None:
@@ -105,7 +134,7 @@ def clear(destination: str) -> None:
     except FileNotFoundError:
         pass
     for child in root.iterdir():
-        if child.name == STEP or TMP_MARKER in child.name:
+        if child.name == STEP or OUR_TMP.fullmatch(child.name):
             if child.is_dir():
                 child.rmtree()
             else:

@@ -23,7 +23,7 @@ from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, Rule
 from ckptconv.inputs import Input, resolve
 from ckptconv.safetensors_io import TensorInfo, index_checkpoint
-from ckptconv.sharding import shard_shape
+from ckptconv.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.sources import Source
 from ckptconv.spec import ConfigReader, ModelSpec, load_config
 from ckptconv.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
@@ -139,12 +139,30 @@ def read_spec(family: Family, config: dict, where: str) -> ModelSpec:
     return spec
 
 
+MAX_DEVICES = 16384
+
+
+def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
+    """A device count that shards no leaf (MaxText's rule: dim 0, else dim 1, divisible by it) only
+    replicates everything: refuse it and name the largest power of two that does shard."""
+    shapes = [leaf.shape for job in jobs for leaf in job.leaves]
+    if devices == 1 or any(MESH_AXIS in partition_spec(shape, devices) for shape in shapes):
+        return
+    useful = next((2**k for k in range(devices.bit_length(), 0, -1) if 2**k <= devices
+                   and any(MESH_AXIS in partition_spec(shape, 2**k) for shape in shapes)), 1)
+    raise BadInputError(f"--devices {devices} shards none of the {len(shapes)} leaves (each would be replicated "
+                        f"{devices} times); the largest power of two that shards some leaf is {useful}")
+
+
 def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = True, devices: int = 16) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
     if dtype not in OUTPUT_DTYPES:
         raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(OUTPUT_DTYPES)})")
     if devices < 1:
         raise BadInputError(f"--devices must be >= 1, got {devices}")
+    if devices > MAX_DEVICES:
+        raise BadInputError(f"--devices {devices}: at most {MAX_DEVICES} (the largest TPU slices; each device is "
+                            "simulated in one process, so more would take minutes before the first byte)")
     config_text, config = read_config(source)
     where = f"{source.uri}/config.json"
     family = family_for(config.get("model_type"), where)
@@ -165,6 +183,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     _check_shapes_and_dtypes(expected, inputs)
     out_dtype = OUTPUT_DTYPES[dtype]
     jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
+    _check_devices_shard_something(jobs, devices)
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)

@@ -28,8 +28,11 @@ KILL_MODEL_HOOK = "CKPTCONV_TEST_KILL_MODEL"
       retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=10), retry_jitter_factor=0.5,
       retry_condition_fn=retryable)
 def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
-                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
-    """Convert in a child holding its predicted GiB of the worker's memory limit; returns the report."""
+                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, extra_args: tuple[str, ...] = ()) -> dict:
+    """Convert in a child holding its predicted GiB of the worker's memory limit; returns the report.
+
+    ``extra_args``: more ``convert`` flags, e.g. ``("--partition", "0/4")`` or ``("--finalize", "4")``.
+    """
     logger = get_run_logger()
     limit = ensure_limit(configured_limit())
     gb = slots_needed(predicted_peak_bytes, limit)
@@ -38,7 +41,7 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
         logger.info("admitted: holding %d GB of %s", gb, limit.name)
         progress = ProgressReporter(job.slug, logger)
         report_path = os.path.join(tmp, "report.json")
-        result = stream_child(job.convert_args(report_path), child_env(job.devices),
+        result = stream_child(job.convert_args(report_path) + list(extra_args), child_env(job.devices),
                               _kill_hook(job.slug, progress.on_line), timeout_seconds)
         result.check(f"ckptconv convert {job.source}", timeout_seconds)
         with open(report_path) as f:

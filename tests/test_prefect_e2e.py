@@ -128,15 +128,15 @@ def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tm
 
 
 @contextlib.contextmanager
-def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]]):
-    """Process workers named ``name`` on ``pool`` with extra env, for the duration of the block."""
+def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]], *extra: str):
+    """Process workers named ``name`` on ``pool`` with extra env (and ``extra`` flags), for the block."""
     procs = {}
     try:
-        for name, (pool, extra) in specs.items():
+        for name, (pool, more) in specs.items():
             with open(tmp_path / f"{name}.log", "wb") as log:
                 procs[name] = subprocess.Popen(
                     [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--name", name,
-                     "--type", "process"], env={**env, "CKPTCONV_WORKER": name, **extra}, cwd=ROOT,
+                     "--type", "process", *extra], env={**env, "CKPTCONV_WORKER": name, **more}, cwd=ROOT,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         yield procs
     finally:
@@ -191,3 +191,32 @@ def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(de
     for model in models:
         verified = run_cli("verify", model["source"], model["destination"], "--json")
         assert verified.returncode == 0 and json.loads(verified.stdout)["ok"], model["name"]
+
+
+@pytest.mark.slow
+def test_partitioned_conversion_over_two_workers_equals_a_single_one(deployed, synth_dir, tmp_path):
+    """``convert-partitioned`` starts 2 ``convert-partition`` flow runs; two workers of one pool, each
+    taking one run at a time, write one partition each; the finalize commits one checkpoint."""
+    from tests.test_convert import restore
+    from tests.test_partition import MOE
+
+    env = deployed
+    source, single, split = synth_dir(MOE), tmp_path / "single", tmp_path / "split"
+    assert run_cli("convert", str(source), str(single), "--devices", "4", "--progress", "none").returncode == 0
+    script = ("import json, sys; from flows.partitioned import convert_partitioned; "
+              "r = convert_partitioned(source=sys.argv[1], destination=sys.argv[2], partitions=2, devices=4, "
+              "name='split'); print(json.dumps(r['partitions']))")
+    with _workers(env, tmp_path, {"worker-a": ("cpu-pool", {}), "worker-b": ("cpu-pool", {})}, "--limit", "1"):
+        done = subprocess.run([sys.executable, "-c", script, str(source), str(split)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(row["partition"] for row in rows) == ["0/2", "1/2"]
+    assert sorted(row["worker"] for row in rows) == ["worker-a", "worker-b"]
+    expected, got = restore(single), restore(split)
+    assert got.keys() == expected.keys()
+    assert all(got[name].tobytes() == value.tobytes() for name, value in expected.items())
+    report = json.loads((split / "ckptconv-report.json").read_text())
+    assert [p["partition"] for p in report["partitions"]] == ["0/2", "1/2"]
+    verified = run_cli("verify", str(source), str(split), "--json")
+    assert verified.returncode == 0 and json.loads(verified.stdout)["ok"]

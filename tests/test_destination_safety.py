@@ -1,0 +1,91 @@
+"""What ckptconv may delete at a destination (only what it can prove it wrote), and the arguments
+it refuses before any work (issues 13 and 14): real files, real conversions, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+def _convert(src, dst, *flags: str, cwd=None):
+    extra = {"cwd": cwd} if cwd else {}
+    return run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", *flags, **extra)
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_a_step_folder_ckptconv_did_not_write_is_never_removed(synth_dir, tmp_path, overwrite):
+    dst = tmp_path / "dst"
+    (dst / "0").mkdir(parents=True)
+    (dst / "0" / "notes.txt").write_text("mine")
+    result = _convert(synth_dir(), dst, *(["--overwrite"] if overwrite else []))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"{dst / '0'}: not written by ckptconv" in result.stderr
+    assert (dst / "0" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("name", ["notes_3.orbax-checkpoint-tmp.txt", "7.orbax-checkpoint-tmp-123", "x_0.orbax-checkpoint-tmp"])
+def test_names_orbax_would_delete_stop_the_run_first(synth_dir, tmp_path, name):
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / name).write_text("mine")
+    result = _convert(synth_dir(), dst)
+    assert result.returncode == 2 and "Orbax would delete this" in result.stderr and name in result.stderr
+    assert (dst / name).read_text() == "mine" and not (dst / "0").exists()
+
+
+def test_other_files_at_the_destination_are_kept_through_convert_and_overwrite(synth_dir, tmp_path):
+    src, dst = synth_dir(), tmp_path / "dst"
+    dst.mkdir()
+    (dst / "README.md").write_text("mine")
+    assert _convert(src, dst).returncode == 0
+    assert _convert(src, dst, "--dtype", "float32", "--overwrite").returncode == 0
+    assert (dst / "README.md").read_text() == "mine"
+    assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "float32"
+
+
+def test_our_own_unfinished_run_is_cleaned_and_redone(synth_dir, tmp_path):
+    """Leftovers vouched for by our "writing" report (a crashed run) are ours to remove."""
+    src, dst = synth_dir(), tmp_path / "dst"
+    (dst / "0.orbax-checkpoint-tmp-1700000000").mkdir(parents=True)
+    (dst / "ckptconv-report.json").write_text(json.dumps({"status": "writing", "fingerprint": "x", "pid": 1,
+                                                           "host": "elsewhere"}))
+    assert _convert(src, dst).returncode == 0
+    assert not (dst / "0.orbax-checkpoint-tmp-1700000000").exists()
+    assert json.loads((dst / "ckptconv-report.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("dst, message", [
+    ("", "the destination is empty"),
+    (" ", "the destination is empty"),
+    ("/", "the filesystem root cannot be a destination"),
+])
+def test_empty_or_root_destinations_are_refused_before_any_work(synth_dir, tmp_path, dst, message):
+    (tmp_path / "keep.txt").write_text("mine")
+    result = _convert(synth_dir(), dst, cwd=tmp_path)
+    assert result.returncode == 2 and message in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "src"]
+
+
+@pytest.mark.parametrize("where", ["inside", "same", "holds"])
+def test_source_and_destination_must_not_overlap(synth_dir, tmp_path, where):
+    src = synth_dir()
+    dst = {"inside": src / "out", "same": src, "holds": tmp_path}[where]
+    result = _convert(src, dst)
+    assert result.returncode == 2 and "overlap" in result.stderr
+    assert not (src / "out").exists() and not (src / "0").exists()
+
+
+def test_device_counts_that_cannot_help_are_refused_at_once(synth_dir):
+    src = synth_dir()
+    started = time.monotonic()
+    huge = run_cli("plan", str(src), "--devices", "100000")
+    assert huge.returncode == 2 and "at most 16384" in huge.stderr
+    useless = run_cli("convert", str(src), str(src.parent / "dst"), "--devices", "3", "--progress", "none")
+    assert useless.returncode == 2 and "shards none of the" in useless.stderr
+    assert "largest power of two that shards some leaf is 2" in useless.stderr
+    assert time.monotonic() - started < 30 and not os.path.exists(src.parent / "dst")
