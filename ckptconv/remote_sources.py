@@ -235,7 +235,7 @@ class HubSource:
     @classmethod
     def open(cls, uri: str, *, hf_token_file: str | None = None) -> HubSource:
         """Open ``uri``; the token comes from ``hf_token_file``, else HF_TOKEN or a saved login."""
-        return cls(uri, read_token_file(hf_token_file) if hf_token_file else None)
+        return cls(uri, read_token_file(hf_token_file) if hf_token_file else _ambient_token())
 
     def _model_info(self, api, token: str | None):
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
@@ -339,6 +339,16 @@ def parse_hub_uri(uri: str) -> tuple[str, str]:
     return repo, revision or "main"
 
 
+def _ambient_token() -> str | None:
+    """huggingface_hub's own token (HF_TOKEN, else a saved login), checked like a token file's."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if token:
+        check_token(token, "the hub token from HF_TOKEN or the saved login")
+    return token
+
+
 def read_token_file(path: str) -> str:
     """The hub token stored in ``path`` (surrounding whitespace removed); errors never show it."""
     try:
@@ -351,4 +361,15 @@ def read_token_file(path: str) -> str:
         raise BadInputError(f"{path}: the hub token file is not text") from None
     if not token:
         raise BadInputError(f"{path}: the hub token file is empty")
+    check_token(token, f"{path}: the hub token file")
     return token
+
+
+def check_token(token: str, what: str) -> None:
+    """One line of printable ASCII, or refused before any request: an HTTP library that meets a
+    newline or a NUL in a header prints the header, token included, in its error."""
+    bad = next((i for i, c in enumerate(token) if not " " < c <= "~"), None)
+    if bad is not None:
+        kind = "a line break" if token[bad] in "\r\n" else "a space" if token[bad] == " " else "a non-printable or non-ASCII character"
+        raise BadInputError(f"{what} holds {kind} at character {bad + 1}; a token is one line of printable ASCII "
+                            "(its value is not shown)")

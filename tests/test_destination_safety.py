@@ -89,3 +89,25 @@ def test_device_counts_that_cannot_help_are_refused_at_once(synth_dir):
     assert useless.returncode == 2 and "shards none of the" in useless.stderr
     assert "largest power of two that shards some leaf is 2" in useless.stderr
     assert time.monotonic() - started < 30 and not os.path.exists(src.parent / "dst")
+
+
+CANARY = "hf_CANARY0123456789abcdef"
+
+
+@pytest.mark.parametrize("content, kind", [
+    (CANARY + "\nsecond line\n", "a line break"),
+    (CANARY + "\x00tail", "a non-printable or non-ASCII character"),
+    (CANARY + "é", "a non-printable or non-ASCII character"),
+    (CANARY + " x", "a space"),
+])
+def test_malformed_tokens_are_refused_before_use_and_never_shown(tmp_path, content, kind):
+    token_file = tmp_path / "token"
+    token_file.write_text(content, encoding="utf-8")
+    by_file = run_cli("plan", "hf://org/model", "--hf-token-file", str(token_file))
+    results = [by_file]
+    if "\x00" not in content:  # an environment cannot hold a NUL
+        results.append(run_cli("plan", "hf://org/model", env={"HF_TOKEN": content.rstrip("\n") + "\r"}))
+    for result in results:
+        assert result.returncode == 2 and "one line of printable ASCII" in result.stderr
+        assert "CANARY" not in result.stdout + result.stderr and result.stderr.count("\n") == 1
+    assert kind in by_file.stderr
