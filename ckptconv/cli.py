@@ -8,7 +8,10 @@ one line and exit 2 (bad input) or 1; there is no traceback for them.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import signal
 import sys
 from typing import Sequence
 
@@ -16,6 +19,9 @@ from ckptconv import __version__
 from ckptconv.errors import CkptConvError
 
 GIB = 1024**3
+PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
+PR_SET_PDEATHSIG = 1
+WRITERS = ("convert", "export")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,16 +89,45 @@ def _hf_token_flag(command: argparse.ArgumentParser) -> None:
                          help="file holding a Hugging Face token for hf:// sources (default: HF_TOKEN or a saved login)")
 
 
+class Terminated(Exception):
+    """SIGTERM arrived (a cancelled flow run, a stopped worker, ``kill``)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def _die_with_parent() -> None:
+    """When started by a Prefect task (``CKPTCONV_PARENT_PID``), get SIGTERM if that parent dies:
+    a cancelled or killed flow run must not leave a conversion writing on its own (Linux only)."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # it died before prctl took effect
+        raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
     try:
+        _die_with_parent()
         return COMMANDS[args.command](args)
     except CkptConvError as err:
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print("ckptconv: interrupted", file=sys.stderr)
+        print(f"ckptconv: interrupted{stop if args.command in WRITERS else ''}", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"ckptconv: terminated (SIGTERM){stop if args.command in WRITERS else ''}", file=sys.stderr)
+        return 143
     except BrokenPipeError:  # e.g. `ckptconv inspect DST | head`
         sys.stderr.close()
         return 0

@@ -57,6 +57,7 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
                  timeout: float | None = None) -> ChildResult:
     """Run the CLI with ``args``; ``on_line(line, pid)`` sees every output line; killed after ``timeout`` s."""
     start = time.monotonic()
+    env = {**env, "CKPTCONV_PARENT_PID": str(os.getpid())}  # the child ends itself if this process dies
     proc = subprocess.Popen(CLI + args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace")
     timed_out = threading.Event()
@@ -136,8 +137,8 @@ def run_json(args: list[str], env: dict[str, str], timeout: float, ok_codes: tup
     """Run a CLI command that prints JSON on stdout; failures raise the classes in ``tasks.failures``."""
     what = f"ckptconv {args[0]}"
     try:
-        done = subprocess.run(CLI + args, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(CLI + args, env={**env, "CKPTCONV_PARENT_PID": str(os.getpid())},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise failure(what, -signal.SIGKILL, [], True, timeout) from None
     tail = done.stderr.splitlines()[-TAIL_LINES:]

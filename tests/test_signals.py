@@ -1,0 +1,74 @@
+"""Stopping a conversion: SIGTERM ends it with one line and a state a rerun finishes; a conversion
+started by a Prefect task ends itself when that task's process dies (no orphan keeps writing)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from ckptconv import destination, synth
+from tests.conftest import ROOT
+
+MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
+                         intermediate_size=2048)
+
+
+def _start(src, dst, **env):
+    return subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
+                             "--progress", "jsonl"], cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _first_event(proc) -> None:
+    """Wait for the conversion's first progress event (the plan is done, writing starts)."""
+    for line in proc.stderr:
+        if line.startswith("CKPTCONV "):
+            return
+
+
+def test_sigterm_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path):
+    src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
+    proc = _start(src, dst)
+    _first_event(proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("ckptconv: terminated (SIGTERM)") and "rerun" in err
+    assert not destination.inspect_state(str(dst)).complete
+    rerun = _start(src, dst)
+    rerun.communicate(timeout=300)
+    assert rerun.returncode == 0
+    assert json.loads((dst / "ckptconv-report.json").read_text())["status"] == "complete"
+
+
+def test_a_conversion_whose_task_process_dies_stops_too(synth_dir, tmp_path):
+    """The parent here is tasks.child.stream_child in its own process, SIGKILLed mid-conversion."""
+    src, dst, pidfile = synth_dir(MODEL, fast=True), tmp_path / "dst", tmp_path / "child.pid"
+    script = ("import sys; from tasks.child import stream_child, child_env; "
+              "stream_child(['convert', sys.argv[1], sys.argv[2], '--devices', '4', '--progress', 'jsonl'], "
+              "child_env(4), lambda line, pid: open(sys.argv[3], 'w').write(str(pid)))")
+    parent = subprocess.Popen([sys.executable, "-c", script, str(src), str(dst), str(pidfile)], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()):
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child):
+        assert time.monotonic() < deadline, "the conversion outlived the task process that started it"
+        time.sleep(0.1)
+    assert not destination.inspect_state(str(dst)).complete
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
