@@ -10,6 +10,7 @@ report, written last, makes a checkpoint "complete".
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -104,16 +105,21 @@ def test_gcs_kill_then_rerun(gcs, medium_src, fraction):
 
 
 @pytest.mark.slow
-def test_checkpoint_without_report_is_incomplete_and_needs_overwrite(tmp_path, synth_dir):
-    """A crash after Orbax committed but before our report (a window of milliseconds, simulated):
-    never complete; the rerun refuses to guess whose checkpoint it is, ``--overwrite`` redoes it."""
+def test_checkpoint_without_report_is_incomplete_and_never_deleted(tmp_path, synth_dir):
+    """A step without our report (our pending report is written before any data, so this is not
+    a crash of ours: another tool's checkpoint, or a report someone removed): never complete, and
+    not ours to delete, with or without ``--overwrite`` (issue 13); once moved away, DST converts."""
     src, dst = synth_dir(), tmp_path / "dst"
     assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
     (dst / destination.REPORT_NAME).unlink()
     assert_incomplete(str(dst))
-    refused = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
-    assert refused.returncode == 2 and "--overwrite" in refused.stderr
-    redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", "--overwrite")
+    files = sorted(p.relative_to(dst) for p in dst.rglob("*"))
+    for flags in ((), ("--overwrite",)):
+        refused = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", *flags)
+        assert refused.returncode == 2 and f"{dst / '0'}: not written by ckptconv" in refused.stderr
+        assert sorted(p.relative_to(dst) for p in dst.rglob("*")) == files
+    shutil.rmtree(dst / "0")
+    redone = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none")
     assert redone.returncode == 0, redone.stderr
     assert destination.inspect_state(str(dst)).complete
 
