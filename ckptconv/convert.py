@@ -13,7 +13,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, destination, devices, partition
+from ckptconv import __version__, destination, devices, lock, partition
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
@@ -69,6 +69,15 @@ def convert(request: ConvertRequest) -> dict:
     with timer.stage("plan"):
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
+    if request.partition:  # partitions write side by side by design; each only its own directory
+        return _run(plan, source, request, timer, started, print_)
+    with lock.hold(request.destination, break_foreign=request.overwrite):
+        return _run(plan, source, request, timer, started, print_)
+
+
+def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
+         print_: str) -> dict:
+    """Decide about what is at the destination (skip, refuse, clean ours), then write and report."""
     state = destination.inspect_state(request.destination)
     if request.partition or request.finalize:
         partition.require_local(request.destination)

@@ -72,3 +72,37 @@ def _alive(pid: int) -> bool:
             return "State:\tZ" not in f.read()
     except FileNotFoundError:
         return False
+
+
+def test_two_conversions_into_one_destination_one_refused_the_other_verifies(synth_dir, tmp_path):
+    from tests.conftest import run_cli
+
+    src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
+    first = _start(src, dst)
+    _first_event(first)
+    second = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none")
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+    assert second.returncode == 1 and "another conversion (pid" in second.stderr and "ckptconv.lock" in second.stderr
+    assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
+    assert not (dst / "ckptconv.lock").exists()
+
+
+def test_stale_and_foreign_locks(synth_dir, tmp_path):
+    from ckptconv import lock
+    from tests.conftest import run_cli
+
+    src, dst = synth_dir(), tmp_path / "dst"
+    dst.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    me = lock._me()
+    (dst / "ckptconv.lock").write_text(json.dumps({**me, "pid": dead.pid, "start_ticks": 1}))  # this host, gone
+    assert run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none").returncode == 0
+    (dst / "ckptconv.lock").write_text(json.dumps({**me, "host": "another-host"}))  # cannot be checked from here
+    refused = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--dtype", "float32")
+    assert refused.returncode == 1 and "pid" in refused.stderr and "another-host" in refused.stderr
+    broken = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--dtype", "float32",
+                     "--overwrite")
+    assert broken.returncode == 0, broken.stderr
+    assert not (dst / "ckptconv.lock").exists()
