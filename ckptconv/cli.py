@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
+import re
 import signal
 import sys
 from typing import Sequence
@@ -112,9 +114,25 @@ def _die_with_parent() -> None:
         raise Terminated()
 
 
+# OS failures the storage layers report inside their own messages (errno text as strerror gives it)
+OS_CONDITIONS = ("No space left on device", "Disk quota exceeded", "Permission denied", "Read-only file system")
+
+
+def os_condition(err: BaseException) -> str | None:
+    """``PATH: condition`` for an error caused by one of :data:`OS_CONDITIONS`, else None."""
+    text = str(err)
+    condition = next((c for c in OS_CONDITIONS if c in text), None)
+    if condition is None:
+        return None
+    path = re.search(r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', text) or re.search(r"'(/[^']+)'", text)
+    return f"{path.group(1) if path else 'the destination'}: {condition.lower()}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # Orbax logs a failed write with its traceback from its own threads; the CLI reports it in one line
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
     try:
         _die_with_parent()
@@ -128,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated:
         print(f"ckptconv: terminated (SIGTERM){stop if args.command in WRITERS else ''}", file=sys.stderr)
         return 143
+    except Exception as err:  # tensorstore/Orbax wrap OS failures in their own errors: one line for those
+        condition = os_condition(err)
+        if condition is None:
+            raise
+        print(f"ckptconv: error: {condition}{stop if args.command in WRITERS else ''}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # e.g. `ckptconv inspect DST | head`
         sys.stderr.close()
         return 0

@@ -104,6 +104,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.finalize:
         records = partition.finished(request.destination, request.finalize, print_)
         adopt = partition.link_partitions(request.destination, request.finalize)
+    if not request.finalize:  # a finalize only links the partitions' files
+        destination.check_space(request.destination, plan.output_bytes)
     if not state.empty:
         destination.clear(request.destination)
     report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"

@@ -12,12 +12,13 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import socket
 from dataclasses import dataclass
 
 from etils import epath
 
-from ckptconv.errors import BadInputError
+from ckptconv.errors import BadInputError, CkptConvError
 
 STEP = "0"
 REPORT_NAME = "ckptconv-report.json"
@@ -97,6 +98,24 @@ def check_ownership(destination: str, state: DestinationState) -> None:
         what = root / (STEP if STEP in state.leftovers or state.checkpoint else state.leftovers[0])
         raise BadInputError(f"{what}: not written by ckptconv (no {REPORT_NAME} beside it), so not replaced or "
                             "removed; move it away or choose another destination")
+
+
+def check_space(destination: str, needed: int) -> None:
+    """Before anything is deleted or written: the local filesystem can hold the output (counted
+    uncompressed, an upper bound), counting what clearing our old step would free."""
+    if "://" in destination:
+        return
+    probe = os.path.abspath(destination)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    free = shutil.disk_usage(probe).free
+    names = os.listdir(destination) if os.path.isdir(destination) else []
+    reclaim = sum(os.path.getsize(os.path.join(top, f)) for name in names if name == STEP or OUR_TMP.fullmatch(name)
+                  for top, _, files in os.walk(os.path.join(destination, name)) for f in files)
+    if free + reclaim < needed:
+        raise CkptConvError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
+                            f"{free / 2**20:.1f} MiB free" + (f" + {reclaim / 2**20:.1f} MiB of the old step" if reclaim
+                                                              else "") + "; nothing was deleted or written")
 
 
 def read_report(report_path: epath.Path) -> dict | None:

@@ -111,3 +111,60 @@ def test_malformed_tokens_are_refused_before_use_and_never_shown(tmp_path, conte
         assert result.returncode == 2 and "one line of printable ASCII" in result.stderr
         assert "CANARY" not in result.stdout + result.stderr and result.stderr.count("\n") == 1
     assert kind in by_file.stderr
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """Factory: a tmpfs of the given size (KiB) mounted in tmp_path; unmounted after the test."""
+    import subprocess
+
+    mounts = []
+
+    def make(kib: int):
+        where = tmp_path / f"fs{len(mounts)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not permitted'})")
+        mounts.append(where)
+        return where
+
+    yield make
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_out_of_space_before_writing_says_how_much_and_writes_nothing(synth_dir, small_fs):
+    dst = small_fs(128) / "dst"
+    result = _convert(synth_dir(), dst)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "needs up to 0.2 MiB" in result.stderr and "nothing was deleted or written" in result.stderr
+    assert not (dst / "0").exists() and not list(dst.glob("*.orbax-checkpoint-tmp*"))
+
+
+def test_out_of_space_while_writing_is_one_line_and_a_rerun_with_space_completes(synth_dir, small_fs):
+    import subprocess
+
+    fs = small_fs(300)  # the plan's estimate fits, the data files and metadata do not
+    src, dst = synth_dir(), fs / "dst"
+    result = _convert(src, dst)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "no space left on device" in result.stderr and "a rerun resumes" in result.stderr
+    assert not destination_complete(dst)
+    assert subprocess.run(["mount", "-o", "remount,size=4m", str(fs)]).returncode == 0
+    assert _convert(src, dst).returncode == 0 and destination_complete(dst)
+
+
+def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
+    src, dst = synth_dir(), small_fs(420) / "dst"
+    assert _convert(src, dst).returncode == 0
+    bigger = _convert(src, dst, "--dtype", "float32", "--overwrite")  # twice the bytes: old + free < new
+    assert bigger.returncode == 1 and "nothing was deleted or written" in bigger.stderr
+    assert destination_complete(dst) and json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "bfloat16"
+
+
+def destination_complete(dst) -> bool:
+    from ckptconv import destination
+
+    return destination.inspect_state(str(dst)).complete
