@@ -29,10 +29,10 @@ def _finalize(src, dst, count: int, *flags: str):
                    *flags)
 
 
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
-def test_partitions_then_finalize_equal_a_single_conversion(synth_dir, tmp_path, scan):
+def test_partitions_then_finalize_equal_a_single_conversion(synth_dir, tmp_path):
+    """Scanned: stacked leaves (layers and experts) are what a partition must write whole."""
     src = synth_dir(MOE)
-    layout = "--scan-layers" if scan else "--no-scan-layers"
+    layout = "--scan-layers"
     single = run_cli("convert", str(src), str(tmp_path / "single"), "--progress", "none", "--devices", "4", layout)
     assert single.returncode == 0, single.stderr
     dst = tmp_path / "split"
