@@ -168,3 +168,15 @@ def destination_complete(dst) -> bool:
     from ckptconv import destination
 
     return destination.inspect_state(str(dst)).complete
+
+
+@pytest.mark.parametrize("where, message", [
+    ("dst/0/items/_METADATA", "inside the destination"),
+    ("dst/notes.json", "inside the destination"),
+    ("missing-dir/report.json", "is not a writable directory"),
+    (".", "is a directory"),
+])
+def test_report_paths_that_could_do_harm_or_fail_late_are_refused_first(synth_dir, tmp_path, where, message):
+    src = synth_dir()
+    result = _convert(src, tmp_path / "dst", "--report", str(tmp_path / where))
+    assert result.returncode == 2 and message in result.stderr and not (tmp_path / "dst").exists()
