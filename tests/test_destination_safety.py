@@ -180,3 +180,25 @@ def test_report_paths_that_could_do_harm_or_fail_late_are_refused_first(synth_di
     src = synth_dir()
     result = _convert(src, tmp_path / "dst", "--report", str(tmp_path / where))
     assert result.returncode == 2 and message in result.stderr and not (tmp_path / "dst").exists()
+
+
+def test_a_source_whose_bytes_changed_is_not_already_converted(synth_dir, tmp_path):
+    """Same header, names and shapes, other tensor bytes: refused without --overwrite (and redone with
+    it), also when the file's mtime was put back (the change lies in a sampled piece)."""
+    src, dst = synth_dir(), tmp_path / "dst"
+    assert _convert(src, dst).returncode == 0
+    shard = src / "model.safetensors"
+    header = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+    for keep_mtime in (False, True):
+        before = os.stat(shard)
+        with open(shard, "r+b") as f:
+            f.seek(header)
+            first = f.read(2)
+            f.seek(header)
+            f.write(bytes([first[0] ^ 0xFF, first[1]]))
+        if keep_mtime:
+            os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+        again = _convert(src, dst)
+        assert again.returncode == 2 and "different source or with different options" in again.stderr
+        assert _convert(src, dst, "--overwrite").returncode == 0
+    assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
