@@ -30,10 +30,10 @@ def stage_rows(report: dict) -> list[dict]:
     """
     peak = report["peak_rss_bytes"]
     moved = {"read": report["source_bytes"], "transform": report["output_bytes"], "write": report["output_bytes"]}
-    rows = [{"stage": stage, "seconds": seconds, "bytes": moved.get(stage), "mib_per_s": _rate(moved.get(stage), seconds),
-             "peak_rss_bytes": None} for stage, seconds in _ordered(report["stage_seconds"])]
+    rows = [{"stage": stage, "seconds": seconds, "bytes": moved.get(stage), "mib_per_s": rate_mib_per_s(moved.get(stage), seconds),
+             "peak_rss_bytes": None} for stage, seconds in ordered_stages(report["stage_seconds"])]
     rows.append({"stage": "total (wall)", "seconds": report["wall_seconds"], "bytes": report["output_bytes"],
-                 "mib_per_s": _rate(report["output_bytes"], report["wall_seconds"]),
+                 "mib_per_s": rate_mib_per_s(report["output_bytes"], report["wall_seconds"]),
                  "peak_rss_bytes": peak})
     return rows
 
@@ -123,10 +123,10 @@ def publish_zoo_summary(name: str, rows: list[dict]) -> str:
 
 
 def _stages(report: dict) -> str:
-    return ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in _ordered(report["stage_seconds"]))
+    return ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in ordered_stages(report["stage_seconds"]))
 
 
-def _ordered(stage_seconds: dict) -> list[tuple[str, float]]:
+def ordered_stages(stage_seconds: dict) -> list[tuple[str, float]]:
     return sorted(stage_seconds.items(), key=lambda item: (STAGES.index(item[0]) if item[0] in STAGES else len(STAGES)))
 
 
@@ -137,7 +137,7 @@ def _verify_text(verified: dict | None, report: dict) -> str:
             f"equal to the transformed source bit for bit ({verified['seconds']:.1f} s)")
 
 
-def _rate(nbytes: int | None, seconds: float) -> float | None:
+def rate_mib_per_s(nbytes: int | None, seconds: float) -> float | None:
     return None if not nbytes or seconds <= 0 else round(nbytes / MIB / seconds, 1)
 
 

@@ -11,7 +11,7 @@ from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.artifacts import _ordered, _rate, output_link
+from flows.artifacts import ordered_stages, rate_mib_per_s, output_link
 from tasks.export import DEFAULT_TIMEOUT_SECONDS, export_checkpoint
 from tasks.job import Export
 
@@ -20,10 +20,10 @@ def export_rows(report: dict) -> list[dict]:
     """One row per stage, then the wall-clock total with the export's own peak RSS (VmHWM)."""
     written = report["output_bytes"]
     rows = [{"stage": stage, "seconds": seconds, "bytes": written if stage in ("read", "transform", "write") else None,
-             "mib_per_s": _rate(written, seconds) if stage == "write" else None, "peak_rss_bytes": None}
-            for stage, seconds in _ordered(report["stage_seconds"])]
+             "mib_per_s": rate_mib_per_s(written, seconds) if stage == "write" else None, "peak_rss_bytes": None}
+            for stage, seconds in ordered_stages(report["stage_seconds"])]
     rows.append({"stage": "total (wall)", "seconds": report["wall_seconds"], "bytes": written,
-                 "mib_per_s": _rate(written, report["wall_seconds"]), "peak_rss_bytes": report["peak_rss_bytes"]})
+                 "mib_per_s": rate_mib_per_s(written, report["wall_seconds"]), "peak_rss_bytes": report["peak_rss_bytes"]})
     return rows
 
 

@@ -19,7 +19,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_model_artifacts
 from flows.model import worker_name
-from flows.zoo import POLL_SECONDS, _published_row
+from flows.zoo import POLL_SECONDS, published_row
 from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import ChildFailed
@@ -55,7 +55,7 @@ def run_partition(job: Conversion, partition: int, partitions: int, deployment: 
                          flow_run_name=f"{job.slug}-partition{partition}of{partitions}", as_subflow=True)
     if not run.state.is_completed():
         raise ChildFailed(f"partition {partition}/{partitions}: {run.state.message}")
-    return {**_published_row(run.id, f"{job.slug}-partition{partition}"), "flow_run": run.name}
+    return {**published_row(run.id, f"{job.slug}-partition{partition}"), "flow_run": run.name}
 
 
 @flow(name="convert-partitioned", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=True)

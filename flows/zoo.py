@@ -134,7 +134,7 @@ def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: f
         run = run_deployment(deployments[pool], parameters=parameters, timeout=None, poll_interval=POLL_SECONDS,
                              flow_run_name=f"{entry.job.slug}-on-{pool}", as_subflow=True)
         if run.state.is_completed():
-            row = _published_row(run.id, entry.job.slug)
+            row = published_row(run.id, entry.job.slug)
             return {**row, "pool": pool, "pools_tried": list(entry.pools[:n + 1]), "flow_run": run.name}
         failures.append(f"{pool}: {run.state.message}")
         if last or not killed(run.state.message):
@@ -144,7 +144,7 @@ def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: f
     raise ChildFailed("; then ".join(failures))
 
 
-def _published_row(run_id, slug: str) -> dict:
+def published_row(run_id, slug: str) -> dict:
     """The zoo row a ``convert-model`` flow run published."""
     key = f"conversion-{slug}-row"
     with get_client(sync_client=True) as client:
