@@ -1,5 +1,5 @@
 """``python -m ckptconv``: the CLI, in a fresh process (how Prefect tasks run conversions)."""
 
-from ckptconv.cli import main
+from ckptconv.cli import run
 
-raise SystemExit(main())
+run()

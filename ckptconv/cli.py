@@ -63,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
     inspect.add_argument("destination")
     inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--deep", action="store_true", help="also read every stored chunk (finds truncated files)")
 
     verify = commands.add_parser("verify", help="check every leaf equals the transformed source, bit for bit")
     verify.add_argument("source")
@@ -160,6 +161,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The console entry point: ``main``, then exit with its status.
+
+    After a failure, tensorstore/Orbax threads may still call into a closed asyncio loop while the
+    interpreter tears down, printing tracebacks after our one-line error: leave without teardown.
+    """
+    code = main()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
 def _convert(args: argparse.Namespace) -> int:
     from ckptconv.convert import ConvertRequest, convert
 
@@ -205,10 +220,25 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _damaged(destination: str, action):
+    """Run ``action()``; a checkpoint too damaged to read is one line naming it, not a traceback
+    (``CKPTCONV_TRACEBACK=1`` shows the traceback)."""
+    try:
+        return action()
+    except CkptConvError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever Orbax/tensorstore/json raise on damaged files
+        if os.environ.get("CKPTCONV_TRACEBACK") or os_condition(err):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise CkptConvError(f"{destination}: cannot read the checkpoint (damaged or not a MaxText checkpoint): "
+                            f"{type(err).__name__}: {first}") from None
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.inspection import inspect_checkpoint, render_table
 
-    result = inspect_checkpoint(args.destination)
+    result = _damaged(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep))
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
     return 0 if result["complete"] else 1
 
@@ -216,7 +246,8 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from ckptconv.verification import verify
 
-    result = verify(args.source, args.destination, hf_token_file=args.hf_token_file)
+    result = _damaged(args.destination, lambda: verify(args.source, args.destination,
+                                                       hf_token_file=args.hf_token_file))
     if args.json:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:

@@ -2,24 +2,72 @@
 
 One row per leaf: name, shape, dtype, sharding (mesh shape, axis names, partition spec) and
 the storage chunk shape, which is what decides how much a TPU host reads to load its shard.
+
+"Complete" also needs the storage to hold what the metadata promises: every OCDBT data file
+non-empty, and every chunk of every leaf a key of the database (listing reads only the
+b-tree). ``deep`` reads every stored value too, so a truncated data file is found.
 """
 
 from __future__ import annotations
 
+import math
+
 from ckptconv import destination
-from ckptconv.stored import read_metadata
+from ckptconv.stored import StoredLeaf, read_metadata
 
 
-def inspect_checkpoint(dst: str) -> dict:
+def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
     dst = destination.absolute(dst)
     state = destination.inspect_state(dst)
     result = {"destination": dst, "complete": state.complete, "leftovers": list(state.leftovers),
-              "report": state.report, "custom_metadata": {}, "leaves": []}
+              "report": state.report, "custom_metadata": {}, "leaves": [], "problems": []}
     if state.checkpoint:
         leaves, custom = read_metadata(dst)
         result["custom_metadata"] = custom
         result["leaves"] = [leaf.to_json() for leaf in leaves]
+        result["problems"] = storage_problems(dst, leaves, deep)
+        result["complete"] = state.complete and not result["problems"]
     return result
+
+
+def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str]:
+    """One line per thing the metadata promises that the storage does not hold."""
+    import tensorstore as ts
+
+    items = destination.items_path(dst)
+    problems = []
+    processes = sorted(items.glob("ocdbt.process_*"))
+    if not processes:
+        problems.append(f"{items}: no ocdbt.process_* directory (no data)")
+    for process in processes:
+        data = process / "d"
+        for file in sorted(data.iterdir()) if data.exists() else []:
+            if file.stat().length == 0:
+                problems.append(f"{file}: empty data file")
+    kvstore = ts.KvStore.open({"driver": "ocdbt", "base": _kvstore_url(items)}).result()
+    keys = {key.decode() for key in kvstore.list().result()}
+    for leaf in leaves:
+        if leaf.chunk_shape is None or not leaf.shape:
+            continue  # scalars (the step) live in their own small arrays
+        name = ".".join(leaf.path)
+        grid = [math.ceil(d / c) for d, c in zip(leaf.shape, leaf.chunk_shape)]
+        present = sum(1 for key in keys if key.startswith(name + "/c/"))
+        if f"{name}/zarr.json" not in keys:
+            problems.append(f"{leaf.name}: its array metadata (zarr.json) is missing")
+        elif present < math.prod(grid):
+            problems.append(f"{leaf.name}: {math.prod(grid) - present} of {math.prod(grid)} chunks missing")
+    if deep:
+        for key in sorted(keys):
+            try:
+                kvstore.read(key).result()
+            except ValueError as err:
+                problems.append(f"{key}: unreadable ({str(err).splitlines()[0][:200]})")
+    return problems
+
+
+def _kvstore_url(items) -> str:
+    text = str(items)
+    return text if "://" in text else "file://" + text
 
 
 def render_table(result: dict) -> str:
@@ -31,6 +79,7 @@ def render_table(result: dict) -> str:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines += [f"problem: {problem}" for problem in result.get("problems", [])]
     status = "complete" if result["complete"] else "INCOMPLETE"
     lines.append(f"{result['destination']}: {status}; {len(result['leaves'])} leaves; "
                  f"custom metadata {result['custom_metadata']}"

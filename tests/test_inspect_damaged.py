@@ -1,0 +1,80 @@
+"""``inspect`` and ``verify`` on damaged checkpoints: one line per problem, exit 1, never a traceback
+(issue 13). Damage is real: files emptied, truncated, metadata overwritten after a real conversion."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """One real conversion for the module; each test damages its own copy."""
+    from ckptconv import synth
+
+    root = tmp_path_factory.mktemp("damaged")
+    src, dst = root / "src", root / "dst"
+    synth.write_checkpoint(synth.SynthModel(), str(src))
+    assert run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none").returncode == 0
+    return src, dst
+
+
+@pytest.fixture
+def converted(pristine, tmp_path):
+    src, dst = pristine
+    shutil.copytree(dst, tmp_path / "dst")
+    return src, tmp_path / "dst"
+
+
+def _data_files(dst):
+    return sorted((dst / "0" / "items").glob("ocdbt.process_*/d/*"))
+
+
+def _no_traceback(*results):
+    for result in results:
+        assert "Traceback" not in result.stdout + result.stderr, result.stderr[-2000:]
+
+
+def test_emptied_data_files_make_it_incomplete(converted):
+    src, dst = converted
+    for file in _data_files(dst):
+        file.write_bytes(b"")
+    inspected = run_cli("inspect", str(dst), "--json")
+    result = json.loads(inspected.stdout)
+    assert inspected.returncode == 1 and not result["complete"]
+    assert result["problems"] and all(p.endswith("empty data file") for p in result["problems"])
+    verified = run_cli("verify", str(src), str(dst))
+    assert verified.returncode == 1 and verified.stderr.count("\n") == 1
+    _no_traceback(inspected, verified)
+
+
+def test_a_truncated_data_file_is_found_by_a_deep_inspect(converted):
+    src, dst = converted
+    biggest = max(_data_files(dst), key=lambda f: f.stat().st_size)
+    biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+    deep = run_cli("inspect", str(dst), "--deep")
+    assert deep.returncode == 1 and "INCOMPLETE" in deep.stdout and "unreadable" in deep.stdout
+    verified = run_cli("verify", str(src), str(dst))
+    assert verified.returncode == 1
+    _no_traceback(deep, verified)
+
+
+@pytest.mark.parametrize("damage", ["_METADATA", "_sharding", "manifest.ocdbt"])
+def test_damaged_metadata_is_one_line(converted, damage):
+    src, dst = converted
+    (dst / "0" / "items" / damage).write_bytes(b"{not json")
+    inspected, verified = run_cli("inspect", str(dst)), run_cli("verify", str(src), str(dst))
+    for result in (inspected, verified):
+        assert result.returncode == 1
+        assert result.stderr.count("\n") <= 1 or "INCOMPLETE" in result.stdout, result.stderr
+    _no_traceback(inspected, verified)
+
+
+def test_an_intact_checkpoint_passes_a_deep_inspect(converted):
+    _, dst = converted
+    deep = run_cli("inspect", str(dst), "--deep", "--json")
+    assert deep.returncode == 0 and json.loads(deep.stdout)["complete"] and json.loads(deep.stdout)["problems"] == []
