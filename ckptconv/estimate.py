@@ -24,7 +24,10 @@ from ckptconv.transforms import Permute, box_shape
 BASELINE_BYTES = 300 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
-# ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds.
+# ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
+# FP8's rate: its decoding costs less (1.8 s per GiB decoded against FP8's 4.6, side by side on a
+# 2048 x 7168 expert), and Kimi-K2-Thinking's widths with 32 experts converted at 15-17 s/GiB only
+# on a machine loaded 2.5x over its 2 cores, not a figure to plan with.
 SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0}
 STARTUP_SECONDS = 4.0
 # Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,

@@ -69,4 +69,5 @@ GPT_OSS_20B = {
 }
 GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128,
                 "layer_types": ["sliding_attention", "full_attention"] * 18}
-PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
+PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
+             "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}

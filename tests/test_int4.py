@@ -105,7 +105,7 @@ def test_int4_reads_equal_the_reference_for_every_band(tmp_path, shape):
         for start in range(0, shape[0], band):
             got = int4.read(source, ((start, min(start + band, shape[0])), (0, shape[1])))
             assert got.tobytes() == expected[start:start + band].tobytes(), (band, start)
-    for row in sorted({0, 3, min(127, shape[0] - 2), shape[0] - 1}):  # parts of one row (the only partial reads plans make)
+    for row in sorted({0, 3, min(127, shape[0] - 2), shape[0] - 1}):  # parts of one row (the only partial reads)
         for cols in ((5, 200), (32, 64), (31, 33), (0, shape[1]), (shape[1] - 6, shape[1]), (8, 9)):
             got = int4.read(source, ((row, row + 1), cols))
             assert got.tobytes() == np.ascontiguousarray(expected[row:row + 1, cols[0]:cols[1]]).tobytes(), (row, cols)
