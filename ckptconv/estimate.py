@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ckptconv.inputs import FP8_BLOCK, MXFP4_SCHEME
+from ckptconv.inputs import FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.plan import ConversionPlan, Job
 from ckptconv.transforms import Permute, box_shape
 
@@ -24,8 +24,11 @@ from ckptconv.transforms import Permute, box_shape
 BASELINE_BYTES = 300 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
-# ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds.
-SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0}
+# ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
+# FP8's rate: its decoding costs less (1.8 s per GiB decoded against FP8's 4.6, side by side on a
+# 2048 x 7168 expert), and Kimi-K2-Thinking's widths with 32 experts converted at 15-17 s/GiB only
+# on a machine loaded 2.5x over its 2 cores, not a figure to plan with.
+SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0}
 STARTUP_SECONDS = 4.0
 # Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
 # 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
@@ -88,6 +91,7 @@ def plan_summary(plan: ConversionPlan) -> dict:
     return {
         "source": plan.source_uri,
         "family": plan.family.name,
+        "quantization": plan.spec.values.get("quantization"),
         "maxtext_decoder_block": plan.family.decoder_block,
         "layers": plan.spec.num_layers,
         "tensors": plan.tensor_count,

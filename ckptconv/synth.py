@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,7 +43,8 @@ class SynthModel:
     tie_word_embeddings: bool = True
     num_experts: int = 0  # MoE families: experts per layer
     moe_intermediate_size: int = 0  # MoE families: each expert's MLP width
-    quantization: str | None = None  # "fp8" (DeepSeek-V3, Kimi-K2 releases) or "mxfp4" (gpt-oss releases)
+    # "fp8" (DeepSeek-V3, Kimi-K2 releases), "mxfp4" (gpt-oss releases), "int4" (Kimi-K2-Thinking's experts)
+    quantization: str | None = None
     dtype: str = "bfloat16"
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
@@ -132,7 +134,23 @@ def _deepseek(m: SynthModel) -> dict:
     if m.quantization == "fp8":
         config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                          "weight_block_size": [128, 128]}
+    if m.quantization == "int4":
+        config["quantization_config"] = json.loads(json.dumps(INT4_QUANTIZATION_CONFIG))
     return config
+
+
+# Kimi-K2-Thinking's quantization_config: its routed experts in compressed-tensors INT4, the
+# modules ``ignore`` names (attention, shared experts, dense MLPs, lm_head) in bfloat16.
+INT4_QUANTIZATION_CONFIG = {
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                    "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+}
 
 
 def _gpt_oss(m: SynthModel) -> dict:
@@ -226,6 +244,11 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
         experts, cols, rows = shape
         return [_Stored(name + "_blocks", "U8", (experts, rows, cols // 32, 16), name, 1),
                 _Stored(name + "_scales", "U8", (experts, rows, cols // 32), name, 1)]
+    if kind == "int4":  # compressed-tensors pack-quantized: 8 values per int32, a bf16 scale per 32, the shape
+        rows, cols = shape
+        return [_Stored(name + "_packed", "I32", (rows, cols // 8), name, 4),
+                _Stored(name + "_scale", "BF16", (rows, cols // 32), name, 2),
+                _Stored(name + "_shape", "I32", (2,), name, 4)]
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
@@ -235,7 +258,18 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
         return "fp8"
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return "mxfp4"
+    if (model.quantization == "int4" and name.endswith(_LINEAR)
+            and not _ignored(name.removesuffix(".weight"), model.config()["quantization_config"]["ignore"])):
+        return "int4"
     return None
+
+
+_LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
+
+
+def _ignored(module: str, ignore: list[str]) -> bool:
+    """compressed-tensors' ``ignore``: a name, or ``re:`` and a pattern matched at the name's start."""
+    return any(re.match(entry[3:], module) if entry.startswith("re:") else entry == module for entry in ignore)
 
 
 def quantize_fp8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -312,6 +346,13 @@ class _Maker:
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale_inv"] = scale
             yield weight.tobytes()
+        elif entry.name.endswith("_packed"):
+            rows, words = entry.shape
+            base = entry.name.removesuffix("_packed")
+            scale = np.abs(self.rng.standard_normal((rows, words // 4), dtype=np.float32)) * np.float32(0.004)
+            self.pending[base + "_scale"] = (scale + np.float32(1e-4)).astype(ml_dtypes.bfloat16)
+            self.pending[base + "_shape"] = np.array([rows, words * 8], np.int32)
+            yield self.rng.integers(0, 2**32, entry.shape, dtype=np.uint32).view(np.int32).tobytes()
         elif entry.name.endswith("_blocks"):
             blocks = self.rng.integers(0, 256, entry.shape, dtype=np.uint8)
             self.pending[entry.name.removesuffix("_blocks") + "_scales"] = self.rng.integers(

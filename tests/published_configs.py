@@ -34,6 +34,22 @@ KIMI_K2 = {
 }
 for unpublished in ("ep_size",):
     KIMI_K2.pop(unpublished)
+# moonshotai/Kimi-K2-Thinking config.json: Kimi-K2's architecture and sizes, a 256K context, and its
+# routed experts in compressed-tensors INT4 (quantization_config as released; the runtime values
+# here, context and RoPE factor, change no weight).
+KIMI_K2_THINKING = {
+    **KIMI_K2, "eos_token_id": 163586, "max_position_embeddings": 262144, "rms_norm_eps": 1e-05,
+    "rope_scaling": {**KIMI_K2["rope_scaling"], "factor": 64.0}, "transformers_version": "4.56.2",
+    "quantization_config": {
+        "config_groups": {"group_0": {
+            "input_activations": None, "output_activations": None, "targets": ["Linear"],
+            "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32,
+                        "num_bits": 4, "observer": "minmax", "observer_kwargs": {}, "strategy": "group",
+                        "symmetric": True, "type": "int"}}},
+        "format": "pack-quantized",
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+        "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"},
+}
 
 # openai/gpt-oss-20b config.json as published (120b: 36 layers, 128 experts).
 GPT_OSS_20B = {
@@ -53,4 +69,5 @@ GPT_OSS_20B = {
 }
 GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128,
                 "layer_types": ["sliding_attention", "full_attention"] * 18}
-PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
+PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
+             "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}

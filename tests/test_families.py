@@ -306,14 +306,15 @@ def test_unconverted_tensors_are_reported(tmp_path):
     assert [e["tensors"] for e in plan.not_converted] == [["lm_head.weight"]]
 
 
-@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "gpt-oss-20b", "gpt-oss-120b"])
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "Kimi-K2-Thinking", "gpt-oss-20b", "gpt-oss-120b"])
 def test_published_giant_configs_parse(name):
     from tests.published_configs import PUBLISHED
 
     config = PUBLISHED[name]
     spec = read_spec(family_for(config["model_type"], "config.json"), config, "config.json")
     assert spec.num_layers == config["num_hidden_layers"]
-    assert spec.value("quantization") == {"gpt_oss": "mxfp4"}.get(config["model_type"], "fp8-block-128")
+    expected = {"gpt_oss": "mxfp4"}.get(config["model_type"], "fp8-block-128")
+    assert spec.value("quantization") == ("int4-group-32" if name == "Kimi-K2-Thinking" else expected)
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -91,6 +91,21 @@ def test_fp8_release_peak_does_not_grow_with_experts(synth_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_int4_release_peak_does_not_grow_with_experts(synth_dir, tmp_path):
+    """Kimi-K2-Thinking's format (INT4 experts, the rest bfloat16) at hidden 2048: 8 vs 32 experts."""
+    def model(experts):
+        return synth.SynthModel(model_type="kimi_k2", quantization="int4", vocab_size=16384, hidden_size=2048,
+                                num_layers=3, num_heads=16, head_dim=128, intermediate_size=5632,
+                                moe_intermediate_size=1024, num_experts=experts,
+                                config_overrides={"q_lora_rank": 512, "kv_lora_rank": 256, "qk_rope_head_dim": 64})
+
+    small_peak, _, small_bytes = converted(synth_dir, tmp_path, model(8), "int4-experts8", 16)
+    big_peak, _, big_bytes = converted(synth_dir, tmp_path, model(32), "int4-experts32", 16)
+    assert big_bytes - small_bytes > 140 * MiB  # INT4 bytes: 24 more experts x 3 kernels x 2 layers x 1.1 MiB
+    assert big_peak <= small_peak + 64 * MiB, (small_peak / MiB, big_peak / MiB)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, 16])
 def test_llama_70b_widths_convert_under_one_gib(synth_dir, tmp_path_factory, devices):
     """Two layers at Llama-3-70B widths (tied, to keep the suite's disk and time small: the widths

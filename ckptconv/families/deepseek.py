@@ -9,7 +9,9 @@ Multi-head latent attention: queries through a low-rank pair (``wq_a``, RMSNorm 
 routed experts, and ``n_shared_experts`` shared ones as one wider MLP).
 
 The hub releases are FP8 with 128x128 block scales; they are dequantised per read unit as
-MaxText's ``deepseek_dequantize.py`` does. The multi-token-prediction layers stored after the
+MaxText's ``deepseek_dequantize.py`` does. Kimi-K2-Thinking ships its routed experts as
+compressed-tensors INT4 (everything its ``ignore`` list names stays bfloat16), decoded per read
+unit as compressed-tensors' decompressor does. The multi-token-prediction layers stored after the
 last layer (``model.layers.{num_hidden_layers}.*``) are not part of MaxText's decoder (its
 converter skips them too) and are named in the report.
 """
@@ -109,7 +111,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         cfg.fail(f"first_k_dense_replace={dense} exceeds num_hidden_layers={layers}")
     mtp = cfg.count("num_nextn_predict_layers", 1)
     values = {"tie_word_embeddings": False, "q_lora": bool(q_lora), "dense_layers": dense, "mtp_layers": mtp,
-              "quantization": read_quantization(cfg, ("fp8",))}
+              "quantization": read_quantization(cfg, ("fp8", "compressed-tensors"))}
     return make_spec(cfg, cfg.config["model_type"], dims, values, layers)
 
 

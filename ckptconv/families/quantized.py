@@ -2,19 +2,23 @@
 
 A checkpoint without ``quantization_config`` is a bfloat16 copy; with one, every tensor whose
 quantised parts are present is decoded, the others read as stored (the releases keep embeddings,
-norms and routers in bfloat16).
+norms and routers in bfloat16; compressed-tensors lists them in ``ignore``).
 """
 
 from __future__ import annotations
 
-from ckptconv.inputs import FP8_BLOCK, MXFP4_SCHEME
+from ckptconv.inputs import FP8_BLOCK, INT4_GROUP, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.spec import ConfigReader
 
 # quant_method -> (scheme, the fields that must hold for it, fields that change no weight)
 METHODS = {
     "fp8": (FP8_BLOCK, {"fmt": "e4m3", "weight_block_size": [128, 128]}, ("activation_scheme", "scale_fmt")),
     "mxfp4": (MXFP4_SCHEME, {}, ("modules_to_not_convert",)),
+    "compressed-tensors": (INT4_SCHEME, {}, ("ignore", "global_compression_ratio", "version")),
 }
+# compressed-tensors' weight arguments that decide how the stored integers decode (Kimi-K2-Thinking's)
+INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": INT4_GROUP,
+                "dynamic": False, "actorder": None, "block_structure": None}
 
 
 def read_quantization(cfg: ConfigReader, methods: tuple[str, ...]) -> str | None:
@@ -27,4 +31,29 @@ def read_quantization(cfg: ConfigReader, methods: tuple[str, ...]) -> str | None
     for name, value in required.items():
         q.require(name, (value,), value)
     q.runtime(*runtime)
+    if method == "compressed-tensors":
+        _compressed_tensors(q)
     return scheme
+
+
+def _compressed_tensors(q: ConfigReader) -> None:
+    """One weight-only group of pack-quantized symmetric INT4 (no activation scales, no sparsity,
+    no transforms: each would add tensors or change what the integers mean)."""
+    q.require("format", ("pack-quantized",), None)
+    q.require("quantization_status", ("compressed",), "compressed")
+    q.require("kv_cache_scheme", (None,), None)  # would add k/v scales
+    q.require("sparsity_config", ({},), {})
+    q.require("transform_config", ({},), {})
+    groups = q.nested("config_groups")
+    if len(groups.config) != 1:
+        groups.fail(f"{len(groups.config)} groups: only one quantisation scheme for all quantised layers is supported")
+    group = groups.nested(next(iter(groups.config)))
+    group.require("format", ("pack-quantized",), "pack-quantized")
+    group.require("targets", (["Linear"],), None)
+    group.require("input_activations", (None,), None)
+    group.require("output_activations", (None,), None)
+    weights = group.nested("weights")
+    for name, value in INT4_WEIGHTS.items():
+        weights.require(name, (value,), value if name in ("dynamic", "actorder", "block_structure") else None)
+    weights.require("scale_dtype", (None, "torch.bfloat16"), None)  # the scale tensors' dtype is checked too
+    weights.runtime("observer", "observer_kwargs", "zp_dtype")  # calibration settings; symmetric: no zero point
