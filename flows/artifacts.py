@@ -41,7 +41,8 @@ def stage_rows(report: dict) -> list[dict]:
 def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> str:
     """The human summary: where from (with provenance), where to, layout, memory, sharding, verify."""
     source = report["source"]
-    provenance = ", ".join(f"{k} {v}" for k, v in source.items() if k != "uri") or "-"
+    # a local source's per-file fingerprint details stay in the report
+    provenance = ", ".join(f"{k} {v}" for k, v in source.items() if k not in ("uri", "files")) or "-"
     admission = report.get("admission") or {}
     status = "skipped: a complete, identical conversion was already there" if report.get("skipped") else "converted"
     rows = [
