@@ -193,11 +193,15 @@ def _convert(args: argparse.Namespace) -> int:
     if report.get("skipped"):
         print(f"{args.destination}: already converted from this source with these options; nothing to do")
         return 0
-    stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
-    print(f"converted {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
-          f"to {args.destination} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; "
-          f"{stages}")
+    print(_done_line("converted", args.destination, report))
     return 0
+
+
+def _done_line(verb: str, target: str, report: dict) -> str:
+    """The one line a finished convert or export prints: size, family, wall, peak RSS, stages."""
+    stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
+    return (f"{verb} {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
+            f"to {target} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; {stages}")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -211,10 +215,7 @@ def _export(args: argparse.Namespace) -> int:
     if report.get("skipped"):
         print(f"{args.destination}: already exported from this checkpoint with these options; nothing to do")
         return 0
-    stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
-    print(f"exported {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
-          f"to {args.destination} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; "
-          f"{stages}")
+    print(_done_line("exported", args.destination, report))
     for note in report["not_exported"]:
         print(f"  note: {note['what']}")
     return 0

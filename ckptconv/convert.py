@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices, lock, partition
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
-from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
+from ckptconv.monitor import StageTimer, run_figures, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.produce import plan_tiles, prefetch
@@ -86,7 +86,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         report = {**state.report, "status": "complete", "skipped": True}
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
-        _write_extra_report(request, report)
+        destination.write_extra_report(request.report, report)
         return report
     # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit), and a
     # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
@@ -125,7 +125,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     destination.write_report(report_path, report)
     if request.finalize:
         partition.remove_staging(request.destination)
-    _write_extra_report(request, report)
+    destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
@@ -139,7 +139,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     done = partition.read_marker(request.destination, part)
     if done is not None and done.get("fingerprint") == print_:
         report = {**done, "skipped": True}
-        _write_extra_report(request, report)
+        destination.write_extra_report(request.report, report)
         return report
     partition.reset(request.destination, part)
     tune_malloc()
@@ -161,12 +161,11 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     report = {
         "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
-        "leaves": len(chosen), "output_bytes": nbytes, "stage_seconds": timer.as_dict(),
-        "wall_seconds": round(timer.wall(), 3), "peak_rss_bytes": peak_rss_bytes(), "host": socket.gethostname(),
+        "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
     }
     partition.write_marker(request.destination, part, report)
-    _write_extra_report(request, report)
+    destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
@@ -218,9 +217,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "source_bytes": plan.source_bytes,
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
-        "stage_seconds": timer.as_dict(),
-        "wall_seconds": round(timer.wall(), 3),
-        "peak_rss_bytes": peak_rss_bytes(),
+        **run_figures(timer),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),
@@ -265,8 +262,3 @@ def _check_report_path(report: str | None, target: str) -> None:
 
 def _occupant(state: destination.DestinationState) -> str:
     return "holds a checkpoint converted from a different source or with different options"
-
-
-def _write_extra_report(request: ConvertRequest, report: dict) -> None:
-    if request.report:
-        destination.write_report(request.report, report)

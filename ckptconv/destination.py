@@ -175,6 +175,12 @@ def writer_alive(report: dict) -> bool:
     return True
 
 
+def write_extra_report(report_path: str | None, report: dict) -> None:
+    """The report again where ``--report`` asked for it (the destination always holds its own)."""
+    if report_path:
+        write_report(report_path, report)
+
+
 def now() -> str:
     """UTC now, as reports record times."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

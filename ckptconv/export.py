@@ -29,7 +29,7 @@ import numpy as np
 from ckptconv import __version__, destination
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.export_plan import ExportPlan, make_export_plan
-from ckptconv.monitor import StageTimer, peak_rss_bytes, tune_malloc
+from ckptconv.monitor import StageTimer, run_figures, tune_malloc
 from ckptconv.produce import prefetch
 from ckptconv.progress import Progress
 from ckptconv.safetensors_writer import (
@@ -105,7 +105,7 @@ def export(request: ExportRequest) -> dict:
     previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)
     if _complete(dst, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
         report = {**previous, "skipped": True}
-        _extra_report(request, report)
+        destination.write_extra_report(request.report, report)
         return report
     _prepare(dst, pending, previous, print_, request.overwrite)
     report_path = os.path.join(dst, destination.REPORT_NAME)
@@ -122,7 +122,7 @@ def export(request: ExportRequest) -> dict:
     progress.close()
     report = _report(plan, request, items, layouts, timer, started, print_)
     destination.write_report(report_path, report)
-    _extra_report(request, report)
+    destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
@@ -314,16 +314,9 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
         "files": [layout.name for layout in layouts],
         "output_bytes": plan.output_bytes,
         "shard_size": request.shard_size,
-        "stage_seconds": timer.as_dict(),
-        "wall_seconds": round(timer.wall(), 3),
-        "peak_rss_bytes": peak_rss_bytes(),
+        **run_figures(timer),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),
         "pid": os.getpid(),
     }
-
-
-def _extra_report(request: ExportRequest, report: dict) -> None:
-    if request.report:
-        destination.write_report(request.report, report)

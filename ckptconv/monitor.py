@@ -43,6 +43,12 @@ def current_rss_bytes() -> int:
         return 0
 
 
+def run_figures(timer: "StageTimer") -> dict:
+    """What every report says of its own run: busy seconds per stage, wall seconds, peak RSS."""
+    return {"stage_seconds": timer.as_dict(), "wall_seconds": round(timer.wall(), 3),
+            "peak_rss_bytes": peak_rss_bytes()}
+
+
 class StageTimer:
     """Thread-safe accumulator of seconds per named stage."""
 
