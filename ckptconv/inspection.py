@@ -10,6 +10,7 @@ b-tree). ``deep`` reads every stored value too, so a truncated data file is foun
 
 from __future__ import annotations
 
+import collections
 import math
 
 from ckptconv import destination
@@ -46,12 +47,13 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
                 problems.append(f"{file}: empty data file")
     kvstore = ts.KvStore.open({"driver": "ocdbt", "base": _kvstore_url(items)}).result()
     keys = {key.decode() for key in kvstore.list().result()}
+    chunks = collections.Counter(key.split("/c/", 1)[0] for key in keys if "/c/" in key)  # per array name
     for leaf in leaves:
         if leaf.chunk_shape is None or not leaf.shape:
             continue  # scalars (the step) live in their own small arrays
         name = ".".join(leaf.path)
         grid = [math.ceil(d / c) for d, c in zip(leaf.shape, leaf.chunk_shape)]
-        present = sum(1 for key in keys if key.startswith(name + "/c/"))
+        present = chunks[name]
         if f"{name}/zarr.json" not in keys:
             problems.append(f"{leaf.name}: its array metadata (zarr.json) is missing")
         elif present < math.prod(grid):

@@ -89,6 +89,7 @@ class LocalSource:
         self._roots = _allowed_roots(self.uri)
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._provenance: dict | None = None
 
     def _path(self, name: str) -> str:
         check_member_name(self.uri, name)
@@ -148,14 +149,18 @@ class LocalSource:
     def provenance(self) -> dict:
         """Per checkpoint file: size, mtime and a hash of sampled content, so a source whose bytes
         changed is not "already converted" (a change that keeps the mtime and misses every sample
-        goes unseen here; ``verify`` compares every byte)."""
+        goes unseen here; ``verify`` compares every byte). Taken once: the fingerprint and the
+        report both ask, and the report must describe what the fingerprint saw."""
+        if self._provenance is not None:
+            return self._provenance
         files = {}
         for name in self.list_names():
             if name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
                 info = os.stat(self._path(name))
                 files[name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns,
                                "sample_sha256": self._sample_hash(name, info.st_size)}
-        return {"uri": self.uri, "kind": "local", "files": files}
+        self._provenance = {"uri": self.uri, "kind": "local", "files": files}
+        return self._provenance
 
     def _sample_hash(self, name: str, size: int) -> str:
         """SHA-256 of ``CONTENT_SAMPLES`` evenly spaced 64 KiB pieces (all of a small file): ~1 MiB per file."""
