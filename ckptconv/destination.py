@@ -23,7 +23,6 @@ from ckptconv.errors import BadInputError, CkptConvError
 STEP = "0"
 REPORT_NAME = "ckptconv-report.json"
 COMMIT_MARKER = "commit_success.txt"
-TMP_MARKER = ".orbax-checkpoint-tmp"
 # What Orbax's CheckpointManager deletes as an unfinished step when it opens a directory
 # (orbax step.TMP_DIR_STEP_PATTERN): such a name that is not provably ours must stop us first.
 ORBAX_TMP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")

@@ -42,7 +42,7 @@ from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_zoo_summary, zoo_row
-from flows.model import convert_one, worker_name
+from flows.model import convert_one
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import ChildFailed, killed
 from tasks.job import Conversion
@@ -182,7 +182,7 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
 
 def _row(entry: Entry, state: State, attempts: int) -> dict:
     if state.is_completed():
-        return {"pool": entry.pool, "worker": worker_name(), **state.result()}
+        return {"pool": entry.pool, **state.result()}  # the row names its worker
     return {**zoo_row(entry.job, None, _error(state), attempts), "pool": None, "worker": None}
 
 
