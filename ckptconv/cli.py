@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from ckptconv import __version__
-from ckptconv.errors import CkptConvError
+from ckptconv.errors import TERMINATION, CkptConvError, Terminated
 
 GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
@@ -92,12 +92,18 @@ def _hf_token_flag(command: argparse.ArgumentParser) -> None:
                          help="file holding a Hugging Face token for hf:// sources (default: HF_TOKEN or a saved login)")
 
 
-class Terminated(Exception):
-    """SIGTERM arrived (a cancelled flow run, a stopped worker, ``kill``)."""
+def _on_stop_signal(signum, frame) -> None:
+    """Only note the request: the producer stops the run before its next tile (within a tile's time).
 
-
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
+    Raising here instead would land at an arbitrary bytecode: inside ``import jax`` it aborts the
+    process, inside a garbage-collection callback it is swallowed. A second signal (a read that
+    hangs until its deadline, an impatient Ctrl-C) leaves at once: nothing is committed mid-run, so
+    the destination stays visibly incomplete either way.
+    """
+    if TERMINATION.signum is not None:
+        sys.stderr.write(f"ckptconv: {'interrupted' if signum == signal.SIGINT else 'terminated'} again; leaving now\n")
+        os._exit(128 + signum)
+    TERMINATION.request(signum)
 
 
 def _die_with_parent() -> None:
@@ -131,7 +137,9 @@ def os_condition(err: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    if args.command in WRITERS:  # read-only commands have nothing to leave in order: a signal ends them at once
+        signal.signal(signal.SIGTERM, _on_stop_signal)
+        signal.signal(signal.SIGINT, _on_stop_signal)
     # Orbax logs a failed write with its traceback from its own threads; the CLI reports it in one line
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
@@ -142,12 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"ckptconv: interrupted{stop if args.command in WRITERS else ''}", file=sys.stderr)
+        print("ckptconv: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print(f"ckptconv: terminated (SIGTERM){stop if args.command in WRITERS else ''}", file=sys.stderr)
-        return 143
+        return _stopped(TERMINATION.signum or signal.SIGTERM, stop if args.command in WRITERS else "")
     except Exception as err:  # tensorstore/Orbax wrap OS failures in their own errors: one line for those
+        if TERMINATION.signum is not None:  # our Terminated, wrapped by a library on its way out
+            return _stopped(TERMINATION.signum, stop)
         condition = os_condition(err)
         if condition is None:
             raise
@@ -159,6 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # a destination we cannot write, a full disk: one line, not a traceback
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return 1
+
+
+def _stopped(signum: int, consequence: str) -> int:
+    """One line for a run a signal stopped; the shell's status for it (128 + signal number)."""
+    what = "interrupted" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    print(f"ckptconv: {what}{consequence}", file=sys.stderr)
+    return 128 + signum
 
 
 def run() -> None:

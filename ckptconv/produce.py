@@ -14,6 +14,7 @@ from typing import Callable, Collection, Iterable, Iterator
 
 import numpy as np
 
+from ckptconv.errors import stop_if_terminated
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import ConversionPlan, Job, LeafPlan
 from ckptconv.sources import Source
@@ -89,6 +90,7 @@ def prefetch(produce: Callable[[], Iterable[Tile]], depth: int = 2) -> Iterator[
     def worker() -> None:
         try:
             for item in produce():
+                stop_if_terminated()
                 if not put(item):
                     return
             put(_DONE)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ckptconv import destination, synth
 from tests.conftest import ROOT
 
@@ -30,14 +32,19 @@ def _first_event(proc) -> None:
             return
 
 
-def test_sigterm_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path):
+@pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "ckptconv: terminated (SIGTERM)"),
+                                                   (signal.SIGINT, 130, "ckptconv: interrupted")])
+def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path, signum, status, line):
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
     proc = _start(src, dst)
     _first_event(proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGSTOP)  # hold it mid-conversion, however slowly this process gets scheduled
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1].startswith("ckptconv: terminated (SIGTERM)") and "rerun" in err
+    assert proc.returncode == status, err
+    assert err.strip().splitlines()[-1].startswith(line) and "rerun" in err
+    assert "Traceback" not in err
     assert not destination.inspect_state(str(dst)).complete
     rerun = _start(src, dst)
     rerun.communicate(timeout=300)
