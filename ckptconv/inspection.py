@@ -14,7 +14,7 @@ import collections
 import math
 
 from ckptconv import destination
-from ckptconv.stored import StoredLeaf, read_metadata
+from ckptconv.stored import StoredLeaf, list_keys, read_metadata
 
 
 def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
@@ -45,8 +45,7 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
         for file in sorted(data.iterdir()) if data.exists() else []:
             if file.stat().length == 0:
                 problems.append(f"{file}: empty data file")
-    kvstore = ts.KvStore.open({"driver": "ocdbt", "base": _kvstore_url(items)}).result()
-    keys = {key.decode() for key in kvstore.list().result()}
+    keys = list_keys(items.as_posix())
     chunks = collections.Counter(key.split("/c/", 1)[0] for key in keys if "/c/" in key)  # per array name
     for leaf in leaves:
         if leaf.chunk_shape is None or not leaf.shape:
@@ -59,6 +58,7 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
         elif present < math.prod(grid):
             problems.append(f"{leaf.name}: {math.prod(grid) - present} of {math.prod(grid)} chunks missing")
     if deep:
+        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": _kvstore_url(items)}).result()
         for key in sorted(keys):
             try:
                 kvstore.read(key).result()

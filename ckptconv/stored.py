@@ -55,6 +55,7 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     import jax
     import orbax.checkpoint as ocp
 
+    list_keys(items)  # a damaged database fails here, in one call, before Orbax's concurrent reads
     tree = ocp.PyTreeCheckpointHandler().metadata(destination.path(items))
     tree = getattr(tree, "tree", tree)
     leaves = []
@@ -62,6 +63,21 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
         path = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in key_path)
         leaves.append(_stored_leaf(path, meta))
     return sorted(leaves, key=lambda leaf: leaf.name)
+
+
+def list_keys(items: str) -> set[str]:
+    """Every key of the OCDBT database at ``items`` (reads the manifest and b-tree nodes, no data).
+
+    Orbax's metadata reads open every leaf concurrently; when the database itself is damaged, the
+    first failure closes its event loop while the other reads still complete into it, and their
+    callbacks print "Event loop is closed" tracebacks after our one-line error. One synchronous
+    listing finds that damage first.
+    """
+    import tensorstore as ts
+
+    base = str(items) if "://" in str(items) else "file://" + str(items)
+    kvstore = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
+    return {key.decode() for key in kvstore.list().result()}
 
 
 def _is_meta(node: Any) -> bool:
