@@ -5,7 +5,8 @@ filesystems make atomic across hosts, so two conversions into one directory cann
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
 holder on another host cannot be checked from here, so the run is refused unless
-``--overwrite`` says to break it. Not for ``gs://`` yet (there the "writing" report guards).
+``--overwrite`` says to break it. On ``gs://`` the lock is an object created with a generation
+precondition (``ifGenerationMatch=0``), which GCS arbitrates the same way.
 """
 
 from __future__ import annotations
@@ -58,44 +59,110 @@ def _describe(holder: dict) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
 
 
+class _LocalLock:
+    """The lock as a local (or NFS) file: ``O_EXCL`` create, read, remove."""
+
+    def __init__(self, destination: str) -> None:
+        Path(destination).mkdir(parents=True, exist_ok=True)
+        self.path = Path(destination) / LOCK_NAME
+        self.name = str(self.path)
+
+    def create(self, text: str) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return True
+
+    def read(self) -> tuple[str, object] | None:
+        """(text, version) of the current lock, None if there is none."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return None
+        return text, text
+
+    def remove(self, version: object) -> None:
+        """Remove the lock if it is still ``version`` (re-read just before: NFS has no compare-and-delete)."""
+        current = self.read()
+        if current is not None and current[1] == version:
+            self.path.unlink(missing_ok=True)
+
+
+class _GcsLock:
+    """The lock as a GCS object: created with ``ifGenerationMatch=0`` (fails if it exists), removed
+    with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
+
+    def __init__(self, destination: str) -> None:
+        from google.cloud import storage
+
+        bucket, _, prefix = destination[len("gs://"):].partition("/")
+        self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"
+        self._blob = storage.Client(project=None).bucket(bucket).blob(f"{prefix.strip('/')}/{LOCK_NAME}".lstrip("/"))
+
+    def create(self, text: str) -> bool:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self._blob.upload_from_string(text, content_type="application/json", if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+
+    def read(self) -> tuple[str, object] | None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self._blob.reload()
+            return self._blob.download_as_text(if_generation_match=self._blob.generation), self._blob.generation
+        except (gexc.NotFound, gexc.PreconditionFailed):
+            return None
+
+    def remove(self, version: object) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self._blob.delete(if_generation_match=version)
+        except (gexc.NotFound, gexc.PreconditionFailed):
+            pass  # released or taken over meanwhile: not ours to remove
+
+
 @contextmanager
 def hold(destination: str, *, break_foreign: bool = False) -> Iterator[None]:
     """Own ``destination`` for the block, or raise naming who does."""
-    if "://" in destination:
+    if "://" in destination and not destination.startswith("gs://"):
         yield
         return
-    root = Path(destination)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / LOCK_NAME
+    store = _GcsLock(destination) if destination.startswith("gs://") else _LocalLock(destination)
     me = _me()
+    mine = json.dumps(me)
     for _ in range(3):
+        if store.create(mine):
+            break
+        current = store.read()
+        if current is None:
+            continue  # released meanwhile
+        text, version = current
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                text = path.read_text()
-                holder = json.loads(text)
-            except FileNotFoundError:
-                continue  # released meanwhile
-            except ValueError:
-                holder, text = {}, None  # being written this instant, or damaged: not ours to judge
-            if text is not None and (stale(holder) or break_foreign):
-                if path.read_text() == text:  # the same holder still: take it over
-                    path.unlink(missing_ok=True)
-                continue
-            raise CkptConvError(f"{path}: another conversion ({_describe(holder)}) is writing this destination; "
-                                "wait for it, or if it is gone (another host), rerun with --overwrite to break "
-                                "the lock") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
-        break
+            holder = json.loads(text)
+        except ValueError:
+            holder = None  # being written this instant, or damaged: not ours to judge
+        if holder is not None and (stale(holder) or break_foreign):
+            store.remove(version)  # only if it is still the holder we judged
+            continue
+        raise CkptConvError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
+                            "destination; wait for it, or if it is gone (another host), rerun with --overwrite "
+                            "to break the lock")
     else:
-        raise CkptConvError(f"{path}: could not take the lock (it keeps changing hands)")
+        raise CkptConvError(f"{store.name}: could not take the lock (it keeps changing hands)")
     try:
         yield
     finally:
         try:
-            if json.loads(path.read_text()).get("pid") == me["pid"]:
-                path.unlink()
+            current = store.read()
+            if current is not None and json.loads(current[0]).get("pid") == me["pid"]:
+                store.remove(current[1])
         except (OSError, ValueError):
             pass

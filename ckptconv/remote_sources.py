@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from ckptconv.errors import BadInputError, CkptConvError
 from ckptconv.sources import check_regular
+from ckptconv.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
 log = logging.getLogger("ckptconv")
 
@@ -57,11 +58,14 @@ class RetryPolicy:
 
 
 def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int, Sink], None],
-                is_transient: Callable[[BaseException], bool], policy: RetryPolicy) -> bytearray:
+                is_transient: Callable[[BaseException], bool], policy: RetryPolicy, deadlines: Deadlines,
+                endpoint: str) -> bytearray:
     """``length`` bytes from ``offset``: ``fetch(start, count, sink)`` streams them into ``sink``.
 
     A failed or short attempt is retried for the bytes still missing, so a dropped
-    connection late in a 100 MB range costs only the rest of it.
+    connection late in a 100 MB range costs only the rest of it. Each attempt is announced
+    while it waits; the read gives up after ``policy.attempts`` failures in a row or
+    ``deadlines.total_seconds`` without a byte, in one line naming the endpoint.
     """
     buffer = bytearray(length)
     view = memoryview(buffer)
@@ -75,11 +79,12 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
         view[done:end] = chunk
         done = end
 
-    failures = 0
+    retries = _Retries(where, endpoint, policy, deadlines)
     while True:
         before = done
         try:
-            fetch(offset + done, length - done, sink)
+            with announced(f"{where} (bytes {offset + done}-{offset + length - 1} from {endpoint})", deadlines):
+                fetch(offset + done, length - done, sink)
             if done == length:
                 return buffer
             error: BaseException = _ShortRead(f"body ended after {done - before} of {length - before} bytes")
@@ -89,13 +94,33 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
             if not is_transient(err):
                 raise CkptConvError(f"{where}: read failed at byte {offset + done}: {_one_line(err)}") from err
             error = err
-        failures = 0 if done > before else failures + 1  # progress resets the count
-        if failures >= policy.attempts:
-            raise CkptConvError(f"{where}: giving up after {failures} failed attempts at byte {offset + done}: "
-                                f"{_one_line(error)}")
-        wait = policy.wait(max(failures, 1))
-        log.warning("%s: transient error at byte %d (%s); retrying in %.1fs", where, offset + done,
-                    _one_line(error), wait)
+        retries.failed(error, progressed=done > before, at=f" at byte {offset + done}")
+
+
+class _Retries:
+    """The retry budget of one remote operation: attempts in a row, and time without progress."""
+
+    def __init__(self, where: str, endpoint: str, policy: RetryPolicy, deadlines: Deadlines) -> None:
+        self.where, self.endpoint, self.policy, self.deadlines = where, endpoint, policy, deadlines
+        self.failures = 0
+        self.stalled_since = time.monotonic()
+
+    def failed(self, error: BaseException, progressed: bool = False, at: str = "") -> None:
+        """Sleep before the next attempt, or raise the one-line error if the budget is spent."""
+        now = time.monotonic()
+        if progressed:  # bytes arrived: the count and the clock start again
+            self.failures, self.stalled_since = 0, now
+        self.failures += 1
+        wait = self.policy.wait(self.failures)
+        stalled = now - self.stalled_since
+        if self.failures >= self.policy.attempts or stalled + wait > self.deadlines.total_seconds:
+            raise CkptConvError(
+                f"{self.where}: giving up on {self.endpoint} after {self.failures} failed attempts in {stalled:.0f}s "
+                f"({DEADLINE_ENV}={self.deadlines.total_seconds:g}s, {REQUEST_ENV}={self.deadlines.request_seconds:g}s)"
+                f"{at}: {_one_line(error)}")
+        log.warning("%s: transient error%s from %s (%s); retrying in %.1fs (attempt %d of %d, %.0fs left)",
+                    self.where, at, self.endpoint, _one_line(error), wait, self.failures + 1, self.policy.attempts,
+                    self.deadlines.total_seconds - stalled - wait)
         time.sleep(wait)
 
 
@@ -119,7 +144,9 @@ class GcsSource:
         if not bucket:
             raise BadInputError(f"{uri}: expected gs://BUCKET/DIR")
         self._prefix = f"{prefix}/" if prefix else ""
+        self.deadlines = Deadlines.from_env()
         self._client = _gcs_client(uri)
+        self.endpoint = str(getattr(self._client, "api_endpoint", None) or "https://storage.googleapis.com")
         self._bucket = self._client.bucket(bucket)
         self._blobs = {blob.name[len(self._prefix):]: blob for blob in self._list(uri)}
         if not self._blobs:
@@ -132,15 +159,25 @@ class GcsSource:
 
     def _list(self, uri: str) -> list:
         from google.api_core import exceptions as gexc
+        from google.cloud.storage.retry import _should_retry
 
-        try:
-            blobs = self._client.list_blobs(self._bucket, prefix=self._prefix, delimiter="/")
-            return [blob for blob in blobs if not blob.name.endswith("/")]
-        except (gexc.Forbidden, gexc.Unauthorized) as err:
-            raise BadInputError(f"{uri}: permission denied listing the directory ({_one_line(err)}); "
-                                "check the Application Default Credentials") from None
-        except gexc.NotFound:
-            raise BadInputError(f"{uri}: bucket not found") from None
+        retries = _Retries(uri, self.endpoint, self.retry, self.deadlines)
+        timeout = self.deadlines.request_seconds
+        while True:
+            try:
+                with announced(f"the listing of {uri} from {self.endpoint}", self.deadlines):
+                    blobs = self._client.list_blobs(self._bucket, prefix=self._prefix, delimiter="/", retry=None,
+                                                    timeout=(timeout, timeout))
+                    return [blob for blob in blobs if not blob.name.endswith("/")]
+            except (gexc.Forbidden, gexc.Unauthorized) as err:
+                raise BadInputError(f"{uri}: permission denied listing the directory ({_one_line(err)}); "
+                                    "check the Application Default Credentials") from None
+            except gexc.NotFound:
+                raise BadInputError(f"{uri}: bucket not found") from None
+            except Exception as err:
+                if not _should_retry(err):
+                    raise CkptConvError(f"{uri}: listing failed at {self.endpoint}: {_one_line(err)}") from None
+                retries.failed(err)
 
     def _blob(self, name: str):
         blob = self._blobs.get(name)
@@ -170,7 +207,7 @@ class GcsSource:
         def fetch(start: int, count: int, sink: Sink) -> None:
             try:
                 pinned.download_to_file(_SinkFile(sink), start=start, end=start + count - 1, raw_download=True,
-                                        checksum=None, retry=None)
+                                        checksum=None, retry=None, timeout=(timeout, timeout))
             except gexc.NotFound:
                 raise CkptConvError(f"{where}: generation {listed.generation} is gone "
                                     "(the object changed during the conversion?)") from None
@@ -178,7 +215,8 @@ class GcsSource:
                 raise BadInputError(f"{where}: permission denied ({_one_line(err)}); "
                                     "check the Application Default Credentials") from None
 
-        return ranged_read(where, offset, length, fetch, _should_retry, self.retry)
+        timeout = self.deadlines.request_seconds
+        return ranged_read(where, offset, length, fetch, _should_retry, self.retry, self.deadlines, self.endpoint)
 
     def list_names(self) -> list[str]:
         return sorted(self._blobs)
@@ -224,6 +262,7 @@ class HubSource:
         self.uri = uri.rstrip("/")
         self.repo, self.revision = parse_hub_uri(self.uri)
         self._endpoint = constants.ENDPOINT
+        self.deadlines = Deadlines.from_env()
         self._headers = build_hf_headers(token=token)  # holds the token; never printed
         info = self._model_info(HfApi(endpoint=self._endpoint), token)
         self.commit = info.sha
@@ -241,10 +280,12 @@ class HubSource:
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
                                             RevisionNotFoundError)
 
-        failures = 0
+        retries = _Retries(self.uri, self._endpoint, self.retry, self.deadlines)
         while True:
             try:
-                return api.model_info(self.repo, revision=self.revision, files_metadata=True, token=token)
+                with announced(f"the file list of {self.uri} from {self._endpoint}", self.deadlines):
+                    return api.model_info(self.repo, revision=self.revision, files_metadata=True, token=token,
+                                          timeout=self.deadlines.request_seconds)
             except RevisionNotFoundError:
                 raise BadInputError(f"{self.uri}: revision {self.revision!r} not found") from None
             except GatedRepoError:
@@ -264,10 +305,7 @@ class HubSource:
                 if not self._transient(err):
                     raise
                 error = err
-            failures += 1
-            if failures >= self.retry.attempts:
-                raise CkptConvError(f"{self.uri}: hub API unreachable after {failures} attempts: {_one_line(error)}")
-            time.sleep(self.retry.wait(failures))
+            retries.failed(error)
 
     def _transient(self, err: BaseException) -> bool:
         import httpx2
@@ -302,7 +340,8 @@ class HubSource:
 
         def fetch(start: int, count: int, sink: Sink) -> None:
             headers = {**self._headers, "Range": f"bytes={start}-{start + count - 1}"}
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                                      timeout=self.deadlines.request_seconds) as response:
                 status = response.status_code
                 if status in self.transient_status:
                     raise _TransientStatus(f"HTTP {status}")
@@ -315,7 +354,7 @@ class HubSource:
                 for chunk in response.iter_bytes():  # as it arrives: a cut keeps what came
                     sink(chunk)
 
-        return ranged_read(where, offset, length, fetch, self._transient, self.retry)
+        return ranged_read(where, offset, length, fetch, self._transient, self.retry, self.deadlines, self._endpoint)
 
     def list_names(self) -> list[str]:
         return sorted(self._sizes)

@@ -42,3 +42,14 @@ def synth_dir(tmp_path):
         return directory
 
     return make
+
+
+# The longest modules (minutes each) first: `make test` hands whole modules to its workers in
+# collection order, and one of these left for last would run alone while the other cores idle.
+LONGEST_FIRST = ("test_prefect_e2e", "test_memory", "test_convert_moe_gemma", "test_resume", "test_convert",
+                 "test_quantized", "test_prefect_flows")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order

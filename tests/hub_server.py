@@ -14,7 +14,8 @@ Endpoints (as the real hub answers them):
 Every request is logged (method, path, Range, whether an Authorization header came and if it
 was the right token) so tests can assert reads were ranged and the token never left the hub.
 ``faults`` injects failures into CDN range reads of at least ``fault_min_bytes``: ``"503"``
-answers 503, ``"cut"`` sends the headers and half the body, then drops the connection.
+answers 503, ``"cut"`` sends the headers and half the body, then drops the connection;
+``"stall"`` sends the headers and half the body, then nothing for ``stall_seconds``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -64,6 +66,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.log: list[Logged] = []
         self.faults: list[str] = []
+        self.stall_seconds = 30.0  # how long a "stall" fault keeps the connection silent
         self.fault_min_bytes = 4096  # faults hit tensor reads, not the 8-byte header-length reads
         self.lock = threading.Lock()
         self.endpoint = self.cdn = ""
@@ -233,7 +236,7 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
-            length = end - start + 1 if fault != "cut" else (end - start + 1) // 2
+            length = end - start + 1 if fault not in ("cut", "stall") else (end - start + 1) // 2
             with open(path, "rb") as f:
                 f.seek(start)
                 while length > 0:
@@ -244,6 +247,10 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
                 self.close_connection = True
                 self.connection.shutdown(2)
+            if fault == "stall":  # half the body, then silence with the connection open
+                self.wfile.flush()
+                time.sleep(hub.stall_seconds)
+                self.close_connection = True
 
         def _json(self, entry: Logged, payload: dict) -> None:
             data = json.dumps(payload).encode()

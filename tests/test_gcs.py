@@ -156,3 +156,37 @@ def test_reads_are_pinned_to_the_listed_generation(gcs, gcs_source):
         source.read_range("config.json", 0, 5)
     with pytest.raises(CkptConvError, match="truncated"):
         source.read_range("config.json", 0, source.size("config.json") + 1)
+
+
+def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
+    """Two owners of one gs:// destination cannot coexist: the lock object is created only if absent
+    (ifGenerationMatch=0). A dead holder on this host is taken over, one on another host is
+    refused unless broken (--overwrite), and the lock is gone once the owner is done."""
+    import subprocess
+    import sys
+
+    from ckptconv import lock
+    from ckptconv.errors import CkptConvError
+
+    dst = f"gs://{gcs.new_bucket('lock')}/models/locked"
+    with lock.hold(dst):
+        assert gcs.objects(dst) == {"ckptconv.lock": gcs.objects(dst)["ckptconv.lock"]}
+        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.lock: another conversion \(pid \d+ on "):
+            with lock.hold(dst):
+                pass
+    assert gcs.objects(dst) == {}
+
+    bucket, _, prefix = dst[len("gs://"):].partition("/")
+    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.lock")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    blob.upload_from_string(json.dumps({**lock._me(), "pid": dead.pid, "start_ticks": 1}))
+    with lock.hold(dst):  # this host, its pid gone: stale, taken over
+        assert json.loads(blob.download_as_text())["pid"] == lock._me()["pid"]
+    blob.upload_from_string(json.dumps({**lock._me(), "host": "another-host"}))
+    with pytest.raises(CkptConvError, match="another-host"):
+        with lock.hold(dst):
+            pass
+    with lock.hold(dst, break_foreign=True):
+        assert json.loads(blob.download_as_text())["host"] != "another-host"
+    assert gcs.objects(dst) == {}
