@@ -17,12 +17,12 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(PY) -m flows.demo
 
-# Modules stay whole on one worker (--dist loadscope): their servers and fixtures are set up once.
+# Modules stay whole on one worker (--dist loadscope --no-loadscope-reorder): their servers and fixtures are set up once.
 test: setup
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope --no-loadscope-reorder
 
 test-fast: setup
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope -m "not slow"
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadscope --no-loadscope-reorder -m "not slow"
 
 bench: setup
 	$(PY) bench/compare_maxtext.py
