@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices, lock, partition
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
-from ckptconv.monitor import StageTimer, run_figures, tune_malloc
+from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.produce import plan_tiles, prefetch
@@ -154,7 +154,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     writer.write_partition(
         str(partition.staging_dir(request.destination)), [leaf for _, leaf in chosen], [i for i, _ in chosen],
         lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)), devices=request.devices,
-        process_id=part.process_id, on_tile=lambda leaf, n: progress.advance(0, n),
+        process_id=part.process_id, on_tile=lambda leaf, n: (trim_now_and_then(n), progress.advance(0, n)),
         use_compression=request.compression)
     timer.add("write", timer.wall() - begin)
     progress.close()
@@ -179,6 +179,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     done = [0, 0]  # bytes, tensors reported
 
     def on_tile(leaf, nbytes: int) -> None:
+        trim_now_and_then(nbytes)
         done[0] += nbytes
         tensors = plan.tensor_count * done[0] // max(1, plan.output_bytes)
         progress.advance(tensors - done[1], nbytes)

@@ -29,7 +29,7 @@ import numpy as np
 from ckptconv import __version__, destination
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.export_plan import ExportPlan, make_export_plan
-from ckptconv.monitor import StageTimer, run_figures, tune_malloc
+from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.produce import prefetch
 from ckptconv.progress import Progress
 from ckptconv.safetensors_writer import (
@@ -229,6 +229,7 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
                     current = StreamedFile(pending, layout)
                 current.append(name, data)
             progress.advance(int(name != last[0]), data.nbytes)
+            trim_now_and_then(data.nbytes)
             last[0] = name
         if current is not None:
             with timer.stage("write"):

@@ -89,10 +89,30 @@ def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
     import ctypes
     import ctypes.util
 
+    global _LIBC
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_mmap_threshold, m_arena_max = -3, -8
         libc.mallopt(m_mmap_threshold, mmap_threshold)
         libc.mallopt(m_arena_max, arenas)
+        _LIBC = libc if hasattr(libc, "malloc_trim") else None
     except (OSError, AttributeError):
         pass
+
+
+_LIBC = None
+TRIM_EVERY_BYTES = 64 << 20
+_trim_due = [TRIM_EVERY_BYTES]
+
+
+def trim_now_and_then(nbytes: int) -> None:
+    """Give free heap pages back to the OS after every ``TRIM_EVERY_BYTES`` written.
+
+    Buffers below the mmap threshold (compressed chunks, zstd state) come from the heap; freed
+    in a different order from the one they were allocated in, they leave resident holes that
+    add up over a long run. ``malloc_trim`` returns every free page, not only the heap's top.
+    """
+    _trim_due[0] -= nbytes
+    if _trim_due[0] <= 0 and _LIBC is not None:
+        _trim_due[0] = TRIM_EVERY_BYTES
+        _LIBC.malloc_trim(0)
