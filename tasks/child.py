@@ -53,6 +53,27 @@ class ChildResult:
             raise failure(what, self.returncode, self.tail, self.timed_out, timeout)
 
 
+def secrets(env: dict[str, str]) -> list[str]:
+    """Token values the child could know (``HF_TOKEN``, the saved hub login): no line that reaches a
+    log, a state message or an artifact may hold one. ckptconv never prints them; this is the
+    second lock on that door, for messages a library might build."""
+    values = [env.get("HF_TOKEN", "")]
+    try:
+        from huggingface_hub import get_token
+
+        values.append(get_token() or "")
+    except Exception:  # noqa: BLE001 - no hub library, an unreadable login: nothing to hide
+        pass
+    parts = {piece.strip() for value in values for piece in value.splitlines()}  # a malformed multi-line token
+    return sorted((piece for piece in parts if len(piece) >= 8), key=len, reverse=True)
+
+
+def scrub(line: str, hidden: list[str]) -> str:
+    for value in hidden:
+        line = line.replace(value, "[token]")
+    return line
+
+
 def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, int], None],
                  timeout: float | None = None) -> ChildResult:
     """Run the CLI with ``args``; ``on_line(line, pid)`` sees every output line; killed after ``timeout`` s."""
@@ -64,13 +85,14 @@ def stream_child(args: list[str], env: dict[str, str], on_line: Callable[[str, i
     timer = threading.Timer(timeout, _kill, (proc.pid, timed_out)) if timeout else None
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     sampler = _HighWaterSampler(proc.pid)
+    hidden = secrets(env)
     reaped = False
     try:
         if timer:
             timer.start()
         sampler.start()
         for raw in proc.stdout:
-            line = raw.rstrip("\n")
+            line = scrub(raw.rstrip("\n"), hidden)
             tail.append(line)
             sampler.sample()  # short-lived children exit between two timed samples
             on_line(line, proc.pid)
@@ -141,7 +163,8 @@ def run_json(args: list[str], env: dict[str, str], timeout: float, ok_codes: tup
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise failure(what, -signal.SIGKILL, [], True, timeout) from None
-    tail = done.stderr.splitlines()[-TAIL_LINES:]
+    hidden = secrets(env)
+    tail = [scrub(line, hidden) for line in done.stderr.splitlines()[-TAIL_LINES:]]
     if done.returncode not in ok_codes:
         raise failure(what, done.returncode, tail, False, timeout)
     try:

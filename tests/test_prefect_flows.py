@@ -157,3 +157,35 @@ def _max_concurrent_gb(windows: list[tuple[dt.datetime, dt.datetime, int]]) -> i
         peak = max(peak, held)
     return peak
 
+
+
+CANARY = "hf_CANARYflow0123456789abcdef"
+
+
+@pytest.mark.parametrize("token, endpoint, reason", [
+    (CANARY + "\nsecond line", None, "one line of printable ASCII"),  # malformed: refused before use
+    (CANARY, "http://127.0.0.1:1", "giving up on http://127.0.0.1:1"),  # the hub unreachable: retried, one line
+])
+def test_a_token_never_reaches_a_flow_runs_state_logs_or_artifacts(tmp_path, memory_limit, monkeypatch, token,
+                                                                    endpoint, reason):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, LogFilter, LogFilterFlowRunId
+
+    memory_limit(8)
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("CKPTCONV_REMOTE_DEADLINE", "3")
+    if endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    state = convert_model(source="hf://org/model", destination=str(tmp_path / "dst"), devices=1,
+                          name="canary", return_state=True)
+    assert state.is_failed() and state.message
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter())
+        task_states = [run.state.message or "" for run in task_runs(run_id).values()]
+    seen = "\n".join([state.message, *task_states, *(log.message for log in logs),
+                      *(json.dumps(a.data, default=str) + (a.description or "") for a in artifacts)])
+    assert reason in state.message and len(logs) > 0  # the failure itself is reported...
+    assert "CANARY" not in seen  # ...and no part of the token is

@@ -214,3 +214,14 @@ def test_manifest_errors_name_the_entry(tmp_path):
     with pytest.raises(ManifestError, match="share the artifact key"):
         load_manifest(str(path))
 
+
+
+def test_child_lines_are_scrubbed_of_the_token(tmp_path):
+    """A line a library might build with the token in it never reaches a log or a state message."""
+    from tasks.child import scrub, secrets
+
+    env = {"HF_TOKEN": "hf_SECRETsecret123456\nsecond-line-part", "HF_HOME": str(tmp_path)}
+    hidden = secrets(env)
+    line = "Illegal header value b'Bearer hf_SECRETsecret123456' then second-line-part"
+    assert scrub(line, hidden) == "Illegal header value b'Bearer [token]' then [token]"
+    assert "x" not in secrets({"HF_TOKEN": "x"})  # too short to be a token: scrubbing it would mangle every line
