@@ -53,3 +53,14 @@ LONGEST_FIRST = ("test_prefect_e2e", "test_memory", "test_convert_moe_gemma", "t
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The fault-injection figures: scenarios injected, survived (the run completed or failed in one
+    line and its rerun completed, and the result verified), and data lost (any other outcome)."""
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
+               if r.when == "call" and "fault" in r.keywords]
+    if reports:
+        survived = sum(r.passed for r in reports)
+        terminalreporter.write_line(f"fault injection: {len(reports)} scenarios injected, {survived} survived, "
+                                    f"{len(reports) - survived} with data lost or a run left broken")

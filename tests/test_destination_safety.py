@@ -135,6 +135,7 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+@pytest.mark.fault
 def test_out_of_space_before_writing_says_how_much_and_writes_nothing(synth_dir, small_fs):
     dst = small_fs(128) / "dst"
     result = _convert(synth_dir(), dst)
@@ -143,6 +144,7 @@ def test_out_of_space_before_writing_says_how_much_and_writes_nothing(synth_dir,
     assert not (dst / "0").exists() and not list(dst.glob("*.orbax-checkpoint-tmp*"))
 
 
+@pytest.mark.fault
 def test_out_of_space_while_writing_is_one_line_and_a_rerun_with_space_completes(synth_dir, small_fs):
     import subprocess
 

@@ -103,6 +103,7 @@ def gcs_source(gs_src):
     return source, gs_src[1]
 
 
+@pytest.mark.fault
 def test_ranged_reads_resume_after_transient_errors(gcs_source, monkeypatch):
     """A 503 and a connection dropped half-way are retried, asking only for the missing bytes."""
     from google.api_core import exceptions as gexc

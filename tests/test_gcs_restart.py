@@ -107,6 +107,7 @@ def _complete(dst: str, emulator: RestartableEmulator) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_the_source_endpoint_goes_down_and_comes_back_mid_read(tmp_path, emulator, synth_dir):
     local = synth_dir(MODEL, fast=True)
     bucket = emulator.client().create_bucket("src-bucket")
@@ -119,6 +120,7 @@ def test_the_source_endpoint_goes_down_and_comes_back_mid_read(tmp_path, emulato
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_the_destination_endpoint_goes_down_and_comes_back_mid_write(tmp_path, emulator, synth_dir):
     local = synth_dir(MODEL, fast=True)
     emulator.client().create_bucket("dst-bucket")

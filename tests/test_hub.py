@@ -123,6 +123,7 @@ def test_unknown_revision_and_bad_uri(tmp_path, hub, private_repo):
     assert malformed.returncode == 2 and "expected hf://ORG/REPO" in malformed.stderr
 
 
+@pytest.mark.fault
 def test_transient_errors_are_retried_and_resumed(tmp_path, hub, synth_dir):
     """503s and a connection cut mid-body are retried (resuming the range); the result verifies."""
     sha = hub.add_commit("org/public", synth_dir(MODEL))

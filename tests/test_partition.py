@@ -62,6 +62,7 @@ def test_partitions_then_finalize_equal_a_single_conversion(synth_dir, tmp_path)
     assert inspected.returncode == 0 and json.loads(inspected.stdout)["complete"]
 
 
+@pytest.mark.fault
 def test_a_crashed_partition_is_rerun_alone_and_finalize_waits_for_it(synth_dir, tmp_path):
     src, dst = synth_dir(), tmp_path / "dst"
     for index in range(2):

@@ -152,6 +152,7 @@ def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]], *ext
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(deployed, synth_dir, tmp_path):
     """Three models, two workers on two pools; ``zoo-oom`` is SIGKILLed on worker-a (as the OOM
     killer would) and the zoo starts it again on highmem-pool, where worker-b completes it."""

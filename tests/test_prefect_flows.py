@@ -84,6 +84,7 @@ def test_progress_artifact_follows_the_child_lines():
     assert latest_artifact(key).description == "complete"
 
 
+@pytest.mark.fault
 def test_sigkilled_conversion_is_retried_and_completes(synth_dir, tmp_path, memory_limit, monkeypatch):
     memory_limit(8)
     monkeypatch.setenv(KILL_HOOK, "1")  # the task SIGKILLs its child at the child's first event, attempt 1 only

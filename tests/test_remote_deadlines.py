@@ -54,6 +54,7 @@ def _timed(*args, env):
     return result, time.monotonic() - start
 
 
+@pytest.mark.fault
 def test_a_hub_that_never_answers_ends_in_one_line_naming_it(tmp_path, silent_endpoint):
     env = {**FAST, "HF_ENDPOINT": silent_endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": TOKEN,
            "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -70,6 +71,7 @@ def test_a_hub_that_never_answers_ends_in_one_line_naming_it(tmp_path, silent_en
     assert not (tmp_path / "dst").exists()
 
 
+@pytest.mark.fault
 def test_a_gcs_endpoint_that_never_answers_ends_in_one_line_naming_it(tmp_path, silent_endpoint):
     from tests.gcs_server import STATIC_ENV
 
@@ -83,6 +85,7 @@ def test_a_gcs_endpoint_that_never_answers_ends_in_one_line_naming_it(tmp_path, 
     assert seconds < 30
 
 
+@pytest.mark.fault
 def test_a_read_that_goes_silent_mid_body_is_retried_from_where_it_stopped(tmp_path, hub, synth_dir):
     sha = hub.add_commit("org/public", synth_dir(synth.SynthModel(num_layers=2)))
     hub.faults.append("stall")

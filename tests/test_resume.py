@@ -77,6 +77,7 @@ def medium_src(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.1, 0.6, 1.0], ids=["early", "middle", "all-bytes-before-commit"])
+@pytest.mark.fault
 def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
     dst = str(tmp_path / "dst")
     status, events = convert_and_kill(str(medium_src), dst, fraction)
@@ -90,6 +91,7 @@ def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.3, 1.0], ids=["middle", "all-bytes-before-commit"])
+@pytest.mark.fault
 def test_gcs_kill_then_rerun(gcs, medium_src, fraction):
     src = gcs.upload_dir(medium_src, f"gs://{gcs.new_bucket('src')}/medium")
     dst = f"gs://{gcs.new_bucket('zoo')}/medium"
@@ -125,6 +127,7 @@ def test_checkpoint_without_report_is_incomplete_and_never_deleted(tmp_path, syn
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 def test_crash_after_commit_before_final_report_reruns_without_overwrite(tmp_path, synth_dir):
     """Our pending report ("writing", written before any data) marks the output as ours and
     unfinished, even when Orbax's commit already happened: the same command simply redoes it."""
@@ -141,6 +144,7 @@ def test_crash_after_commit_before_final_report_reruns_without_overwrite(tmp_pat
     assert run_cli("verify", str(src), str(dst)).returncode == 0
 
 
+@pytest.mark.fault
 def test_a_live_run_is_never_cleared_and_a_dead_one_is_redone(tmp_path, synth_dir):
     """A "writing" report names its process: alive on this host means hands off; gone means redo."""
     import socket

@@ -34,6 +34,7 @@ def _first_event(proc) -> None:
 
 @pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "ckptconv: terminated (SIGTERM)"),
                                                    (signal.SIGINT, 130, "ckptconv: interrupted")])
+@pytest.mark.fault
 def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path, signum, status, line):
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
     proc = _start(src, dst)
@@ -52,6 +53,7 @@ def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_d
     assert json.loads((dst / "ckptconv-report.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.fault
 def test_a_conversion_whose_task_process_dies_stops_too(synth_dir, tmp_path):
     """The parent here is tasks.child.stream_child in its own process, SIGKILLed mid-conversion."""
     src, dst, pidfile = synth_dir(MODEL, fast=True), tmp_path / "dst", tmp_path / "child.pid"
@@ -81,6 +83,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.fault
 def test_two_conversions_into_one_destination_one_refused_the_other_verifies(synth_dir, tmp_path):
     from tests.conftest import run_cli
 

@@ -279,6 +279,7 @@ print(json.dumps({"steps_before": steps_before, "steps_after": list(manager.all_
 """
 
 
+@pytest.mark.fault
 def test_killed_write_leaves_no_step_and_a_rerun_succeeds(tmp_path):
     out = tmp_path / "ckpt"
     killed = run_child(KILLED, 4, out)
