@@ -217,7 +217,8 @@ def _done_line(verb: str, target: str, report: dict) -> str:
     """The one line a finished convert or export prints: size, family, wall, peak RSS, stages."""
     stages = ", ".join(f"{name} {seconds:.1f}s" for name, seconds in report["stage_seconds"].items())
     return (f"{verb} {report['tensors']} tensors ({report['output_bytes'] / GIB:.2f} GiB, {report['family']}) "
-            f"to {target} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; {stages}")
+            f"to {target} in {report['wall_seconds']:.1f}s; peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB; "
+            f"CPU {report['cpu_seconds']:.1f}s; {stages}")
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -161,7 +161,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     report = {
         "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
-        "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer), "host": socket.gethostname(),
+        "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer, nbytes), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
     }
     partition.write_marker(request.destination, part, report)
@@ -218,7 +218,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "source_bytes": plan.source_bytes,
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
-        **run_figures(timer),
+        **run_figures(timer, plan.output_bytes),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),

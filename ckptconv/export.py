@@ -315,7 +315,7 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
         "files": [layout.name for layout in layouts],
         "output_bytes": plan.output_bytes,
         "shard_size": request.shard_size,
-        **run_figures(timer),
+        **run_figures(timer, plan.output_bytes),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),

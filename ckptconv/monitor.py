@@ -43,10 +43,14 @@ def current_rss_bytes() -> int:
         return 0
 
 
-def run_figures(timer: "StageTimer") -> dict:
-    """What every report says of its own run: busy seconds per stage, wall seconds, peak RSS."""
+def run_figures(timer: "StageTimer", output_bytes: int) -> dict:
+    """What every report says of its own run: busy seconds per stage, wall seconds, peak RSS, and
+    CPU seconds (all threads, user + system) in total and per GiB written, to size a VM by."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = usage.ru_utime + usage.ru_stime
     return {"stage_seconds": timer.as_dict(), "wall_seconds": round(timer.wall(), 3),
-            "peak_rss_bytes": peak_rss_bytes()}
+            "peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": round(cpu, 3),
+            "cpu_seconds_per_gib": round(cpu / (output_bytes / 2**30), 3) if output_bytes else None}
 
 
 class StageTimer:

@@ -142,6 +142,9 @@ def test_convert_layout_sharding_and_values(tmp_path, synth_dir, model_type, tie
     assert report["tensors"] == len(synth.tensor_shapes(model))
     assert set(report["stage_seconds"]) == {"plan", "read", "transform", "write", "commit"}
     assert report["peak_rss_bytes"] > 50 * 2**20
+    # CPU of every thread, so users can size a VM: JAX's start alone takes well over 0.1 s
+    assert 0.1 < report["cpu_seconds"] and report["cpu_seconds_per_gib"] == pytest.approx(
+        report["cpu_seconds"] / (report["output_bytes"] / 2**30), rel=1e-2)
 
     verified = run_cli("verify", str(src), str(dst))
     assert verified.returncode == 0 and "verify: OK" in verified.stdout, verified.stdout + verified.stderr
