@@ -53,7 +53,9 @@ def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict |
         ("model", f"{report['family']} (decoder block {report['maxtext_decoder_block']}), "
                   f"{report['tensors']} tensors -> {report['leaves']} leaves"),
         ("size", f"source {report['source_bytes'] / GIB:.3f} GiB, output {report['output_bytes'] / GIB:.3f} GiB"),
-        ("time", f"{report['wall_seconds']:.1f} s in ckptconv ({_stages(report)})"),
+        ("time", f"{report['wall_seconds']:.1f} s in ckptconv ({_stages(report)})"
+                 + (f"; CPU {report['cpu_seconds']:.1f} s, {report['cpu_seconds_per_gib']:.1f} s per GiB written"
+                    if report.get("cpu_seconds_per_gib") is not None else "")),
         ("peak RSS", f"{_gib(report['peak_rss_bytes'])} (the conversion's own high-water mark, VmHWM); "
                      f"predicted {_gib(plan['predicted_peak_rss_bytes'])}"
                      + (f"; wait4 {_gib(report['wait4_maxrss_bytes'])} (includes the worker at fork)"

@@ -53,7 +53,7 @@ def test_convert_model_converts_verifies_and_publishes(synth_dir, tmp_path, memo
     for text in (f"`{source}` (kind local)", f"`{destination}`", "4 devices, scan_layers=true, bfloat16",
                  "| verify | OK: 13 leaves, 24 tensors", "(the conversion's own high-water mark, VmHWM)", f"held 1 GB of `{limit}` (limit 8 GB)",
                  "| sharding | 13 leaves sharded over 4 devices, 1 replicated; chunks within shards |",  # + MaxText's step
-                 "| attempts | 1 |"):
+                 "| attempts | 1 |", f"CPU {report['cpu_seconds']:.1f} s, {report['cpu_seconds_per_gib']:.1f} s per GiB"):
         assert text in summary, text
     assert latest_artifact("conversion-qwen3-tiny-output").data.endswith(f"(file://{destination})")
     assert latest_artifact("conversion-qwen3-tiny-progress").data == 100
