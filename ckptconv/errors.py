@@ -7,7 +7,6 @@ orchestration can tell "the input is wrong, retrying will not help" from everyth
 from __future__ import annotations
 
 
-
 class CkptConvError(Exception):
     """A conversion failed for a reason we can state in one line (exit status 1)."""
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
 
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
 from ckptconv.sources import check_regular
 from ckptconv.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
@@ -118,6 +118,7 @@ class _Retries:
                 f"{self.where}: giving up on {self.endpoint} after {self.failures} failed attempts in {stalled:.0f}s "
                 f"({DEADLINE_ENV}={self.deadlines.total_seconds:g}s, {REQUEST_ENV}={self.deadlines.request_seconds:g}s)"
                 f"{at}: {_one_line(error)}")
+        stop_if_terminated()  # a stop signal does not wait out the backoff
         log.warning("%s: transient error%s from %s (%s); retrying in %.1fs (attempt %d of %d, %.0fs left)",
                     self.where, at, self.endpoint, _one_line(error), wait, self.failures + 1, self.policy.attempts,
                     self.deadlines.total_seconds - stalled - wait)
