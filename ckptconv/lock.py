@@ -96,11 +96,12 @@ class _GcsLock:
     with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
 
     def __init__(self, destination: str) -> None:
-        from google.cloud import storage
+        from ckptconv.remote_sources import gcs_client
 
         bucket, _, prefix = destination[len("gs://"):].partition("/")
         self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"
-        self._blob = storage.Client(project=None).bucket(bucket).blob(f"{prefix.strip('/')}/{LOCK_NAME}".lstrip("/"))
+        client = gcs_client(destination)  # no credentials: one line naming the fix, not a traceback
+        self._blob = client.bucket(bucket).blob(f"{prefix.strip('/')}/{LOCK_NAME}".lstrip("/"))
 
     def create(self, text: str) -> bool:
         from google.api_core import exceptions as gexc

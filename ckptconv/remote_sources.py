@@ -146,7 +146,7 @@ class GcsSource:
             raise BadInputError(f"{uri}: expected gs://BUCKET/DIR")
         self._prefix = f"{prefix}/" if prefix else ""
         self.deadlines = Deadlines.from_env()
-        self._client = _gcs_client(uri)
+        self._client = gcs_client(uri)
         self.endpoint = str(getattr(self._client, "api_endpoint", None) or "https://storage.googleapis.com")
         self._bucket = self._client.bucket(bucket)
         self._blobs = {blob.name[len(self._prefix):]: blob for blob in self._list(uri)}
@@ -227,7 +227,7 @@ class GcsSource:
                 "generations": {name: int(self._blobs[name].generation) for name in checkpoint_files(self._blobs)}}
 
 
-def _gcs_client(uri: str):
+def gcs_client(uri: str):
     """A storage client on ADC; reads need no project, so none is required."""
     import google.auth.exceptions
     from google.cloud import storage
