@@ -14,7 +14,7 @@ import collections
 import math
 
 from ckptconv import destination
-from ckptconv.stored import StoredLeaf, list_keys, read_metadata
+from ckptconv.stored import StoredLeaf, list_keys, open_database, read_metadata
 
 
 def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
@@ -33,8 +33,6 @@ def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
 
 def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str]:
     """One line per thing the metadata promises that the storage does not hold."""
-    import tensorstore as ts
-
     items = destination.items_path(dst)
     problems = []
     processes = sorted(items.glob("ocdbt.process_*"))
@@ -58,18 +56,13 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
         elif present < math.prod(grid):
             problems.append(f"{leaf.name}: {math.prod(grid) - present} of {math.prod(grid)} chunks missing")
     if deep:
-        kvstore = ts.KvStore.open({"driver": "ocdbt", "base": _kvstore_url(items)}).result()
+        kvstore = open_database(items.as_posix())
         for key in sorted(keys):
             try:
                 kvstore.read(key).result()
             except ValueError as err:
                 problems.append(f"{key}: unreadable ({str(err).splitlines()[0][:200]})")
     return problems
-
-
-def _kvstore_url(items) -> str:
-    text = str(items)
-    return text if "://" in text else "file://" + text
 
 
 def render_table(result: dict) -> str:

@@ -73,11 +73,15 @@ def list_keys(items: str) -> set[str]:
     callbacks print "Event loop is closed" tracebacks after our one-line error. One synchronous
     listing finds that damage first.
     """
+    return {key.decode() for key in open_database(items).list().result()}
+
+
+def open_database(items: str):
+    """The OCDBT database at ``items`` (a local path or a URL) as a tensorstore KvStore."""
     import tensorstore as ts
 
     base = str(items) if "://" in str(items) else "file://" + str(items)
-    kvstore = ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
-    return {key.decode() for key in kvstore.list().result()}
+    return ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
 
 
 def _is_meta(node: Any) -> bool:
