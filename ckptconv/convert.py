@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from ckptconv.progress import Progress
 from ckptconv.produce import plan_tiles, prefetch
 from ckptconv.sources import Source, open_source
 
+
+log = logging.getLogger("ckptconv")
 
 PARTITION_SUMMARY = ("partition", "host", "leaves", "output_bytes", "wall_seconds", "peak_rss_bytes")
 
@@ -84,6 +87,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         report = {**state.report, "status": "complete", "skipped": True}
+        destination.drop_replaced(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
         destination.write_extra_report(request.report, report)
@@ -105,24 +109,32 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.finalize:
         records = partition.finished(request.destination, request.finalize, print_)
         adopt = partition.link_partitions(request.destination, request.finalize)
-    if not request.finalize:  # a finalize only links the partitions' files
-        destination.check_space(request.destination, plan.output_bytes)
-    if not state.empty:
-        destination.clear(request.destination)
+    fits_beside = request.finalize or destination.check_space(request.destination, plan.output_bytes)
+    beside = _replace_beside(request, state, ours_unfinished, fits_beside)
+    writing = {"status": "writing", "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
+               "pid": os.getpid(), "host": socket.gethostname()}
     report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
-    destination.write_report(report_path, {"status": "writing", "fingerprint": print_, "started_at": started,
-                                           "source": {"uri": request.source}, "pid": os.getpid(),
-                                           "host": socket.gethostname()})
+    if beside:  # the old checkpoint stays complete, report and all, until the swap
+        destination.drop_replaced(request.destination)
+    else:
+        if not state.empty:
+            destination.clear(request.destination)
+        destination.write_report(report_path, writing)
     devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
-    _write(plan, source, request, timer, progress, adopt)
+    target = f"{request.destination.rstrip('/')}/{destination.REPLACEMENT}" if beside else request.destination
+    _write(plan, source, dataclasses.replace(request, destination=target), timer, progress, adopt)
     progress.close()
+    if beside:
+        destination.swap_in_replacement(request.destination, writing)
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     destination.write_report(report_path, report)
+    if beside:
+        destination.drop_replaced(request.destination)
     if request.finalize:
         partition.remove_staging(request.destination)
     destination.write_extra_report(request.report, report)
@@ -168,6 +180,23 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
+
+
+def _replace_beside(request: ConvertRequest, state: destination.DestinationState, ours_unfinished: bool,
+                    fits_beside: bool) -> bool:
+    """Whether ``--overwrite`` writes the new checkpoint beside the complete old one and swaps at the end.
+
+    Only locally (a rename on gs:// copies every object) and only where both fit; when they do not, say
+    so before the old checkpoint is deleted. A finalize only links its partitions' files, in place.
+    """
+    if not (request.overwrite and state.checkpoint and not ours_unfinished) or request.finalize:
+        return False
+    if destination.is_gcs(request.destination):
+        return False
+    if not fits_beside:
+        log.warning("ckptconv: %s: no room for the new checkpoint beside the old one; deleting the old one "
+                    "first (a failure from here on leaves no complete checkpoint at DST)", request.destination)
+    return fits_beside
 
 
 def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, progress: Progress,

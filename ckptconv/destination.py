@@ -28,6 +28,16 @@ COMMIT_MARKER = "commit_success.txt"
 ORBAX_TMP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")
 # The temporaries our own save of step 0 makes (locally ``0.orbax-checkpoint-tmp-<time>``).
 OUR_TMP = re.compile(r"0\.orbax-checkpoint-tmp(-\d+)?")
+# ``--overwrite`` writes the new checkpoint under REPLACEMENT (its step at REPLACEMENT/0) while the old
+# one stays complete, then swaps: the old step goes to REPLACED for the moment between two renames.
+REPLACEMENT = "ckptconv-replacement"
+REPLACED = "ckptconv-replaced"
+OUR_DIRS = (REPLACEMENT, REPLACED)
+
+
+def ours(name: str) -> bool:
+    """A name at DST that only ckptconv writes (besides the step and the report)."""
+    return bool(OUR_TMP.fullmatch(name)) or name in OUR_DIRS
 
 
 def absolute(destination: str) -> str:
@@ -72,7 +82,7 @@ def inspect_state(destination: str) -> DestinationState:
     finalised = (step / "_CHECKPOINT_METADATA").exists() and (step / "items").exists()
     if is_gcs(destination):
         finalised = finalised and (step / COMMIT_MARKER).exists()
-    leftovers = tuple(sorted(p.name for p in root.iterdir() if OUR_TMP.fullmatch(p.name)))
+    leftovers = tuple(sorted(p.name for p in root.iterdir() if ours(p.name)))
     if step.exists() and not finalised:
         leftovers += (STEP,)
     return DestinationState(finalised, read_report(root / REPORT_NAME), leftovers)
@@ -99,22 +109,45 @@ def check_ownership(destination: str, state: DestinationState) -> None:
                             "removed; move it away or choose another destination")
 
 
-def check_space(destination: str, needed: int) -> None:
+def check_space(destination: str, needed: int) -> bool:
     """Before anything is deleted or written: the local filesystem can hold the output (counted
-    uncompressed, an upper bound), counting what clearing our old step would free."""
+    uncompressed, an upper bound), counting what clearing our old step would free. Returns whether
+    it fits beside what is there now (always on gs://, where space is not ours to measure)."""
     if "://" in destination:
-        return
+        return True
     probe = os.path.abspath(destination)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
     free = shutil.disk_usage(probe).free
     names = os.listdir(destination) if os.path.isdir(destination) else []
-    reclaim = sum(os.path.getsize(os.path.join(top, f)) for name in names if name == STEP or OUR_TMP.fullmatch(name)
+    reclaim = sum(os.path.getsize(os.path.join(top, f)) for name in names if name == STEP or ours(name)
                   for top, _, files in os.walk(os.path.join(destination, name)) for f in files)
     if free + reclaim < needed:
         raise CkptConvError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
                             f"{free / 2**20:.1f} MiB free" + (f" + {reclaim / 2**20:.1f} MiB of the old step" if reclaim
                                                               else "") + "; nothing was deleted or written")
+    return free >= needed
+
+
+def swap_in_replacement(destination: str, writing_report: dict) -> None:
+    """Put the step written under REPLACEMENT in place of the old one (local only: two renames).
+
+    The old checkpoint stays complete until here. First the report says "writing" (from now on DST
+    is visibly incomplete, and a crash is a leftover of ours that a rerun clears and redoes), then
+    step -> REPLACED, REPLACEMENT/step -> step; the caller writes the final report, then
+    :func:`drop_replaced` removes the old data.
+    """
+    root = path(destination)
+    write_report(str(root / REPORT_NAME), writing_report)
+    (root / STEP).rename(root / REPLACED)
+    (root / REPLACEMENT / STEP).rename(root / STEP)
+
+
+def drop_replaced(destination: str) -> None:
+    for name in OUR_DIRS:
+        where = path(destination) / name
+        if where.exists():
+            where.rmtree()
 
 
 def read_report(report_path: epath.Path) -> dict | None:
@@ -152,7 +185,7 @@ def clear(destination: str) -> None:
     except FileNotFoundError:
         pass
     for child in root.iterdir():
-        if child.name == STEP or OUR_TMP.fullmatch(child.name):
+        if child.name == STEP or ours(child.name):
             if child.is_dir():
                 child.rmtree()
             else:

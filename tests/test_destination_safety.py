@@ -166,6 +166,47 @@ def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
     assert destination_complete(dst) and json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "bfloat16"
 
 
+def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs):
+    src, dst = synth_dir(), small_fs(380) / "dst"  # room for one checkpoint, not two
+    assert _convert(src, dst).returncode == 0
+    again = _convert(src, dst, "--overwrite", "--devices", "2")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("\n") == 1 and "no room for the new checkpoint beside the old one" in again.stderr
+    assert json.loads((dst / "ckptconv-report.json").read_text())["devices"] == 2
+    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json"]
+
+
+@pytest.mark.fault
+def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, tmp_path):
+    """SIGKILL while --overwrite writes: the old checkpoint is still complete and verifies; the rerun
+    swaps the new one in and leaves nothing of ours behind."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.test_signals import MODEL
+
+    src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
+    assert _convert(src, dst).returncode == 0
+    replacing = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
+                                  "--progress", "none", "--overwrite", "--dtype", "float32"], cwd=ROOT,
+                                 stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((dst / "ckptconv-replacement").glob("*")):
+        assert replacing.poll() is None and time.monotonic() < deadline, replacing.stderr.read()
+        time.sleep(0.01)
+    replacing.send_signal(signal.SIGKILL)
+    replacing.wait()
+    assert destination_complete(dst)
+    assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "bfloat16"
+    assert run_cli("verify", str(src), str(dst)).returncode == 0
+    assert _convert(src, dst, "--overwrite", "--dtype", "float32").returncode == 0
+    assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "float32"
+    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json"]
+    assert run_cli("verify", str(src), str(dst)).returncode == 0
+
+
 def destination_complete(dst) -> bool:
     from ckptconv import destination
 
