@@ -121,18 +121,24 @@ def _die_with_parent() -> None:
         raise Terminated()
 
 
-# OS failures the storage layers report inside their own messages (errno text as strerror gives it)
-OS_CONDITIONS = ("No space left on device", "Disk quota exceeded", "Permission denied", "Read-only file system")
+# Storage failures the layers below report inside their own messages: errno text as strerror gives
+# it, and tensorstore's status codes for what GCS answers (403: no permission; 429: out of quota).
+OS_CONDITIONS = {"No space left on device": "no space left on device", "Disk quota exceeded": "disk quota exceeded",
+                 "Permission denied": "permission denied", "Read-only file system": "read-only file system",
+                 "PERMISSION_DENIED": "permission denied (the bucket refused the write)",
+                 "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the write)"}
+FAILED_PATH = (r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', r"Error writing (gs://[^:\s]+)",
+               r"'(/[^']+)'")
 
 
 def os_condition(err: BaseException) -> str | None:
     """``PATH: condition`` for an error caused by one of :data:`OS_CONDITIONS`, else None."""
     text = str(err)
-    condition = next((c for c in OS_CONDITIONS if c in text), None)
+    condition = next((said for cause, said in OS_CONDITIONS.items() if cause in text), None)
     if condition is None:
         return None
-    path = re.search(r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', text) or re.search(r"'(/[^']+)'", text)
-    return f"{path.group(1) if path else 'the destination'}: {condition.lower()}"
+    path = next((m for m in (re.search(pattern, text) for pattern in FAILED_PATH) if m), None)
+    return f"{path.group(1) if path else 'the destination'}: {condition}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,9 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGINT, _on_stop_signal)
     # Orbax logs a failed write with its traceback from its own threads; the CLI reports it in one line
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+    _log_plainly()
     stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
     try:
         _die_with_parent()
+        if args.command in WRITERS:
+            _bound_tensorstore_requests()
         return COMMANDS[args.command](args)
     except CkptConvError as err:
         print(f"ckptconv: error: {err}", file=sys.stderr)
@@ -168,6 +177,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # a destination we cannot write, a full disk: one line, not a traceback
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return 1
+
+
+def _log_plainly() -> None:
+    """Our log lines (waits, retries, notices) on stderr as they are written, whatever logging
+    setup a library makes on import (absl configures the root logger's format)."""
+    log = logging.getLogger("ckptconv")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _bound_tensorstore_requests() -> None:
+    """A gs:// request that goes silent is abandoned (and retried by tensorstore) after the remote
+    request timeout, as ours are: libcurl's low-speed limit, read when tensorstore first connects."""
+    from ckptconv.waits import Deadlines
+
+    seconds = max(1, round(Deadlines.from_env().request_seconds))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(seconds))
+    os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
 
 
 def _stopped(signum: int, consequence: str) -> int:

@@ -106,10 +106,25 @@ class _GcsLock:
     def create(self, text: str) -> bool:
         from google.api_core import exceptions as gexc
 
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        from ckptconv.waits import Deadlines, announced
+
+        deadlines = Deadlines.from_env()
         try:
-            self._blob.upload_from_string(text, content_type="application/json", if_generation_match=0)
+            with announced(f"the lock object {self.name}", deadlines):
+                self._blob.upload_from_string(text, content_type="application/json", if_generation_match=0,
+                                              retry=DEFAULT_RETRY.with_timeout(deadlines.total_seconds),
+                                              timeout=deadlines.request_seconds)
         except gexc.PreconditionFailed:
             return False
+        except gexc.GoogleAPICallError as err:  # no permission, out of quota: before anything is written
+            message = " ".join(str(getattr(err, "message", err)).split())
+            raise CkptConvError(f"{self.name}: the bucket refused the lock object ({err.code} {message}); "
+                                "nothing was written") from None
+        except gexc.RetryError as err:  # refused again and again (429: out of quota, or too fast)
+            raise CkptConvError(f"{self.name}: the bucket refused the lock object for {deadlines.total_seconds:g}s "
+                                f"(last: {_http_said(err.cause)}); nothing was written") from None
         return True
 
     def read(self) -> tuple[str, object] | None:
@@ -128,6 +143,18 @@ class _GcsLock:
             self._blob.delete(if_generation_match=version)
         except (gexc.NotFound, gexc.PreconditionFailed):
             pass  # released or taken over meanwhile: not ours to remove
+
+
+def _http_said(error: BaseException | None) -> str:
+    """``HTTP 429 <GCS's message>`` for a failed response, else the error's text, on one line."""
+    response = getattr(error, "response", None)
+    if response is None:
+        return " ".join(str(error).split())
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = ""
+    return " ".join(f"HTTP {response.status_code} {message}".split())
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from ckptconv.errors import BadInputError
 
@@ -108,3 +108,56 @@ def announced(what: str, deadlines: Deadlines) -> Iterator[None]:
         yield
     finally:
         _BOARD.remove(key)
+
+
+def abandon(message: str) -> None:
+    """End the process at once with one error line (exit 1).
+
+    For waits inside tensorstore/Orbax (gs:// destination writes): their own retries cannot be
+    interrupted from Python, so a stall past its deadline ends the process. Nothing is lost by
+    leaving this way: the destination's report still says "writing", so nothing reads as complete,
+    and a rerun resumes or redoes the step.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.write(f"ckptconv: error: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def watched(what: str, deadlines: Deadlines, give_up=abandon) -> Iterator[Callable[[], None]]:
+    """Watch an operation that reports progress by calling the yielded ``tick()``.
+
+    While it has not ticked for ``announce_seconds`` it says "still waiting for <what>"; after
+    ``total_seconds`` without a tick it calls ``give_up`` with a line naming ``what``.
+    """
+    last = [time.monotonic()]
+    done = threading.Event()
+
+    def tick() -> None:
+        last[0] = time.monotonic()
+
+    def watch() -> None:
+        every = deadlines.announce_seconds
+        next_line = every
+        while not done.wait(0.2):
+            idle = time.monotonic() - last[0]
+            if idle >= deadlines.total_seconds:
+                give_up(f"giving up on {what}: no progress for {idle:.0f}s ({DEADLINE_ENV}="
+                        f"{deadlines.total_seconds:g}); the destination is incomplete and a rerun resumes or redoes it")
+                return
+            if idle < next_line - every:  # it progressed since the last line
+                next_line = every
+            if idle >= next_line:
+                next_line += every
+                log.warning("ckptconv: still waiting for %s (%.0fs without progress)", what, idle)
+
+    thread = threading.Thread(target=watch, name="ckptconv-watch", daemon=True)
+    thread.start()
+    try:
+        yield tick
+    finally:
+        done.set()
+        thread.join()

@@ -1,0 +1,72 @@
+"""A gs:// destination that refuses writes (out of quota, no permission) or goes mute: one line
+naming the destination and the condition, a non-zero exit, nothing that reads as complete, and a
+rerun once the bucket accepts writes again completes and verifies (issues 13 and 14). The bucket
+is the real emulator behind :class:`tests.gcs_gate.Gate`, which refuses the writes itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.gcs_gate import Gate
+
+QUICK = {"CKPTCONV_REMOTE_TIMEOUT": "3", "CKPTCONV_REMOTE_DEADLINE": "12", "CKPTCONV_REMOTE_ANNOUNCE": "3"}
+
+
+@pytest.fixture
+def gate(gcs):
+    g = Gate(gcs.url)
+    yield g
+    g.close()
+
+
+def _run(env, *args):
+    return subprocess.run([sys.executable, "-m", "ckptconv", *map(str, args)], cwd=ROOT, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _convert(src, dst, env):
+    return _run(env, "convert", src, dst, "--devices", "4", "--progress", "none")
+
+
+def _complete(dst: str, env: dict) -> bool:
+    """Asked of a fresh process, as a user would (this one's gcsfs caches listings)."""
+    inspected = _run(env, "inspect", dst, "--json")
+    return inspected.returncode == 0 and json.loads(inspected.stdout)["complete"]
+
+
+def _errors(stderr: str) -> list[str]:
+    """stderr without the progress of waiting and tensorstore's info line about the emulator's test token."""
+    return [line for line in stderr.splitlines()
+            if not line.startswith("ckptconv: still waiting") and "GOOGLE_AUTH_TOKEN_FOR_TESTING" not in line]
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("refuse, said, where", [
+    ("forbidden", "permission denied", "/items/"),  # the data: after the lock and the report
+    ("quota", "giving up on writes to gs://", "/items/"),  # tensorstore retries 429 until our deadline
+    ("silent", "giving up on writes to gs://", "/items/"),  # a mute endpoint, the same way
+    ("forbidden", "the bucket refused the lock object (403", "ckptconv.lock"),  # before anything is written
+    ("quota", "the bucket refused the lock object for 12s (last: HTTP 429 The project exceeded", "ckptconv.lock"),
+])
+def test_a_bucket_that_refuses_writes_is_one_line_and_a_rerun_completes(gcs, gate, synth_dir, refuse, said, where):
+    src, dst = synth_dir(), f"gs://{gcs.new_bucket()}/model"
+    env = {**gate.env(gcs.env), **QUICK}
+    gate.refuse, gate.only = refuse, where
+    failed = _convert(src, dst, env)
+    assert failed.returncode == 1, failed.stderr
+    lines = _errors(failed.stderr)
+    assert len(lines) == 1 and said in lines[0], failed.stderr
+    assert dst in lines[0] and "Traceback" not in failed.stderr
+    if refuse != "forbidden":
+        assert "still waiting for" in failed.stderr  # it said what it waited for while it waited
+    assert gate.refused > 0 and not _complete(dst, env)
+    gate.refuse = None
+    rerun = _convert(src, dst, env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert _complete(dst, env) and _run(env, "verify", src, dst).returncode == 0
