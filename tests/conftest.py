@@ -47,7 +47,7 @@ def synth_dir(tmp_path):
 # The longest modules (minutes each) first: `make test` hands whole modules to its workers in
 # collection order, and one of these left for last would run alone while the other cores idle.
 LONGEST_FIRST = ("test_prefect_e2e", "test_memory", "test_convert_moe_gemma", "test_resume", "test_convert",
-                 "test_quantized", "test_prefect_flows")
+                 "test_quantized", "test_prefect_flows", "test_gcs_refusals")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
