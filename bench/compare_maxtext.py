@@ -89,6 +89,7 @@ class Run:
     wall_seconds: float = 0.0
     peak_rss_bytes: int = 0
     sampled_peak_bytes: int = 0
+    own_peak_bytes: int = 0  # the child's VmHWM as last read while it ran: its own, whatever the parent holds
     cpu_seconds: float = 0.0  # user + system of the child (ru_utime + ru_stime): the work, whatever the load
     killed: str | None = None  # "timeout" / "rss cap" when the harness killed it
     load_before: list[float] = field(default_factory=list)
@@ -135,6 +136,7 @@ def measure(run: Run, env: dict[str, str], *, timeout: float, rss_cap: int | Non
     def sampler() -> None:
         while not done.is_set():
             rss = _vm_rss(proc.pid)
+            run.own_peak_bytes = max(run.own_peak_bytes, _vm_rss(proc.pid, "VmHWM:") or 0)
             now = time.monotonic() - start
             if rss is not None:
                 samples.append((round(now, 3), rss))
@@ -191,11 +193,11 @@ def _oom_first(pid: int) -> None:
         pass
 
 
-def _vm_rss(pid: int) -> int | None:
+def _vm_rss(pid: int, key: str = "VmRSS:") -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError):
         return None

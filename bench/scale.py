@@ -76,11 +76,13 @@ def main() -> int:
     parser.add_argument("--shape", default="0.6b", choices=sorted(shapes()))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--devices", type=int, default=16)
+    parser.add_argument("--src", help="an existing checkpoint of the shape (e.g. bench/work/inputs/llama3-8b)")
+    parser.add_argument("--cores-only", action="store_true", help="skip the partition runs")
     opts = parser.parse_args()
     from ckptconv import synth
 
     WORK.mkdir(parents=True, exist_ok=True)
-    src = WORK / f"src-{opts.shape}"
+    src = Path(opts.src) if opts.src else WORK / f"src-{opts.shape}"
     if not src.exists():
         synth.write_checkpoint(shapes()[opts.shape], str(src))
     dst = WORK / "dst"
@@ -97,7 +99,7 @@ def main() -> int:
             shutil.rmtree(dst, ignore_errors=True)
             wall, report = run(["convert", str(src), str(dst), "--devices", str(opts.devices)], pin)
             record(label, wall, report["peak_rss_bytes"])
-        for count in (1, 2, 4):
+        for count in () if opts.cores_only else (1, 2, 4):
             shutil.rmtree(dst, ignore_errors=True)
             wall, parts, final = partitioned(src, dst, count, opts.devices)
             record(f"{count} partition(s) + finalize", wall, max(p["peak_rss_bytes"] for p in parts + [final]),
@@ -113,11 +115,12 @@ def main() -> int:
     for label, runs in results.items():
         out.append(f"| {label} | {medians[label]:.1f} | {', '.join(str(r['wall']) for r in runs)} | "
                    f"{max(r['peak_mib'] for r in runs)} |")
-    out += ["", f"- 1 -> 2 cores speed-up: {medians['1 core'] / medians['2 cores']:.2f}x",
-            f"- partitions vs one process (2 cores): "
-            + ", ".join(f"N={n}: {medians['2 cores'] / medians[f'{n} partition(s) + finalize']:.2f}x"
-                        for n in (1, 2, 4)), ""]
-    (ROOT / "bench" / "SCALE.md").write_text("\n".join(out))
+    out += ["", f"- 1 -> 2 cores speed-up: {medians['1 core'] / medians['2 cores']:.2f}x"]
+    if not opts.cores_only:
+        out.append("- partitions vs one process (2 cores): " + ", ".join(
+            f"N={n}: {medians['2 cores'] / medians[f'{n} partition(s) + finalize']:.2f}x" for n in (1, 2, 4)))
+    name = "SCALE.md" if opts.shape == "0.6b" else f"SCALE-{opts.shape}.md"
+    (ROOT / "bench" / name).write_text("\n".join(out + [""]))
     print("\n".join(out))
     return 0
 
