@@ -89,7 +89,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         report = {**state.report, "status": "complete", "skipped": True}
-        destination.drop_replaced(request.destination)  # an --overwrite that died before its swap
+        destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
         destination.write_extra_report(request.report, report)
@@ -117,7 +117,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
                "pid": os.getpid(), "host": socket.gethostname()}
     report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
     if beside:  # the old checkpoint stays complete, report and all, until the swap
-        destination.drop_replaced(request.destination)
+        destination.drop_leftovers(request.destination)
     else:
         if not state.empty:
             destination.clear(request.destination)
@@ -136,7 +136,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     destination.write_report(report_path, report)
     if beside:
-        destination.drop_replaced(request.destination)
+        destination.drop_leftovers(request.destination)
     if request.finalize:
         partition.remove_staging(request.destination)
     destination.write_extra_report(request.report, report)

@@ -135,7 +135,7 @@ def swap_in_replacement(destination: str, writing_report: dict) -> None:
     The old checkpoint stays complete until here. First the report says "writing" (from now on DST
     is visibly incomplete, and a crash is a leftover of ours that a rerun clears and redoes), then
     step -> REPLACED, REPLACEMENT/step -> step; the caller writes the final report, then
-    :func:`drop_replaced` removes the old data.
+    :func:`drop_leftovers` removes the old data.
     """
     root = path(destination)
     write_report(str(root / REPORT_NAME), writing_report)
@@ -143,11 +143,18 @@ def swap_in_replacement(destination: str, writing_report: dict) -> None:
     (root / REPLACEMENT / STEP).rename(root / STEP)
 
 
-def drop_replaced(destination: str) -> None:
-    for name in OUR_DIRS:
-        where = path(destination) / name
-        if where.exists():
-            where.rmtree()
+def drop_leftovers(destination: str) -> None:
+    """Remove ckptconv's own names beside the step (an old replacement or replaced step, Orbax
+    temporaries of ours); the step and the report stay."""
+    root = path(destination)
+    if not root.exists():
+        return
+    for child in root.iterdir():
+        if ours(child.name):
+            if child.is_dir():
+                child.rmtree()
+            else:
+                child.unlink()
 
 
 def read_report(report_path: epath.Path) -> dict | None:
