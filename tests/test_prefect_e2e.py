@@ -262,10 +262,8 @@ def _parent(pid: int) -> int:
 def test_a_cancelled_flow_run_leaves_no_conversion_behind_and_the_next_run_finishes(deployed, synth_dir, tmp_path):
     """Cancel through the API while the conversion writes: the worker ends the flow run, the conversion
     process ends with it (no orphan keeps writing), nothing reads as complete, and a new run completes."""
-    from tests.test_signals import MODEL
-
     env, api = deployed, deployed["PREFECT_API_URL"]
-    source, target = synth_dir(MODEL, fast=True), tmp_path / "cancelled"
+    source, target = synth_dir(), tmp_path / "cancelled"  # any size: SIGSTOP holds it mid-run
     with _workers(env, tmp_path, {"worker-c": ("cpu-pool", {})}):
         run_id = _start_run(api, target, source, "cancel-me")
         child = _wait_for("the conversion to start", lambda: _conversions(target))[0]
@@ -289,10 +287,8 @@ def test_a_worker_lost_mid_run_leaves_a_destination_the_next_runs_finish(deploye
     """SIGKILL the worker, its flow-run process and the conversion at once (the VM is gone). Then two
     runs on two workers start on that destination together: one owns it and finishes the checkpoint,
     the other waits its turn or is refused naming the holder; the result verifies."""
-    from tests.test_signals import MODEL
-
     env, api = deployed, deployed["PREFECT_API_URL"]
-    source, target = synth_dir(MODEL, fast=True), tmp_path / "lost"
+    source, target = synth_dir(), tmp_path / "lost"
     with _workers(env, tmp_path, {"worker-d": ("cpu-pool", {})}) as procs:
         _start_run(api, target, source, "lost-worker")
         child = _wait_for("the conversion to start", lambda: _conversions(target))[0]
