@@ -105,7 +105,6 @@ class _GcsLock:
 
     def create(self, text: str) -> bool:
         from google.api_core import exceptions as gexc
-
         from google.cloud.storage.retry import DEFAULT_RETRY
 
         from ckptconv.waits import Deadlines, announced
