@@ -43,6 +43,10 @@ from ckptconv.tiles import Region, Tile
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
 TARGET_FILE_BYTES = 2 * 1024**3
+# zstd level for the chunks. Orbax's zarr3 default is 3; on bf16 weights level 1 stores the same
+# bytes (0.78 of raw, both) for 55% of the CPU (0.21 against 0.36 CPU-s per 128 MiB here), and
+# compression is most of a conversion's CPU after the transforms. Negative levels store raw bytes.
+ZSTD_LEVEL = 1
 # Two writes in flight overlap making a tile with writing one: ~15% faster, one tile of RAM.
 WRITES_IN_FLIGHT = 2
 
@@ -118,8 +122,22 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process
     """Create the leaf's zarr3 array in OCDBT with the planned chunk shape."""
     await info.await_path_creation()
     spec = _write_spec(value, info, arg, process_id)
-    store = await ts.open(ts.Spec(spec.json), create=True, open=True, context=info.ts_context)
+    store = await ts.open(ts.Spec(_zstd_level(spec.json, ZSTD_LEVEL)), create=True, open=True,
+                          context=info.ts_context)
     return store, spec.metadata
+
+
+def _zstd_level(node: Any, level: int) -> Any:
+    """``node`` (a spec's JSON) with every zstd codec at ``level``; the stored chunk names the codec,
+    so any reader (Orbax, MaxText) decodes it whatever the level."""
+    if isinstance(node, dict):
+        out = {key: _zstd_level(value, level) for key, value in node.items()}
+        if out.get("name") == "zstd":
+            out["configuration"] = {**out.get("configuration", {}), "level": level}
+        return out
+    if isinstance(node, list):
+        return [_zstd_level(item, level) for item in node]
+    return node
 
 
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
