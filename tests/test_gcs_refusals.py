@@ -63,8 +63,10 @@ def test_a_bucket_that_refuses_writes_is_one_line_and_a_rerun_completes(gcs, gat
     lines = _errors(failed.stderr)
     assert len(lines) == 1 and said in lines[0], failed.stderr
     assert dst in lines[0] and "Traceback" not in failed.stderr
-    if refuse != "forbidden":
+    if refuse != "forbidden" and where == "/items/":  # our watchdog: lines every 2 s of an 8 s deadline
         assert "still waiting for" in failed.stderr  # it said what it waited for while it waited
+    # (the lock's retries are google-cloud-storage's: with its jittered backoff they may give up
+    # before the first 2 s line; the one error line then says how long it tried)
     assert gate.refused > 0 and not _complete(dst, env)
     if where == "ckptconv.lock":  # refused before anything was written: nothing there to resume
         assert gcs.objects(dst) == {}
