@@ -13,7 +13,6 @@ import http.client
 import http.server
 import json
 import threading
-import time
 import urllib.parse
 
 # What GCS answers (status, JSON error body) when a bucket's project is out of quota, or the
@@ -111,4 +110,3 @@ class Gate:
         self._stop.set()
         self.server.shutdown()
         self.server.server_close()
-        time.sleep(0)
