@@ -21,6 +21,7 @@ from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
+from ckptconv.remote_sources import GCS_ENDPOINT
 from ckptconv.produce import plan_tiles, prefetch
 from ckptconv.sources import Source, open_source
 
@@ -111,7 +112,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.finalize:
         records = partition.finished(request.destination, request.finalize, print_)
         adopt = partition.link_partitions(request.destination, request.finalize)
-    fits_beside = request.finalize or destination.check_space(request.destination, plan.output_bytes)
+    # a finalize only links the partitions' files: no space to check
+    fits_beside = bool(request.finalize) or destination.check_space(request.destination, plan.output_bytes)
     beside = _replace_beside(request, state, ours_unfinished, fits_beside)
     writing = {"status": "writing", "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
                "pid": os.getpid(), "host": socket.gethostname()}
@@ -238,7 +240,7 @@ def _watched_writes(target: str) -> Iterator[Callable[[], None]]:
     if not destination.is_gcs(target):
         yield lambda: None
         return
-    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL") or "https://storage.googleapis.com"
+    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL") or GCS_ENDPOINT
     with waits.watched(f"writes to {target} at {endpoint}", waits.Deadlines.from_env()) as tick:
         yield tick
 

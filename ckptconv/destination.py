@@ -146,11 +146,15 @@ def swap_in_replacement(destination: str, writing_report: dict) -> None:
 def drop_leftovers(destination: str) -> None:
     """Remove ckptconv's own names beside the step (an old replacement or replaced step, Orbax
     temporaries of ours); the step and the report stay."""
-    root = path(destination)
+    _remove_children(path(destination), ours)
+
+
+def _remove_children(root: epath.Path, chosen) -> None:
+    """Remove every entry of ``root`` whose name ``chosen`` accepts (directories with their contents)."""
     if not root.exists():
         return
     for child in root.iterdir():
-        if ours(child.name):
+        if chosen(child.name):
             if child.is_dir():
                 child.rmtree()
             else:
@@ -191,12 +195,7 @@ def clear(destination: str) -> None:
         (root / REPORT_NAME).unlink()
     except FileNotFoundError:
         pass
-    for child in root.iterdir():
-        if child.name == STEP or ours(child.name):
-            if child.is_dir():
-                child.rmtree()
-            else:
-                child.unlink()
+    _remove_children(root, lambda name: name == STEP or ours(name))
 
 
 def writer_alive(report: dict) -> bool:

@@ -36,6 +36,7 @@ log = logging.getLogger("ckptconv")
 # Files a conversion reads; provenance pins these (a README edit does not change a GCS fingerprint).
 CONFIG_FILE = "config.json"
 CHECKPOINT_SUFFIXES = (".safetensors", ".safetensors.index.json")
+GCS_ENDPOINT = "https://storage.googleapis.com"  # where clients go when no emulator is configured
 
 Sink = Callable[[bytes], None]
 
@@ -147,7 +148,7 @@ class GcsSource:
         self._prefix = f"{prefix}/" if prefix else ""
         self.deadlines = Deadlines.from_env()
         self._client = gcs_client(uri)
-        self.endpoint = str(getattr(self._client, "api_endpoint", None) or "https://storage.googleapis.com")
+        self.endpoint = str(getattr(self._client, "api_endpoint", None) or GCS_ENDPOINT)
         self._bucket = self._client.bucket(bucket)
         self._blobs = {blob.name[len(self._prefix):]: blob for blob in self._list(uri)}
         if not self._blobs:
