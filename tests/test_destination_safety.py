@@ -158,8 +158,18 @@ def test_out_of_space_while_writing_is_one_line_and_a_rerun_with_space_completes
     assert _convert(src, dst).returncode == 0 and destination_complete(dst)
 
 
+# Big enough that the data, not the files' page overhead, sizes a checkpoint: the tiny default's
+# usage on tmpfs varies by tens of KiB with the number of OCDBT data files Orbax happens to write.
+# Planned 2.75 MiB (bf16, uncompressed); it takes about 2.35 MiB on tmpfs, so a 4 MiB tmpfs holds
+# one checkpoint but not two, and not a float32 one (5.5 MiB planned).
+ROOMY = dict(hidden_size=256, intermediate_size=512, vocab_size=1024, head_dim=64)
+ONE_CHECKPOINT_KIB = 4096
+
+
 def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
-    src, dst = synth_dir(), small_fs(420) / "dst"
+    from ckptconv import synth
+
+    src, dst = synth_dir(synth.SynthModel(**ROOMY)), small_fs(ONE_CHECKPOINT_KIB) / "dst"
     assert _convert(src, dst).returncode == 0
     bigger = _convert(src, dst, "--dtype", "float32", "--overwrite")  # twice the bytes: old + free < new
     assert bigger.returncode == 1 and "nothing was deleted or written" in bigger.stderr
@@ -167,7 +177,9 @@ def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
 
 
 def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs):
-    src, dst = synth_dir(), small_fs(380) / "dst"  # room for one checkpoint, not two
+    from ckptconv import synth
+
+    src, dst = synth_dir(synth.SynthModel(**ROOMY)), small_fs(ONE_CHECKPOINT_KIB) / "dst"
     assert _convert(src, dst).returncode == 0
     again = _convert(src, dst, "--overwrite", "--devices", "2")
     assert again.returncode == 0, again.stderr

@@ -222,14 +222,31 @@ def test_partitioned_conversion_over_two_workers_equals_a_single_one(deployed, s
 
 def _start_run(api: str, destination: Path, source: Path, name: str) -> str:
     """A flow run of the convert-model-cpu deployment, as the UI's "Run" makes it; returns its id."""
-    deployment = httpx.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10).json()
-    run = httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", timeout=10, json={"parameters": {
-        "source": str(source), "destination": str(destination), "devices": 4, "name": name}}).json()
+    deployment = _answer(lambda: httpx.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10))
+    run = _answer(lambda: httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", timeout=10, json={
+        "parameters": {"source": str(source), "destination": str(destination), "devices": 4, "name": name},
+        "idempotency_key": f"{destination}:{name}"}))  # a retried create cannot make a second run
     return run["id"]
 
 
+def _answer(request, attempts: int = 5) -> dict:
+    """The JSON of a successful API call. A server under the suite's load can answer an error once
+    (a busy SQLite, a timeout): retried a few times, as Prefect's own client does; then the body is shown."""
+    for attempt in range(attempts):
+        try:
+            response = request()
+        except httpx.TransportError as error:
+            failure = repr(error)
+        else:
+            if response.is_success:
+                return response.json()
+            failure = f"{response.status_code}: {response.text[:500]}"
+        time.sleep(1 + attempt)
+    raise AssertionError(f"the Prefect API kept failing: {failure}")
+
+
 def _state(api: str, run_id: str) -> dict:
-    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"] or {}
+    return _answer(lambda: httpx.get(f"{api}/flow_runs/{run_id}", timeout=10))["state"] or {}
 
 
 def _wait_for(what: str, check, timeout: float = 240):
