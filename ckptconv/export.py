@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -41,6 +42,7 @@ from ckptconv.tiles import leaf_region, source_reads
 from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 
 PENDING = ".ckptconv-pending"
+log = logging.getLogger("ckptconv")
 KIND = "export"
 # Files a HF model directory carries besides weights and config.json, copied from --like when present.
 COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -107,17 +109,21 @@ def export(request: ExportRequest) -> dict:
         report = {**previous, "skipped": True}
         destination.write_extra_report(request.report, report)
         return report
-    _prepare(dst, pending, previous, print_, request.overwrite)
+    replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, destination.REPORT_NAME)
-    destination.write_report(report_path, {"status": "writing", "kind": KIND, "fingerprint": print_,
-                                           "started_at": started, "pid": os.getpid(), "host": socket.gethostname()})
+    writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
+               "host": socket.gethostname()}
+    destination.write_report(os.path.join(pending, destination.REPORT_NAME) if replacing else report_path, writing)
     tune_malloc()
     progress = Progress(len(plan.tensors), plan.output_bytes, request.progress, desc="export")
     progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
-    done = {layout.name for layout in layouts if finished(pending, layout) or finished(dst, layout)}
+    # beside an old export, a file of the same name and layout at dst is the old one, not ours
+    done = {layout.name for layout in layouts if finished(pending, layout) or (not replacing and finished(dst, layout))}
     _write_shards(plan, items, layouts, done, pending, timer, progress)
     with timer.stage("commit"):
         _write_small_files(plan, like, pending, layouts)
+        if replacing:
+            _retire_old_export(dst, pending, writing)
         _move_into(pending, dst)
     progress.close()
     report = _report(plan, request, items, layouts, timer, started, print_)
@@ -144,23 +150,53 @@ def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) ->
             and all(finished(dst, layout) for layout in layouts))
 
 
-def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwrite: bool) -> None:
-    """Decide what to do with what is at ``dst``: resume our own unfinished run, clear ours, refuse the rest."""
+def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwrite: bool, needed: int) -> bool:
+    """Decide what to do with what is at ``dst``: resume our own unfinished run, clear ours, refuse the rest.
+
+    Returns whether the new export is written beside a complete old one of ours, which then stays
+    complete (and its report says so) until the new files are whole: as ``convert --overwrite``
+    does, when the disk has room for both; when it has not, it says so before deleting anything.
+    """
     ours = previous is not None and previous.get("kind") == KIND
     if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
-    if ours and previous.get("status") == "writing" and destination.writer_alive(previous):
-        raise CkptConvError(f"{dst}: another export (pid {previous['pid']} on {previous['host']}) is writing here; "
-                            "wait for it or stop it")
+    beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
+    for report in (previous, beside):
+        if ours and report and report.get("status") == "writing" and destination.writer_alive(report):
+            raise CkptConvError(f"{dst}: another export (pid {report['pid']} on {report['host']}) is writing here; "
+                                "wait for it or stop it")
     occupied = os.path.isdir(dst) and any(name != PENDING for name in os.listdir(dst))
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
+    if ours and previous.get("status") == "complete":
+        if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
+            shutil.rmtree(pending, ignore_errors=True)
+        if shutil.disk_usage(dst).free >= needed:
+            os.makedirs(pending, exist_ok=True)
+            return True
+        log.warning("ckptconv: %s: no room for the new export beside the old one; deleting the old one first "
+                    "(a failure from here on leaves no complete export at DST)", dst)
     resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
     if not resuming:
         _clear(dst, pending)
     os.makedirs(pending, exist_ok=True)
+    return False
+
+
+def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
+    """At commit, the old export beside which the new one was written leaves.
+
+    The report first stops saying complete, under a fingerprint no run resumes (a crash while old
+    files are removed is redone, never taken for new files of the same name and size); once they
+    are gone it says what is being moved in, which a rerun resumes.
+    """
+    report_path = os.path.join(dst, destination.REPORT_NAME)
+    destination.write_report(report_path, {**writing, "fingerprint": f"retiring-old-export-for-{writing['fingerprint']}"})
+    os.unlink(os.path.join(pending, destination.REPORT_NAME))
+    _remove_export_files(dst)
+    destination.write_report(report_path, writing)
 
 
 def _clear(dst: str, pending: str) -> None:
@@ -171,6 +207,11 @@ def _clear(dst: str, pending: str) -> None:
         if os.path.exists(os.path.join(dst, name)):
             os.unlink(os.path.join(dst, name))
     shutil.rmtree(pending, ignore_errors=True)
+    _remove_export_files(dst)
+
+
+def _remove_export_files(dst: str) -> None:
+    """The weights, index, config and tokenizer files an export writes at ``dst`` (never its pending directory)."""
     for name in os.listdir(dst):
         if name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", *COPIED_FILES):
             os.unlink(os.path.join(dst, name))

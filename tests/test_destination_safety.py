@@ -188,6 +188,21 @@ def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(syn
     assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json"]
 
 
+def test_export_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs, tmp_path):
+    from ckptconv import synth
+
+    src = synth_dir(synth.SynthModel(**ROOMY))
+    assert _convert(src, tmp_path / "mt").returncode == 0
+    hf = small_fs(ONE_CHECKPOINT_KIB) / "hf"  # 2.75 MiB of safetensors: room for one export, not two
+    export = ("export", str(tmp_path / "mt"), str(hf), "--like", str(src), "--progress", "none")
+    assert run_cli(*export).returncode == 0
+    again = run_cli(*export, "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("\n") == 1 and "no room for the new export beside the old one" in again.stderr
+    assert json.loads((hf / "ckptconv-report.json").read_text())["status"] == "complete"
+    assert not (hf / ".ckptconv-pending").exists()
+
+
 @pytest.mark.fault
 def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, tmp_path):
     """SIGKILL while --overwrite writes: the old checkpoint is still complete and verifies; the rerun

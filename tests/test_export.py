@@ -187,6 +187,38 @@ def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch
         export(ExportRequest(str(mt), str(foreign), like=str(src), progress="none"))
 
 
+def test_overwrite_keeps_the_old_export_complete_until_the_new_one_is_whole(tmp_path, monkeypatch):
+    """--overwrite writes the new files beside the old export: a crash before the commit leaves the old
+    one complete and loadable (its report still says so), and the rerun resumes the new files."""
+    from ckptconv import safetensors_writer
+
+    src, mt, hf, old = round_trip(tmp_path, synth.SynthModel(num_layers=4), scan=True, shard_size="40KB")
+    real_close, closed = safetensors_writer.StreamedFile.close, []
+
+    def crash_after_two(self):
+        if len(closed) == 2:
+            raise OSError("disk full (simulated)")
+        real_close(self)
+        closed.append(self.layout.name)
+
+    monkeypatch.setattr(safetensors_writer.StreamedFile, "close", crash_after_two)
+    with pytest.raises(OSError):
+        export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", shard_size="60KB", overwrite=True))
+    monkeypatch.undo()
+    report = json.loads((hf / "ckptconv-report.json").read_text())
+    assert report["status"] == "complete" and report["fingerprint"] == old["fingerprint"]
+    assert sorted(name for name in os.listdir(hf) if name.endswith(".safetensors")) == sorted(old["files"])
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
+    kept = {name: os.stat(hf / PENDING / name).st_ino for name in closed}
+
+    new = export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", shard_size="60KB", overwrite=True))
+    assert new["status"] == "complete" and new["files"] != old["files"]
+    assert {name: os.stat(hf / name).st_ino for name in closed} == kept  # resumed, not rewritten
+    assert sorted(os.listdir(hf)) == sorted([*new["files"], "config.json", "model.safetensors.index.json",
+                                             "ckptconv-report.json"])
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
+
+
 def test_fp8_release_exports_dequantised_bfloat16(tmp_path):
     from ckptconv.verification import verify
 
