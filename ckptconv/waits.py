@@ -11,7 +11,6 @@ deployment or a test can set them without new flags.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import os
@@ -58,43 +57,58 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+@dataclass(eq=False)
+class _Wait:
+    """One outstanding wait: announced every ``every`` seconds since ``since`` (its start, or its
+    last progress); given up after ``give_up_after`` seconds without progress, if it has a ``give_up``."""
+
+    what: str
+    every: float
+    since: float
+    unit: str = "so far"  # how the announced seconds read: since the start, or without progress
+    give_up_after: float = math.inf
+    give_up: Callable[[str], None] | None = None
+    announced: int = 0
+
+    def progressed(self) -> None:
+        self.since, self.announced = time.monotonic(), 0
+
+
 class _Board:
-    """Outstanding waits, announced by one daemon thread (started on first use)."""
+    """Outstanding waits, announced (and given up) by one daemon thread, started on first use."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waits: dict[int, tuple[str, float, float]] = {}  # id -> (what, started, every)
-        self._ids = itertools.count()
+        self._waits: set[_Wait] = set()
         self._thread: threading.Thread | None = None
 
-    def add(self, what: str, every: float) -> int:
+    def add(self, wait: _Wait) -> _Wait:
         with self._lock:
-            key = next(self._ids)
-            self._waits[key] = (what, time.monotonic(), every)
+            self._waits.add(wait)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ckptconv-waits", daemon=True)
                 self._thread.start()
-            return key
+        return wait
 
-    def remove(self, key: int) -> None:
+    def remove(self, wait: _Wait) -> None:
         with self._lock:
-            self._waits.pop(key, None)
+            self._waits.discard(wait)
 
     def _run(self) -> None:
-        announced: dict[int, int] = {}  # id -> announcements made
         while True:
             time.sleep(0.2)
-            now = time.monotonic()
             with self._lock:
-                waits = dict(self._waits)
-            for key in list(announced):
-                if key not in waits:
-                    del announced[key]
-            for key, (what, started, every) in waits.items():
-                due = int((now - started) // every)
-                if due > announced.get(key, 0):
-                    announced[key] = due
-                    log.warning("ckptconv: still waiting for %s (%.0fs so far)", what, now - started)
+                waits = list(self._waits)
+            for wait in waits:
+                idle = time.monotonic() - wait.since
+                if wait.give_up is not None and idle >= wait.give_up_after:
+                    self.remove(wait)
+                    wait.give_up(f"giving up on {wait.what}: no progress for {idle:.0f}s ({DEADLINE_ENV}="
+                                 f"{wait.give_up_after:g}); the destination is incomplete and a rerun resumes or "
+                                 "redoes it")
+                elif int(idle // wait.every) > wait.announced:
+                    wait.announced = int(idle // wait.every)
+                    log.warning("ckptconv: still waiting for %s (%.0fs %s)", wait.what, idle, wait.unit)
 
 
 _BOARD = _Board()
@@ -103,11 +117,11 @@ _BOARD = _Board()
 @contextlib.contextmanager
 def announced(what: str, deadlines: Deadlines) -> Iterator[None]:
     """While the block runs, say every ``announce_seconds`` that we still wait for ``what``."""
-    key = _BOARD.add(what, deadlines.announce_seconds)
+    wait = _BOARD.add(_Wait(what, deadlines.announce_seconds, time.monotonic()))
     try:
         yield
     finally:
-        _BOARD.remove(key)
+        _BOARD.remove(wait)
 
 
 def abandon(message: str) -> None:
@@ -133,31 +147,9 @@ def watched(what: str, deadlines: Deadlines, give_up=abandon) -> Iterator[Callab
     While it has not ticked for ``announce_seconds`` it says "still waiting for <what>"; after
     ``total_seconds`` without a tick it calls ``give_up`` with a line naming ``what``.
     """
-    last = [time.monotonic()]
-    done = threading.Event()
-
-    def tick() -> None:
-        last[0] = time.monotonic()
-
-    def watch() -> None:
-        every = deadlines.announce_seconds
-        next_line = every
-        while not done.wait(0.2):
-            idle = time.monotonic() - last[0]
-            if idle >= deadlines.total_seconds:
-                give_up(f"giving up on {what}: no progress for {idle:.0f}s ({DEADLINE_ENV}="
-                        f"{deadlines.total_seconds:g}); the destination is incomplete and a rerun resumes or redoes it")
-                return
-            if idle < next_line - every:  # it progressed since the last line
-                next_line = every
-            if idle >= next_line:
-                next_line += every
-                log.warning("ckptconv: still waiting for %s (%.0fs without progress)", what, idle)
-
-    thread = threading.Thread(target=watch, name="ckptconv-watch", daemon=True)
-    thread.start()
+    wait = _BOARD.add(_Wait(what, deadlines.announce_seconds, time.monotonic(), "without progress",
+                            deadlines.total_seconds, give_up))
     try:
-        yield tick
+        yield wait.progressed
     finally:
-        done.set()
-        thread.join()
+        _BOARD.remove(wait)
