@@ -27,8 +27,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, destination
-from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
+from ckptconv import __version__, destination, lock
+from ckptconv.errors import BadInputError, DestinationExistsError
 from ckptconv.export_plan import ExportPlan, make_export_plan
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.produce import prefetch
@@ -103,12 +103,21 @@ def export(request: ExportRequest) -> dict:
         plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
-    dst, pending = request.destination, os.path.join(request.destination, PENDING)
+    dst = request.destination
     previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)
     if _complete(dst, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
         report = {**previous, "skipped": True}
         destination.write_extra_report(request.report, report)
         return report
+    with lock.hold(dst, break_foreign=request.overwrite):  # as convert: one writer per directory, across hosts
+        return _write(request, plan, like, items, layouts, print_, timer, started)
+
+
+def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, layouts: tuple[FileLayout, ...],
+           print_: str, timer: StageTimer, started: str) -> dict:
+    """Under the destination's lock: decide about what is there, stream the files, commit, report."""
+    dst, pending = request.destination, os.path.join(request.destination, PENDING)
+    previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)  # as the lock found it
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, destination.REPORT_NAME)
     writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
@@ -162,11 +171,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
-    for report in (previous, beside):
-        if ours and report and report.get("status") == "writing" and destination.writer_alive(report):
-            raise CkptConvError(f"{dst}: another export (pid {report['pid']} on {report['host']}) is writing here; "
-                                "wait for it or stop it")
-    occupied = os.path.isdir(dst) and any(name != PENDING for name in os.listdir(dst))
+    occupied = os.path.isdir(dst) and any(name not in (PENDING, lock.LOCK_NAME) for name in os.listdir(dst))
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")

@@ -5,7 +5,7 @@ filesystems make atomic across hosts, so two conversions into one directory cann
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
 holder on another host cannot be checked from here, so the run is refused unless
-``--overwrite`` says to break it. On ``gs://`` the lock is an object created with a generation
+``--overwrite`` says to break it (a holder alive on this host is never broken). On ``gs://`` the lock is an object created with a generation
 precondition (``ifGenerationMatch=0``), which GCS arbitrates the same way.
 """
 
@@ -176,7 +176,9 @@ def hold(destination: str, *, break_foreign: bool = False) -> Iterator[None]:
             holder = json.loads(text)
         except ValueError:
             holder = None  # being written this instant, or damaged: not ours to judge
-        if holder is not None and (stale(holder) or break_foreign):
+        # --overwrite breaks what cannot be checked from here (another host), never a holder alive on this one
+        foreign = holder is not None and holder.get("host") != me["host"]
+        if holder is not None and (stale(holder) or (break_foreign and foreign)):
             store.remove(version)  # only if it is still the holder we judged
             continue
         raise CkptConvError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "

@@ -219,6 +219,22 @@ def test_overwrite_keeps_the_old_export_complete_until_the_new_one_is_whole(tmp_
     assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
 
 
+def test_a_destination_another_run_holds_is_refused_and_left_as_it_was(tmp_path):
+    """The export takes the destination's lock as convert does (a file the filesystem arbitrates)."""
+    from ckptconv import lock
+    from ckptconv.errors import CkptConvError
+
+    src, mt, hf, old = round_trip(tmp_path, synth.SynthModel(), scan=True)
+    before = {name: (hf / name).read_bytes() for name in os.listdir(hf)}
+    with lock.hold(str(hf)):  # a live holder on this host
+        with pytest.raises(CkptConvError, match="ckptconv.lock: another conversion .* is writing this destination"):
+            export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32", overwrite=True))
+        assert {name: (hf / name).read_bytes() for name in os.listdir(hf) if name != lock.LOCK_NAME} == before
+    assert export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32",
+                                overwrite=True))["status"] == "complete"
+    assert lock.LOCK_NAME not in os.listdir(hf)
+
+
 def test_fp8_release_exports_dequantised_bfloat16(tmp_path):
     from ckptconv.verification import verify
 

@@ -116,3 +116,7 @@ def test_stale_and_foreign_locks(synth_dir, tmp_path):
                      "--overwrite")
     assert broken.returncode == 0, broken.stderr
     assert not (dst / "ckptconv.lock").exists()
+    (dst / "ckptconv.lock").write_text(json.dumps(me))  # this test process: alive on this host
+    kept = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--overwrite")
+    assert kept.returncode == 1 and f"pid {me['pid']}" in kept.stderr  # --overwrite never breaks a live holder
+    assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "float32"
