@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, fields
+from typing import ClassVar, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -102,8 +102,37 @@ class Plain:
 FLOAT32_BYTES, BF16_BYTES = 4, 2
 
 
+class _Decoded:
+    """What the quantised inputs share: they decode to bfloat16, take their name (less a format
+    suffix) and file from their first stored tensor, and cost the bytes of all of them. A format
+    that stores its axes in another order, or needs some of them whole, says so."""
+
+    dtype: ClassVar[np.dtype] = BF16
+    suffix: ClassVar[str] = ""
+    whole_axes: ClassVar[tuple[int, ...]] = ()
+
+    def _stored(self) -> list[TensorInfo]:
+        return [getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), TensorInfo)]
+
+    @property
+    def name(self) -> str:
+        return self._stored()[0].name.removesuffix(self.suffix)
+
+    @property
+    def file(self) -> str:
+        return self._stored()[0].file
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(info.nbytes for info in self._stored())
+
+
 @dataclass(frozen=True)
-class FP8Blocks:
+class FP8Blocks(_Decoded):
     """An FP8 e4m3 matrix ``weight`` with float32 ``scale`` (``weight_scale_inv``): value =
     weight * scale[row // 128, col // 128] (DeepSeek-V3/R1, Kimi-K2 releases)."""
 
@@ -112,32 +141,8 @@ class FP8Blocks:
     block: int = 128
 
     @property
-    def name(self) -> str:
-        return self.weight.name
-
-    @property
-    def file(self) -> str:
-        return self.weight.file
-
-    @property
     def shape(self) -> tuple[int, ...]:
         return self.weight.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return BF16
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        return (0, 1)
-
-    @property
-    def whole_axes(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.nbytes + self.scale.nbytes
 
     @property
     def decode_bytes(self) -> int:
@@ -173,7 +178,7 @@ DECODE_ROWS = 64  # rows of codes looked up at a time
 
 
 @dataclass(frozen=True)
-class MXFP4:
+class MXFP4(_Decoded):
     """gpt-oss's MXFP4 experts: ``blocks`` (experts, rows, groups, 16) uint8 holding two E2M1 codes
     per byte (low nibble first) and ``scales`` (experts, rows, groups) uint8 exponents (2^(s-127)).
 
@@ -184,34 +189,16 @@ class MXFP4:
 
     blocks: TensorInfo
     scales: TensorInfo
-
-    @property
-    def name(self) -> str:
-        return self.blocks.name.removesuffix("_blocks")
-
-    @property
-    def file(self) -> str:
-        return self.blocks.file
+    suffix: ClassVar[str] = "_blocks"
+    whole_axes: ClassVar[tuple[int, ...]] = (1,)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.blocks.shape[0], self.blocks.shape[2] * 32, self.blocks.shape[1])
 
     @property
-    def dtype(self) -> np.dtype:
-        return BF16
-
-    @property
     def order(self) -> tuple[int, ...]:
         return (0, 2, 1)
-
-    @property
-    def whole_axes(self) -> tuple[int, ...]:
-        return (1,)
-
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.nbytes + self.scales.nbytes
 
     @property
     def decode_bytes(self) -> int:
@@ -250,7 +237,7 @@ DECODE_ELEMENTS = 1 << 20  # values decoded through float32 at a time (4 MiB), w
 
 
 @dataclass(frozen=True)
-class INT4Groups:
+class INT4Groups(_Decoded):
     """compressed-tensors ``pack-quantized`` INT4 weights, symmetric, grouped along the input axis
     (Kimi-K2-Thinking's experts): ``packed`` int32 (rows, cols / 8), ``scale`` bfloat16 (rows,
     cols / 32), ``shape`` int32 or int64 [rows, cols].
@@ -265,34 +252,11 @@ class INT4Groups:
     packed: TensorInfo
     scale: TensorInfo
     stored_shape: TensorInfo
-
-    @property
-    def name(self) -> str:
-        return self.packed.name.removesuffix("_packed")
-
-    @property
-    def file(self) -> str:
-        return self.packed.file
+    suffix: ClassVar[str] = "_packed"
 
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.packed.shape[0], self.packed.shape[1] * INT4_PER_WORD)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return BF16
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        return (0, 1)
-
-    @property
-    def whole_axes(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scale.nbytes + self.stored_shape.nbytes
 
     @property
     def decode_bytes(self) -> int:
