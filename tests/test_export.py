@@ -141,9 +141,23 @@ def test_shape_mismatch_with_like_exits_2_and_writes_nothing(tmp_path):
     assert not hf.exists()
 
 
-def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch):
+def crash_after_two_files(monkeypatch) -> list[str]:
+    """The export fails (a full disk) when it would close its third file; returns the names closed."""
     from ckptconv import safetensors_writer
 
+    real_close, closed = safetensors_writer.StreamedFile.close, []
+
+    def close_twice(self):
+        if len(closed) == 2:
+            raise OSError("disk full (simulated)")
+        real_close(self)
+        closed.append(self.layout.name)
+
+    monkeypatch.setattr(safetensors_writer.StreamedFile, "close", close_twice)
+    return closed
+
+
+def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch):
     model = synth.SynthModel(num_layers=4)
     src, mt, hf, report = round_trip(tmp_path, model, scan=True, shard_size="40KB")
     files = report["files"]
@@ -162,15 +176,7 @@ def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch
 
     # A crash after two files: the rerun keeps them (same inode) and writes the rest.
     crashed = tmp_path / "crashed"
-    real_close, closed = safetensors_writer.StreamedFile.close, []
-
-    def close_twice(self):
-        if len(closed) == 2:
-            raise OSError("disk full (simulated)")
-        real_close(self)
-        closed.append(self.layout.name)
-
-    monkeypatch.setattr(safetensors_writer.StreamedFile, "close", close_twice)
+    closed = crash_after_two_files(monkeypatch)
     with pytest.raises(OSError):
         export(ExportRequest(str(mt), str(crashed), like=str(src), progress="none", shard_size="40KB"))
     monkeypatch.undo()
@@ -190,18 +196,8 @@ def test_shards_index_rerun_resume_and_foreign_destination(tmp_path, monkeypatch
 def test_overwrite_keeps_the_old_export_complete_until_the_new_one_is_whole(tmp_path, monkeypatch):
     """--overwrite writes the new files beside the old export: a crash before the commit leaves the old
     one complete and loadable (its report still says so), and the rerun resumes the new files."""
-    from ckptconv import safetensors_writer
-
     src, mt, hf, old = round_trip(tmp_path, synth.SynthModel(num_layers=4), scan=True, shard_size="40KB")
-    real_close, closed = safetensors_writer.StreamedFile.close, []
-
-    def crash_after_two(self):
-        if len(closed) == 2:
-            raise OSError("disk full (simulated)")
-        real_close(self)
-        closed.append(self.layout.name)
-
-    monkeypatch.setattr(safetensors_writer.StreamedFile, "close", crash_after_two)
+    closed = crash_after_two_files(monkeypatch)
     with pytest.raises(OSError):
         export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", shard_size="60KB", overwrite=True))
     monkeypatch.undo()
