@@ -93,8 +93,8 @@ def items_dir(checkpoint: str) -> str:
 def export(request: ExportRequest) -> dict:
     """Run one export; returns the report (also written into the destination)."""
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
-    if destination.is_gcs(request.destination) or "://" in request.destination:
-        raise BadInputError(f"{request.destination}: export writes local directories only (so far)")
+    if "://" in request.destination and not destination.is_gcs(request.destination):
+        raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
     timer, started = StageTimer(), destination.now()
     with timer.stage("plan"):
         items = items_dir(request.checkpoint)
@@ -116,7 +116,10 @@ def export(request: ExportRequest) -> dict:
 def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, layouts: tuple[FileLayout, ...],
            print_: str, timer: StageTimer, started: str) -> dict:
     """Under the destination's lock: decide about what is there, stream the files, commit, report."""
-    dst, pending = request.destination, os.path.join(request.destination, PENDING)
+    dst = request.destination
+    # on gs:// the files go to their final names: an object appears only when whole, and a rename
+    # would copy every byte; the report still commits
+    pending = dst if destination.is_gcs(dst) else os.path.join(dst, PENDING)
     previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)  # as the lock found it
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, destination.REPORT_NAME)
@@ -144,9 +147,14 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
 
 def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request: ExportRequest) -> str:
     """Identity of (checkpoint as far as cheaply knowable, --like's config, options)."""
-    manifest = os.path.join(items, "manifest.ocdbt")
-    stat = os.stat(manifest) if os.path.exists(manifest) else None
-    identity = {"items": items, "manifest": None if stat is None else [stat.st_size, stat.st_mtime_ns],
+    manifest = destination.path(items) / "manifest.ocdbt"
+    if "://" in items:  # no nanoseconds on gs://
+        stat = manifest.stat() if manifest.exists() else None
+        written = None if stat is None else [stat.length, stat.mtime]
+    else:
+        local = os.stat(manifest) if manifest.exists() else None
+        written = None if local is None else [local.st_size, local.st_mtime_ns]
+    identity = {"items": items, "manifest": written,
                 "leaves": [(leaf.name, leaf.shape, leaf.dtype) for leaf in stored],
                 "config": plan.config_text, "options": [request.dtype, request.shard_size], "format": 1}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
@@ -171,11 +179,12 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
-    occupied = os.path.isdir(dst) and any(name not in (PENDING, lock.LOCK_NAME) for name in os.listdir(dst))
+    root = destination.path(dst)
+    occupied = root.is_dir() and any(p.name not in (PENDING, lock.LOCK_NAME) for p in root.iterdir())
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
-    if ours and previous.get("status") == "complete":
+    if ours and previous.get("status") == "complete" and pending != dst:
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
             shutil.rmtree(pending, ignore_errors=True)
         if shutil.disk_usage(dst).free >= needed:
@@ -186,7 +195,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
     if not resuming:
         _clear(dst, pending)
-    os.makedirs(pending, exist_ok=True)
+    destination.path(pending).mkdir(parents=True, exist_ok=True)
     return False
 
 
@@ -206,24 +215,26 @@ def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
 
 def _clear(dst: str, pending: str) -> None:
     """Remove what an export writes at ``dst`` (report first: nothing then reads as complete)."""
-    if not os.path.isdir(dst):
+    root = destination.path(dst)
+    if not root.is_dir():
         return
-    for name in (destination.REPORT_NAME,):
-        if os.path.exists(os.path.join(dst, name)):
-            os.unlink(os.path.join(dst, name))
-    shutil.rmtree(pending, ignore_errors=True)
+    (root / destination.REPORT_NAME).unlink(missing_ok=True)
+    if pending != dst:
+        shutil.rmtree(pending, ignore_errors=True)
     _remove_export_files(dst)
 
 
 def _remove_export_files(dst: str) -> None:
     """The weights, index, config and tokenizer files an export writes at ``dst`` (never its pending directory)."""
-    for name in os.listdir(dst):
-        if name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", *COPIED_FILES):
-            os.unlink(os.path.join(dst, name))
+    for file in destination.path(dst).iterdir():
+        if file.name.endswith((".safetensors", PARTIAL)) or file.name in (INDEX_NAME, "config.json", *COPIED_FILES):
+            file.unlink()
 
 
 def _move_into(pending: str, dst: str) -> None:
     """Move every finished file from the pending directory into ``dst``; the report then commits."""
+    if pending == dst:  # gs://: written in place
+        return
     for name in sorted(os.listdir(pending)):
         if not name.endswith(PARTIAL):
             os.replace(os.path.join(pending, name), os.path.join(dst, name))
@@ -232,14 +243,12 @@ def _move_into(pending: str, dst: str) -> None:
 
 def _write_small_files(plan: ExportPlan, like: Source, pending: str, layouts: tuple[FileLayout, ...]) -> None:
     """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
-    with open(os.path.join(pending, INDEX_NAME), "w") as f:
-        f.write(index_json(layouts))
-    with open(os.path.join(pending, "config.json"), "w") as f:
-        f.write(_config_text(plan))
+    root = destination.path(pending)
+    (root / INDEX_NAME).write_text(index_json(layouts))
+    (root / "config.json").write_text(_config_text(plan))
     for name in COPIED_FILES:
         if like.exists(name):
-            with open(os.path.join(pending, name), "wb") as f:
-                f.write(bytes(like.read_range(name, 0, like.size(name))))
+            (root / name).write_bytes(bytes(like.read_range(name, 0, like.size(name))))
 
 
 def _config_text(plan: ExportPlan) -> str:

@@ -5,7 +5,8 @@ the file in memory; an exported 70B model would need its shard in RAM. Here a fi
 (names, dtypes, shapes, offsets) is fixed up front from the export plan, so the header can be
 written before any weight exists, and tensors then arrive in that order, in pieces of any size
 (bands of rows), each piece written and let go. A file is written under a ``.partial`` name and
-renamed when its last byte is in, so a finished file is always whole.
+renamed when its last byte is in, so a finished file is always whole. On ``gs://`` the file is a
+resumable upload (gcsfs sends it in blocks): the object exists only once its last byte is in.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+from etils import epath
 
 from ckptconv.safetensors_io import DTYPES
 
@@ -100,7 +102,8 @@ class StreamedFile:
 
     def __init__(self, directory: str, layout: FileLayout) -> None:
         self.layout, self.path = layout, os.path.join(directory, layout.name)
-        self._file = open(self.path + PARTIAL, "wb")
+        self._remote = "://" in directory
+        self._file = epath.Path(self.path).open("wb") if self._remote else open(self.path + PARTIAL, "wb")
         self._file.write(layout.header())
         self._index, self._done = 0, 0  # tensor being written, its bytes written so far
 
@@ -127,24 +130,29 @@ class StreamedFile:
     def close(self) -> None:
         if not self.complete:
             raise ValueError(f"{self.layout.name}: closed before its last tensor was complete")
+        if self._remote:
+            self._file.close()  # the upload's last block: the object appears, whole
+            return
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self.path + PARTIAL, self.path)
 
     def abandon(self) -> None:
-        """Close without renaming (an error upstream): the ``.partial`` file stays as a leftover."""
-        self._file.close()
+        """Close without renaming (an error upstream): the ``.partial`` file stays as a leftover; an
+        upload is cancelled, so no object appears."""
+        discard = getattr(self._file, "discard", None) if self._remote else None
+        (discard or self._file.close)()
 
 
 def finished(directory: str, layout: FileLayout) -> bool:
     """Whether ``layout``'s file is in ``directory`` under its final name with its exact size and header."""
-    path = os.path.join(directory, layout.name)
+    path = epath.Path(os.path.join(directory, layout.name))
     try:
-        if os.path.getsize(path) != layout.file_bytes:
+        if path.stat().length != layout.file_bytes:
             return False
         header = layout.header()
-        with open(path, "rb") as f:
+        with path.open("rb") as f:
             return f.read(len(header)) == header
-    except OSError:
+    except (OSError, ValueError):
         return False

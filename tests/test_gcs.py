@@ -191,3 +191,47 @@ def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
     with lock.hold(dst, break_foreign=True):
         assert json.loads(blob.download_as_text())["host"] != "another-host"
     assert gcs.objects(dst) == {}
+
+
+def test_export_from_gs_to_gs_gives_back_the_source(tmp_path, gcs, gs_src):
+    """The issue's own example, against the emulator: ``export gs://zoo/.../0/items gs://exports/...
+    --like gs://...``; a rerun skips, --overwrite redoes it, and a foreign prefix is refused."""
+    import glob
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    uri, local_src = gs_src
+    zoo = f"gs://{gcs.new_bucket('zoo')}/qwen/tiny"
+    assert run_cli("convert", uri, zoo, "--devices", "4", "--progress", "none").returncode == 0
+    out = f"gs://{gcs.new_bucket('exports')}/qwen/tiny"
+    export = ("export", f"{zoo}/0/items", out, "--like", uri, "--progress", "none", "--shard-size", "40KB")
+    first = run_cli(*export)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(gcs.read(f"{out}/ckptconv-report.json"))
+    assert report["status"] == "complete" and len(report["files"]) > 2
+    assert set(gcs.objects(out)) == {*report["files"], "config.json", "model.safetensors.index.json",
+                                     "ckptconv-report.json"}
+    for file in report["files"]:  # the reference reader (it reads bfloat16 from files only)
+        (tmp_path / file).write_bytes(gcs.read(f"{out}/{file}"))
+    exported = {name: array for file in report["files"] for name, array in load_file(tmp_path / file).items()}
+    source = {name: array for file in glob.glob(f"{local_src}/*.safetensors") for name, array in load_file(file).items()}
+    assert sorted(exported) == sorted(source)
+    assert all(exported[name].dtype == source[name].dtype and np.array_equal(exported[name].view(np.uint8),
+                                                                             source[name].view(np.uint8))
+               for name in source)
+
+    again = run_cli(*export)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    other = run_cli(*export[:-2], "--shard-size", "1GB")
+    assert other.returncode == 2 and "--overwrite" in other.stderr
+    redone = run_cli(*export[:-2], "--shard-size", "1GB", "--overwrite")
+    assert redone.returncode == 0, redone.stderr
+    files = json.loads(gcs.read(f"{out}/ckptconv-report.json"))["files"]
+    assert len(files) == 1 and set(gcs.objects(out)) == {*files, "config.json", "model.safetensors.index.json",
+                                                         "ckptconv-report.json"}
+
+    foreign = f"gs://{gcs.new_bucket('mine')}/notes"
+    gcs.client().bucket(foreign[5:].split("/")[0]).blob("notes/readme.txt").upload_from_string("mine")
+    refused = run_cli("export", f"{zoo}/0/items", foreign, "--like", uri, "--progress", "none")
+    assert refused.returncode == 2 and gcs.objects(foreign) == {"readme.txt": 4}
