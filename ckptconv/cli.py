@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import urllib.parse
 import signal
 import sys
 from typing import Sequence
@@ -126,9 +127,11 @@ def _die_with_parent() -> None:
 OS_CONDITIONS = {"No space left on device": "no space left on device", "Disk quota exceeded": "disk quota exceeded",
                  "Permission denied": "permission denied", "Read-only file system": "read-only file system",
                  "PERMISSION_DENIED": "permission denied (the bucket refused the write)",
-                 "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the write)"}
+                 "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the write)",
+                 "Forbidden: ": "permission denied (the bucket refused the write)"}  # gcsfs's words for a 403
 FAILED_PATH = (r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', r"Error writing (gs://[^:\s]+)",
                r"'(/[^']+)'")
+GCS_UPLOAD_URL = r"/b/([^/?\s]+)/o\?name=([^&\s]+)"  # gcsfs names the object only in its upload URL
 
 
 def os_condition(err: BaseException) -> str | None:
@@ -138,6 +141,9 @@ def os_condition(err: BaseException) -> str | None:
     if condition is None:
         return None
     path = next((m for m in (re.search(pattern, text) for pattern in FAILED_PATH) if m), None)
+    upload = re.search(GCS_UPLOAD_URL, text)
+    if path is None and upload:
+        return f"gs://{upload.group(1)}/{urllib.parse.unquote(upload.group(2))}: {condition}"
     return f"{path.group(1) if path else 'the destination'}: {condition}"
 
 

@@ -6,7 +6,6 @@ whatever is already at the destination (skip, refuse, or clean leftovers and wri
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -14,7 +13,6 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from ckptconv import __version__, destination, devices, lock, partition, waits
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
@@ -221,7 +219,8 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
 
     begin = timer.wall()
     last_tile = [begin]  # adopted partitions: no tiles, all of it is the commit
-    with _watched_writes(request.destination) as tick:
+    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL") or GCS_ENDPOINT  # where tensorstore writes
+    with waits.watched_writes(request.destination, endpoint) as tick:
         writer.write_checkpoint(
             request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
             devices=request.devices, custom_metadata={"scan_layers": request.scan_layers},
@@ -231,18 +230,6 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     end = timer.wall()
     timer.add("write", last_tile[0] - begin)
     timer.add("commit", end - last_tile[0])
-
-
-@contextlib.contextmanager
-def _watched_writes(target: str) -> Iterator[Callable[[], None]]:
-    """On gs://, tensorstore retries a failing or mute endpoint by itself, silently: say while no tile
-    settles that we wait for the writes, and give up in one line after the remote deadline."""
-    if not destination.is_gcs(target):
-        yield lambda: None
-        return
-    endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL") or GCS_ENDPOINT
-    with waits.watched(f"writes to {target} at {endpoint}", waits.Deadlines.from_env()) as tick:
-        yield tick
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,

@@ -27,12 +27,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, destination, lock
+from ckptconv import __version__, destination, lock, waits
 from ckptconv.errors import BadInputError, DestinationExistsError
 from ckptconv.export_plan import ExportPlan, make_export_plan
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.produce import prefetch
 from ckptconv.progress import Progress
+from ckptconv.remote_sources import GCS_ENDPOINT
 from ckptconv.safetensors_writer import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
@@ -131,12 +132,14 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
     # beside an old export, a file of the same name and layout at dst is the old one, not ours
     done = {layout.name for layout in layouts if finished(pending, layout) or (not replacing and finished(dst, layout))}
-    _write_shards(plan, items, layouts, done, pending, timer, progress)
-    with timer.stage("commit"):
-        _write_small_files(plan, like, pending, layouts)
-        if replacing:
-            _retire_old_export(dst, pending, writing)
-        _move_into(pending, dst)
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
+    with waits.watched_writes(dst, endpoint) as tick:
+        _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
+        with timer.stage("commit"):
+            _write_small_files(plan, like, pending, layouts)
+            if replacing:
+                _retire_old_export(dst, pending, writing)
+            _move_into(pending, dst)
     progress.close()
     report = _report(plan, request, items, layouts, timer, started, print_)
     destination.write_report(report_path, report)
@@ -266,7 +269,7 @@ def _config_text(plan: ExportPlan) -> str:
 # --- streaming -----------------------------------------------------------------------------
 
 def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...], done: set[str], pending: str,
-                  timer: StageTimer, progress: Progress) -> None:
+                  timer: StageTimer, progress: Progress, tick=lambda: None) -> None:
     """Stream every HF tensor into its file; files already whole (a resumed run) are not read again."""
     file_of = {entry.name: layout for layout in layouts for entry in layout.tensors}
     skip = {entry.name for layout in layouts if layout.name in done for entry in layout.tensors}
@@ -283,6 +286,7 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
                         current.close()
                     current = StreamedFile(pending, layout)
                 current.append(name, data)
+            tick()  # the bytes were taken: a gs:// upload is not stalled
             progress.advance(int(name != last[0]), data.nbytes)
             trim_now_and_then(data.nbytes)
             last[0] = name

@@ -153,3 +153,15 @@ def watched(what: str, deadlines: Deadlines, give_up=abandon) -> Iterator[Callab
         yield wait.progressed
     finally:
         _BOARD.remove(wait)
+
+
+@contextlib.contextmanager
+def watched_writes(target: str, endpoint: str) -> Iterator[Callable[[], None]]:
+    """On gs://, a client library (tensorstore, gcsfs) retries a failing or mute endpoint by itself,
+    silently: say while no write settles that we wait for them, and give up in one line after the
+    remote deadline. Elsewhere the yielded ``tick`` does nothing."""
+    if not target.startswith("gs://"):
+        yield lambda: None
+        return
+    with watched(f"writes to {target} at {endpoint}", Deadlines.from_env()) as tick:
+        yield tick

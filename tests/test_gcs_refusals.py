@@ -76,3 +76,25 @@ def test_a_bucket_that_refuses_writes_is_one_line_and_a_rerun_completes(gcs, gat
     rerun = _convert(src, dst, env)
     assert rerun.returncode == 0, rerun.stderr
     assert _complete(dst, env) and _run(env, "verify", src, dst).returncode == 0
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("refuse", ["silent", "forbidden"])
+def test_an_export_to_a_bucket_that_goes_mute_or_refuses_is_one_line_and_a_rerun_completes(gcs, gate, synth_dir,
+                                                                                           tmp_path, refuse):
+    src, dst = synth_dir(), f"gs://{gcs.new_bucket()}/exported"
+    assert _convert(src, tmp_path / "maxtext", {}).returncode == 0
+    export = ("export", tmp_path / "maxtext", dst, "--like", src, "--progress", "none")
+    env = {**gate.env(gcs.env), **QUICK}
+    gate.refuse, gate.only = refuse, ".safetensors"
+    failed = _run(env, *export)
+    assert failed.returncode == 1, failed.stderr
+    lines = _errors(failed.stderr)
+    assert len(lines) == 1 and dst in lines[0] and "Traceback" not in failed.stderr, failed.stderr
+    if refuse == "silent":  # gcsfs would wait on its own; our watchdog says so, then gives up
+        assert "giving up on writes to gs://" in lines[0] and "still waiting for writes to gs://" in failed.stderr
+    assert gate.refused > 0 and json.loads(gcs.read(f"{dst}/ckptconv-report.json"))["status"] == "writing"
+    gate.refuse = None
+    rerun = _run(gate.env(gcs.env), *export)
+    assert rerun.returncode == 0, rerun.stderr
+    assert json.loads(gcs.read(f"{dst}/ckptconv-report.json"))["status"] == "complete"
