@@ -13,9 +13,9 @@ import json
 import logging
 import os
 import re
-import urllib.parse
 import signal
 import sys
+import urllib.parse
 from typing import Sequence
 
 from ckptconv import __version__

@@ -5,8 +5,9 @@ filesystems make atomic across hosts, so two conversions into one directory cann
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
 holder on another host cannot be checked from here, so the run is refused unless
-``--overwrite`` says to break it (a holder alive on this host is never broken). On ``gs://`` the lock is an object created with a generation
-precondition (``ifGenerationMatch=0``), which GCS arbitrates the same way.
+``--overwrite`` says to break it (a holder alive on this host is never broken). On ``gs://``
+the lock is an object created with a generation precondition (``ifGenerationMatch=0``), which
+GCS arbitrates the same way.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ resumable upload (gcsfs sends it in blocks): the object exists only once its las
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -140,9 +141,13 @@ class StreamedFile:
 
     def abandon(self) -> None:
         """Close without renaming (an error upstream): the ``.partial`` file stays as a leftover; an
-        upload is cancelled, so no object appears."""
-        discard = getattr(self._file, "discard", None) if self._remote else None
-        (discard or self._file.close)()
+        upload is cancelled, so no object appears (best effort: the error upstream is what to report,
+        and an upload session left open expires by itself)."""
+        if not self._remote:
+            self._file.close()
+            return
+        with contextlib.suppress(Exception):
+            getattr(self._file, "discard", self._file.close)()
 
 
 def finished(directory: str, layout: FileLayout) -> bool:
