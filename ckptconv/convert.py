@@ -19,8 +19,8 @@ from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
-from ckptconv.remote_sources import GCS_ENDPOINT
 from ckptconv.produce import plan_tiles, prefetch
+from ckptconv.remote_sources import GCS_ENDPOINT
 from ckptconv.sources import Source, open_source
 
 

@@ -130,8 +130,10 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     tune_malloc()
     progress = Progress(len(plan.tensors), plan.output_bytes, request.progress, desc="export")
     progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
-    # beside an old export, a file of the same name and layout at dst is the old one, not ours
-    done = {layout.name for layout in layouts if finished(pending, layout) or (not replacing and finished(dst, layout))}
+    # beside an old export, a file of the same name and layout at dst is the old one, not ours;
+    # on gs:// pending is dst, looked at once
+    places = {pending} if replacing else {pending, dst}
+    done = {layout.name for layout in layouts if any(finished(place, layout) for place in places)}
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
@@ -181,13 +183,13 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
-    beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
     root = destination.path(dst)
     occupied = root.is_dir() and any(p.name not in (PENDING, lock.LOCK_NAME) for p in root.iterdir())
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
     if ours and previous.get("status") == "complete" and pending != dst:
+        beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
             shutil.rmtree(pending, ignore_errors=True)
         if shutil.disk_usage(dst).free >= needed:
