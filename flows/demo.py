@@ -84,7 +84,9 @@ def _brief(artifact) -> str:
     data = artifact.data
     if artifact.type == "table":
         rows = json.loads(data) if isinstance(data, str) else data
-        total = next((r for r in rows if r["stage"].startswith("total")), {})
+        total = next((r for r in rows if str(r.get("stage", "")).startswith("total")), None)
+        if total is None:  # the zoo row (``-row``): one row of figures, not stages
+            return f"{len(rows)} row(s): status {rows[0].get('status') if rows else '-'}"
         return f"{len(rows)} rows; total {total.get('seconds')} s, peak RSS {total.get('peak_rss_bytes')} bytes"
     if artifact.type == "markdown" and artifact.key.endswith("-output"):
         return str(data)
