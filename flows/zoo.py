@@ -6,17 +6,20 @@ Two ways to run the entries, chosen by the manifest:
   flow run of its pool's deployment (``run_deployment``), so any worker of that pool takes it and
   memory admission stays per worker; a run killed by the kernel (SIGKILL: the OOM killer) is
   started again on the entry's ``retry_pool``. The zoo waits for all and publishes the table,
-  with the pool and worker each model finally ran on;
+  with the pool and worker each model finally ran on. A run nobody can take (its pool has no
+  worker online, or is paused) waits at most ``start_wait_seconds``: then it is cancelled, so a
+  worker arriving later does not run it unasked, and its row says ``never started``. A run a
+  worker took is bounded by the conversion's own ``timeout_seconds``, however long it takes;
 - without one, every model runs in this flow run (threads), each conversion admitted by its
   predicted memory (see ``tasks.admission``): small models pack onto one worker, big ones wait.
 
 A broken model fails on its own: the others complete, and the summary says which and why.
 
-Manifest (YAML)::
+Manifest (YAML; a local path or ``gs://BUCKET/zoo.yaml``)::
 
     name: nightly
     deployments: {cpu-pool: convert-model/convert-model-cpu, highmem-pool: convert-model/convert-model-highmem}
-    defaults: {devices: 16, scan_layers: true, dtype: bfloat16, pool: cpu-pool}
+    defaults: {devices: 16, scan_layers: true, dtype: bfloat16, pool: cpu-pool, start_wait_seconds: 1800}
     models:
       - {name: qwen3-0-6b, source: hf://Qwen/Qwen3-0.6B, destination: gs://bucket/qwen3-0.6b}
       - {name: qwen3-235b, source: ..., destination: ..., retry_pool: highmem-pool}
@@ -25,8 +28,10 @@ Manifest (YAML)::
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, fields
 
+import fsspec
 import yaml
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -35,10 +40,13 @@ from prefect.client.schemas.filters import (
     ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId, TaskRunFilter,
     TaskRunFilterName,
 )
+from prefect.client.schemas.objects import FlowRun, StateType, WorkPoolStatus
+from prefect.client.schemas.responses import SetStateStatus
 from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
 from prefect.futures import wait
 from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
+from prefect.states import Cancelled, Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_zoo_summary, zoo_row
@@ -47,9 +55,12 @@ from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import ChildFailed, killed
 from tasks.job import Conversion
 
-ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool"}
+ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool", "start_wait_seconds"}
 MAX_PARALLEL = 8  # threads; the memory limit (per worker), not this, decides how many conversions run at once
 POLL_SECONDS = 2.0  # how often the zoo looks at a dispatched run's state
+DEFAULT_START_WAIT_SECONDS = 30 * 60  # how long a dispatched run may wait while no worker can take it
+NEVER_STARTED = "never started"  # the zoo row's status of an entry no worker took
+UNSTARTED = (StateType.SCHEDULED, StateType.PENDING)  # with run_count 0: no worker has run it yet
 
 
 class ManifestError(ValueError):
@@ -63,6 +74,7 @@ class Entry:
     job: Conversion
     pool: str | None
     retry_pool: str | None = None
+    start_wait_seconds: float | None = None  # None: the flow's parameter
 
     @property
     def pools(self) -> tuple[str, ...]:
@@ -86,11 +98,33 @@ class Zoo:
         return [entry.job for entry in self.select(pool)]
 
 
+def read_manifest(path: str) -> dict:
+    """The manifest's YAML as a mapping, from a local path or ``gs://`` (gcsfs: Application Default
+    Credentials, ``STORAGE_EMULATOR_HOST`` honoured); anything unreadable is one ManifestError naming it."""
+    try:
+        with fsspec.open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: zoo manifest not found") from None
+    except Exception as err:  # permission, network, a directory, bad bytes: one line, whatever the client raised
+        raise ManifestError(f"{path}: cannot read the zoo manifest: {_one_line(err)}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{path}: not valid YAML: {_one_line(err)}") from None
+    if not isinstance(data, dict | None):
+        raise ManifestError(f"{path}: expected a mapping (name, deployments, defaults, models), got {type(data).__name__}")
+    return data or {}
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 def load_manifest(path: str) -> Zoo:
     """Read and check a zoo manifest: every model needs ``source`` and ``destination``; unknown keys are errors;
     with a ``deployments`` table, every pool an entry names must have a deployment."""
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
+    data = read_manifest(path)
     defaults = data.get("defaults") or {}
     deployments = {str(pool): str(name) for pool, name in (data.get("deployments") or {}).items()}
     entries = []
@@ -102,6 +136,10 @@ def load_manifest(path: str) -> Zoo:
         if missing := [key for key in ("source", "destination") if not entry.get(key)]:
             raise ManifestError(f"{label}: missing {missing}")
         pool, retry_pool = entry.pop("pool", None), entry.pop("retry_pool", None)
+        start_wait = entry.pop("start_wait_seconds", None)
+        if start_wait is not None and (isinstance(start_wait, bool) or not isinstance(start_wait, int | float)
+                                       or start_wait <= 0):
+            raise ManifestError(f"{label}: start_wait_seconds must be a positive number of seconds, got {start_wait!r}")
         if retry_pool and not deployments:
             raise ManifestError(f"{label}: retry_pool needs a top-level 'deployments' table (pool -> deployment)")
         if deployments and (unknown_pools := [p for p in (pool, retry_pool) if p and p not in deployments]):
@@ -109,7 +147,7 @@ def load_manifest(path: str) -> Zoo:
                                 f"{sorted(deployments)}")
         if deployments and not pool:
             raise ManifestError(f"{label}: missing 'pool' (needed to pick a deployment)")
-        entries.append(Entry(Conversion(**entry), pool, retry_pool))
+        entries.append(Entry(Conversion(**entry), pool, retry_pool, start_wait))
     slugs = [entry.job.slug for entry in entries]
     if duplicates := sorted({slug for slug in slugs if slugs.count(slug) > 1}):
         raise ManifestError(f"{path}: several models share the artifact key(s) {duplicates}; give them distinct names")
@@ -119,20 +157,31 @@ def load_manifest(path: str) -> Zoo:
 convert_entry = task(convert_one, name="convert-model-entry", task_run_name="model-{job.slug}", cache_policy=NO_CACHE)
 
 
+class NeverStarted(Exception):
+    """No worker took a dispatched run within its start wait; the run was cancelled."""
+
+
 @task(name="dispatch-model", task_run_name="dispatch-{entry.job.slug}", cache_policy=NO_CACHE)
-def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: float) -> dict:
+def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: float, start_wait_seconds: float) -> dict:
     """Run the entry as a flow run of its pool's deployment; after a kill, again on its retry pool.
 
     Returns the run's zoo row (read from its ``conversion-<slug>-row`` artifact) with the pool it
-    ran on and the pools tried; raises with every pool's failure otherwise.
+    ran on and the pools tried, or a ``never started`` row when no worker took it in time; raises
+    with every pool's failure otherwise.
     """
     logger = get_run_logger()
     failures = []
+    start_wait = entry.start_wait_seconds or start_wait_seconds
     for n, pool in enumerate(entry.pools):
         last = n == len(entry.pools) - 1
         parameters = {**entry.job.flow_parameters(), "timeout_seconds": timeout_seconds, "retry_kills": last}
-        run = run_deployment(deployments[pool], parameters=parameters, timeout=None, poll_interval=POLL_SECONDS,
+        run = run_deployment(deployments[pool], parameters=parameters, timeout=0,
                              flow_run_name=f"{entry.job.slug}-on-{pool}", as_subflow=True)
+        try:
+            run = wait_for_run(run, start_wait)
+        except NeverStarted as never:
+            logger.error("%s: %s", entry.job.slug, never)
+            return never_started_row(entry, pool, str(never), failures)
         if run.state.is_completed():
             row = published_row(run.id, entry.job.slug)
             return {**row, "pool": pool, "pools_tried": list(entry.pools[:n + 1]), "flow_run": run.name}
@@ -142,6 +191,78 @@ def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: f
         logger.warning("%s was killed on %s (out of memory?): retrying on %s", entry.job.slug, pool,
                        entry.pools[n + 1])
     raise ChildFailed("; then ".join(failures))
+
+
+def wait_for_run(run: FlowRun, start_wait_seconds: float) -> FlowRun:
+    """Wait until a dispatched flow run ends; returns it in its final state.
+
+    The start wait runs only while nobody can take the run: it is unstarted and its pool has no
+    worker online (or is paused). A queue behind busy workers of a live pool does not count (each
+    run ahead of it ends within its own timeout), nor does a run a worker has started. When the
+    start wait is over the run is cancelled (a worker arriving later must not run it unasked) and
+    NeverStarted says which pool and how to give it a worker.
+    """
+    pool = run.work_pool_name
+    unattended_since = time.monotonic()
+    with get_client(sync_client=True) as client:
+        while not _ended(run := client.read_flow_run(run.id)):
+            if _started(run) or (status := _pool_status(client, pool)) == WorkPoolStatus.READY:
+                unattended_since = time.monotonic()  # a worker has it, or one is online to take it
+            elif time.monotonic() - unattended_since >= start_wait_seconds:
+                reason = never_started_reason(pool, status, start_wait_seconds)
+                if _withdraw(client, run, reason):
+                    raise NeverStarted(reason)
+                continue  # a worker took it just now: look again at once
+            time.sleep(POLL_SECONDS)
+    return run
+
+
+def _ended(run: FlowRun) -> bool:
+    return run.state is not None and run.state.is_final()
+
+
+def _started(run: FlowRun) -> bool:
+    """A worker has run it (Running, Paused, Cancelling, or back to Scheduled for a retry)."""
+    return bool(run.run_count) or run.state is None or run.state.type not in UNSTARTED
+
+
+def _pool_status(client, pool: str | None) -> WorkPoolStatus | None:
+    """READY when a worker of ``pool`` is online (busy or not), PAUSED, NOT_READY; None for a pool that is gone."""
+    if pool is None:
+        return None
+    try:
+        return client.read_work_pool(pool).status
+    except ObjectNotFound:
+        return None
+
+
+def _withdraw(client, run: FlowRun, reason: str) -> bool:
+    """Cancel a run no worker has taken; False if one took it meanwhile (the server refuses the cancel)."""
+    result = client.set_flow_run_state(run.id, Cancelled(message=reason))
+    return result.status == SetStateStatus.ACCEPT
+
+
+def never_started_reason(pool: str | None, status: WorkPoolStatus | None, waited_seconds: float) -> str:
+    """One line: which pool, how long, and the command that gives it a worker."""
+    within = _duration(waited_seconds)
+    if status == WorkPoolStatus.PAUSED:
+        return (f"never started: pool '{pool}' is paused and no worker picked it up within {within}; "
+                f"resume it with: prefect work-pool resume {pool}")
+    if status is None:
+        return f"never started: work pool '{pool}' does not exist; create it and start a worker for it"
+    return (f"never started: no worker picked it up on pool '{pool}' within {within}; "
+            f"start one with: prefect worker start --pool {pool}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def never_started_row(entry: Entry, pool: str, reason: str, failures: list[str]) -> dict:
+    """The zoo row of an entry no worker took (after a kill on an earlier pool, that failure comes first)."""
+    error = "; then ".join([*failures, f"{pool}: {reason}"]) if failures else reason
+    return {**zoo_row(entry.job, None, error, 0), "status": NEVER_STARTED, "pool": pool, "worker": None,
+            "pools_tried": list(entry.pools[:entry.pools.index(pool) + 1])}
 
 
 def published_row(run_id, slug: str) -> dict:
@@ -158,15 +279,23 @@ def published_row(run_id, slug: str) -> dict:
 
 @flow(name="convert-zoo", task_runner=ThreadPoolTaskRunner(max_workers=MAX_PARALLEL), log_prints=True)
 def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
-                timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> State:
-    """Convert every model of ``manifest`` meant for ``pool`` (all if None); publish one summary table."""
-    zoo = load_manifest(manifest)
+                timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS) -> State:
+    """Convert every model of ``manifest`` (a path or ``gs://``) meant for ``pool`` (all if None); publish one
+    summary table. ``start_wait_seconds``: how long a dispatched model may wait while no worker of its pool
+    can take it (a model's or the manifest's ``defaults``' own value wins)."""
+    logger = get_run_logger()
+    try:
+        zoo = load_manifest(manifest)
+    except ManifestError as err:
+        logger.error("%s", err)
+        return Failed(message=str(err))
     entries = zoo.select(pool)
     how = "dispatched to their pools' deployments" if zoo.deployments else "in this flow run"
-    get_run_logger().info("zoo %s: %d of %d models for pool %s, %s", zoo.name, len(entries), len(zoo.entries),
-                          pool or "any", how)
+    logger.info("zoo %s: %d of %d models for pool %s, %s", zoo.name, len(entries), len(zoo.entries), pool or "any", how)
     if zoo.deployments:
-        futures = [dispatch_entry.submit(entry, zoo.deployments, timeout_seconds) for entry in entries]
+        futures = [dispatch_entry.submit(entry, zoo.deployments, timeout_seconds, start_wait_seconds)
+                   for entry in entries]
     else:
         futures = [convert_entry.submit(entry.job, timeout_seconds) for entry in entries]
     wait(futures)
@@ -174,15 +303,25 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
     rows = [_row(entry, future.state, attempts.get(f"convert-{entry.job.slug}", 0))
             for entry, future in zip(entries, futures)]
     key = publish_zoo_summary(zoo.name, rows)
+    return _final_state(rows, key)
+
+
+def _final_state(rows: list[dict], key: str) -> State:
+    """Completed if every model converted; else Failed, naming the failed models and those that never started."""
     failed = [f"{row['model']}: {row['error']}" for row in rows if row["status"] == "failed"]
-    if failed:
-        return Failed(message=f"{len(failed)} of {len(rows)} models failed (see artifact {key}): " + "; ".join(failed))
-    return Completed(message=f"{len(rows)} models converted (see artifact {key})", data=rows)
+    never = [f"{row['model']} (pool '{row['pool']}')" for row in rows if row["status"] == NEVER_STARTED]
+    if not failed and not never:
+        return Completed(message=f"{len(rows)} models converted (see artifact {key})", data=rows)
+    parts = [f"{len(failed)} of {len(rows)} models failed: " + "; ".join(failed)] if failed else []
+    if never:
+        parts.append(f"{len(never)} of {len(rows)} models never started (no worker took them; see each row's "
+                     f"error): " + ", ".join(never))
+    return Failed(message=" | ".join(parts) + f" (see artifact {key})")
 
 
 def _row(entry: Entry, state: State, attempts: int) -> dict:
     if state.is_completed():
-        return {"pool": entry.pool, **state.result()}  # the row names its worker
+        return {"pool": entry.pool, **state.result()}  # the row names its worker (or why it never started)
     return {**zoo_row(entry.job, None, _error(state), attempts), "pool": None, "worker": None}
 
 

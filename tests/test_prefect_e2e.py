@@ -101,6 +101,7 @@ def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tm
     assert deployments["convert-model/convert-model-cpu"]["job_variables"]["env"]["MALLOC_ARENA_MAX"] == "2"
     schedule = deployments["convert-zoo/nightly-zoo"]["schedules"][0]["schedule"]
     assert (schedule["cron"], schedule["timezone"]) == ("0 2 * * *", "Europe/Zurich")
+    assert deployments["convert-zoo/nightly-zoo"]["schedules"][0]["active"] is False  # switched on by hand
 
     source, destination = synth_dir(), tmp_path / "e2e-out"
     started = _prefect("deployment", "run", "convert-model/convert-model-cpu", "--param", f"source={source}",
@@ -191,6 +192,46 @@ def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(de
     assert states["zoo-oom-on-cpu-pool"][0] == "FAILED" and "SIGKILL" in states["zoo-oom-on-cpu-pool"][1]
     # each convert-model run verified its checkpoint bit for bit (a mismatch fails the run, and the zoo)
     assert all(rows[m["name"]]["status"] == "complete" for m in models)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # today's failure mode is a hang: bounded here and by the zoo's own subprocess timeout
+def test_a_zoo_entry_no_worker_takes_never_starts_and_the_rest_goes_on(deployed, synth_dir, tmp_path):
+    """Two models: one on cpu-pool, where a worker runs it, one on tpu-pool, where no worker is. The
+    second fails after its start wait with one line naming the pool and how to start a worker, its
+    flow run is cancelled (a worker arriving later will not run it), and the zoo ends naming it."""
+    env = deployed
+    models = [{"name": "zoo-here", "source": str(synth_dir(name="src-here")), "destination": str(tmp_path / "here"),
+               "pool": "cpu-pool"},
+              {"name": "zoo-nowhere", "source": str(synth_dir(name="src-nowhere")),
+               "destination": str(tmp_path / "nowhere"), "pool": "tpu-pool"}]
+    manifest = tmp_path / "zoo.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "name": "half-zoo", "defaults": {"devices": 4, "start_wait_seconds": 5},
+        "deployments": {"cpu-pool": "convert-model/convert-model-cpu", "tpu-pool": "convert-model/convert-model-tpu"},
+        "models": models}))
+    with _workers(env, tmp_path, {"worker-h": ("cpu-pool", {})}):
+        zoo = subprocess.run([sys.executable, "-c", "import sys; from flows.zoo import convert_zoo; "
+                              "state = convert_zoo(manifest=sys.argv[1], return_state=True); "
+                              "print(state.message); sys.exit(0 if state.is_completed() else 1)", str(manifest)],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert zoo.returncode == 1, zoo.stdout[-3000:] + zoo.stderr[-3000:]
+    assert "1 of 2 models never started" in zoo.stdout and "zoo-nowhere (pool 'tpu-pool')" in zoo.stdout
+
+    api = env["PREFECT_API_URL"]
+    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-half-zoo"]}},
+                                                        "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
+    rows = found[0]["data"]
+    rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}
+    line = ("never started: no worker picked it up on pool 'tpu-pool' within 5 s; "
+            "start one with: prefect worker start --pool tpu-pool")
+    assert (rows["zoo-here"]["status"], rows["zoo-here"]["worker"]) == ("complete", "worker-h")
+    assert (rows["zoo-nowhere"]["status"], rows["zoo-nowhere"]["error"]) == ("never started", line)
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": ["zoo-nowhere-on-tpu-pool"]}}},
+                      timeout=10).json()
+    assert [(run["state"]["type"], run["state"]["message"]) for run in runs] == [("CANCELLED", line)]
+    assert run_cli("verify", models[0]["source"], models[0]["destination"]).returncode == 0
+    assert not (tmp_path / "nowhere").exists()
 
 
 @pytest.mark.slow
