@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.zoo import ManifestError, convert_zoo, load_manifest
+from flows.zoo import Entry, ManifestError, convert_zoo, load_manifest, never_started_reason, never_started_row
+from tasks.job import Conversion
 from tests.prefect_fixtures import latest_artifact
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,25 @@ def test_start_wait_must_be_a_positive_number(tmp_path):
     path.write_text("models:\n  - {name: a, source: s, destination: d, start_wait_seconds: soon}\n")
     with pytest.raises(ManifestError, match=r"models\[0\] \(a\): start_wait_seconds must be a positive number"):
         load_manifest(str(path))
+
+
+def test_never_started_lines_name_the_pool_the_wait_and_the_fix():
+    from prefect.client.schemas.objects import WorkPoolStatus
+
+    assert never_started_reason("tpu-pool", WorkPoolStatus.NOT_READY, 1800) == (
+        "never started: no worker picked it up on pool 'tpu-pool' within 30 min; "
+        "start one with: prefect worker start --pool tpu-pool")
+    assert never_started_reason("tpu-pool", WorkPoolStatus.PAUSED, 90).endswith(
+        "within 1.5 min; resume it with: prefect work-pool resume tpu-pool")
+    assert "work pool 'gone' does not exist" in never_started_reason("gone", None, 5)
+
+
+def test_a_model_killed_on_its_pool_that_no_worker_takes_on_its_retry_pool_says_both():
+    entry = Entry(Conversion("s", "d", name="big"), "cpu-pool", "highmem-pool")
+    row = never_started_row(entry, "highmem-pool", "never started: no worker ...", ["cpu-pool: ChildKilled: SIGKILL"])
+    assert (row["status"], row["pool"], row["pools_tried"]) == ("never started", "highmem-pool",
+                                                                ["cpu-pool", "highmem-pool"])
+    assert row["error"] == "cpu-pool: ChildKilled: SIGKILL; then highmem-pool: never started: no worker ..."
 
 
 def _pool_with_deployment(paused: bool = False) -> tuple[str, str]:
