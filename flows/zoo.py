@@ -9,7 +9,8 @@ Two ways to run the entries, chosen by the manifest:
   with the pool and worker each model finally ran on. A run nobody can take (its pool has no
   worker online, or is paused) waits at most ``start_wait_seconds``: then it is cancelled, so a
   worker arriving later does not run it unasked, and its row says ``never started``. A run a
-  worker took is bounded by the conversion's own ``timeout_seconds``, however long it takes;
+  worker took is bounded by the conversion's own ``timeout_seconds``, however long it takes, and
+  by ``run_wait_seconds`` here, for a worker lost with its run;
 - without one, every model runs in this flow run (threads), each conversion admitted by its
   predicted memory (see ``tasks.admission``): small models pack onto one worker, big ones wait.
 
@@ -46,7 +47,7 @@ from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from prefect.futures import wait
 from prefect.runtime import flow_run
-from prefect.states import Cancelled, Completed, Failed, State
+from prefect.states import Cancelled, Cancelling, Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_zoo_summary, zoo_row
@@ -59,6 +60,7 @@ ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool", "st
 MAX_PARALLEL = 8  # threads; the memory limit (per worker), not this, decides how many conversions run at once
 POLL_SECONDS = 2.0  # how often the zoo looks at a dispatched run's state
 DEFAULT_START_WAIT_SECONDS = 30 * 60  # how long a dispatched run may wait while no worker can take it
+RUN_WAIT_TIMEOUTS = 6  # a started run's bound, in timeout_seconds: 4 conversion attempts, verify, and planning/slack
 NEVER_STARTED = "never started"  # the zoo row's status of an entry no worker took
 UNSTARTED = (StateType.SCHEDULED, StateType.PENDING)  # with run_count 0: no worker has run it yet
 
@@ -161,8 +163,13 @@ class NeverStarted(Exception):
     """No worker took a dispatched run within its start wait; the run was cancelled."""
 
 
+class RunOverdue(Exception):
+    """A started run gave no result within the run wait (its worker lost with it?); the run was cancelled."""
+
+
 @task(name="dispatch-model", task_run_name="dispatch-{entry.job.slug}", cache_policy=NO_CACHE)
-def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: float, start_wait_seconds: float) -> dict:
+def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: float, start_wait_seconds: float,
+                   run_wait_seconds: float) -> dict:
     """Run the entry as a flow run of its pool's deployment; after a kill, again on its retry pool.
 
     Returns the run's zoo row (read from its ``conversion-<slug>-row`` artifact) with the pool it
@@ -178,10 +185,13 @@ def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: f
         run = run_deployment(deployments[pool], parameters=parameters, timeout=0,
                              flow_run_name=f"{entry.job.slug}-on-{pool}", as_subflow=True)
         try:
-            run = wait_for_run(run, start_wait)
+            run = wait_for_run(run, start_wait, run_wait_seconds)
         except NeverStarted as never:
             logger.error("%s: %s", entry.job.slug, never)
             return never_started_row(entry, pool, str(never), failures)
+        except RunOverdue as overdue:
+            failures.append(f"{pool}: {overdue}")
+            break
         if run.state.is_completed():
             row = published_row(run.id, entry.job.slug)
             return {**row, "pool": pool, "pools_tried": list(entry.pools[:n + 1]), "flow_run": run.name}
@@ -193,22 +203,32 @@ def dispatch_entry(entry: Entry, deployments: dict[str, str], timeout_seconds: f
     raise ChildFailed("; then ".join(failures))
 
 
-def wait_for_run(run: FlowRun, start_wait_seconds: float) -> FlowRun:
+def wait_for_run(run: FlowRun, start_wait_seconds: float, run_wait_seconds: float) -> FlowRun:
     """Wait until a dispatched flow run ends; returns it in its final state.
 
     The start wait runs only while nobody can take the run: it is unstarted and its pool has no
     worker online (or is paused). A queue behind busy workers of a live pool does not count (each
-    run ahead of it ends within its own timeout), nor does a run a worker has started. When the
-    start wait is over the run is cancelled (a worker arriving later must not run it unasked) and
-    NeverStarted says which pool and how to give it a worker.
+    run ahead of it ends within its own timeout). When the start wait is over the run is cancelled
+    (a worker arriving later must not run it unasked) and NeverStarted says which pool and how to
+    give it a worker. A started run has the run wait, far beyond its own timeouts: only a run
+    whose worker vanished with it (a preempted VM) stays Running that long; it is cancelled and
+    RunOverdue says so.
     """
     pool = run.work_pool_name
-    unattended_since = time.monotonic()
+    unattended_since, started_at = time.monotonic(), None
     with get_client(sync_client=True) as client:
         while not _ended(run := client.read_flow_run(run.id)):
-            if _started(run) or (status := _pool_status(client, pool)) == WorkPoolStatus.READY:
-                unattended_since = time.monotonic()  # a worker has it, or one is online to take it
-            elif time.monotonic() - unattended_since >= start_wait_seconds:
+            now = time.monotonic()
+            if _started(run):
+                started_at = started_at or now
+                if now - started_at >= run_wait_seconds:
+                    reason = (f"no result {_duration(run_wait_seconds)} after a worker of pool '{pool}' started it "
+                              "(the worker lost with it?); its flow run was cancelled")
+                    client.set_flow_run_state(run.id, Cancelling(message=reason), force=True)
+                    raise RunOverdue(reason)
+            elif (status := _pool_status(client, pool)) == WorkPoolStatus.READY:
+                unattended_since = now  # a worker is online to take it
+            elif now - unattended_since >= start_wait_seconds:
                 reason = never_started_reason(pool, status, start_wait_seconds)
                 if _withdraw(client, run, reason):
                     raise NeverStarted(reason)
@@ -255,7 +275,7 @@ def never_started_reason(pool: str | None, status: WorkPoolStatus | None, waited
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    return f"{seconds / 3600:g} h" if seconds >= 7200 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def never_started_row(entry: Entry, pool: str, reason: str, failures: list[str]) -> dict:
@@ -280,10 +300,11 @@ def published_row(run_id, slug: str) -> dict:
 @flow(name="convert-zoo", task_runner=ThreadPoolTaskRunner(max_workers=MAX_PARALLEL), log_prints=True)
 def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-                start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS) -> State:
+                start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, run_wait_seconds: float | None = None) -> State:
     """Convert every model of ``manifest`` (a path or ``gs://``) meant for ``pool`` (all if None); publish one
     summary table. ``start_wait_seconds``: how long a dispatched model may wait while no worker of its pool
-    can take it (a model's or the manifest's ``defaults``' own value wins)."""
+    can take it (a model's or the manifest's ``defaults``' own value wins). ``run_wait_seconds``: how long
+    the zoo waits for a started one (default ``RUN_WAIT_TIMEOUTS`` x ``timeout_seconds``)."""
     logger = get_run_logger()
     try:
         zoo = load_manifest(manifest)
@@ -294,7 +315,8 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
     how = "dispatched to their pools' deployments" if zoo.deployments else "in this flow run"
     logger.info("zoo %s: %d of %d models for pool %s, %s", zoo.name, len(entries), len(zoo.entries), pool or "any", how)
     if zoo.deployments:
-        futures = [dispatch_entry.submit(entry, zoo.deployments, timeout_seconds, start_wait_seconds)
+        run_wait = run_wait_seconds or RUN_WAIT_TIMEOUTS * timeout_seconds
+        futures = [dispatch_entry.submit(entry, zoo.deployments, timeout_seconds, start_wait_seconds, run_wait)
                    for entry in entries]
     else:
         futures = [convert_entry.submit(entry.job, timeout_seconds) for entry in entries]

@@ -171,3 +171,32 @@ def test_the_start_wait_runs_only_while_no_worker_can_take_the_run(prefect_serve
     assert state.is_failed() and row["status"] == "never started"
     assert row["error"] == (f"never started: pool '{pool}' is paused and no worker picked it up within 2 s; "
                             f"resume it with: prefect work-pool resume {pool}")
+
+
+@pytest.mark.timeout(300)
+def test_a_started_run_whose_worker_vanished_is_cancelled_after_the_run_wait(prefect_server, tmp_path):
+    """A worker takes the run and is lost with it (the run stays Running on the server): the zoo
+    gives up after its run wait, cancels the run and fails that model, instead of waiting forever."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.states import Running
+
+    pool, deployment = _pool_with_deployment()
+    name = f"lost-a-on-{pool}"
+
+    def take_and_vanish() -> None:
+        with get_client(sync_client=True) as client:
+            while not (runs := client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))):
+                time.sleep(0.2)
+            client.set_flow_run_state(runs[0].id, Running(), force=True)
+
+    worker = threading.Thread(target=take_and_vanish, daemon=True)
+    worker.start()
+    state = convert_zoo(manifest=_zoo(tmp_path, "lost", pool, deployment, start_wait_seconds=600), run_wait_seconds=3,
+                        return_state=True)
+    worker.join(timeout=10)
+    row = _rows("zoo-lost")["lost-a"]
+    assert state.is_failed() and row["status"] == "failed"
+    assert f"{pool}: no result 3 s after a worker of pool '{pool}' started it" in row["error"], row["error"]
+    assert _flow_run_state(name).type.value == "CANCELLING"  # a live worker would now stop it
