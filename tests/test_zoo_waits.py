@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.zoo import Entry, ManifestError, convert_zoo, load_manifest, never_started_reason, never_started_row
+from flows.run_waits import never_started_reason
+from flows.zoo import Entry, ManifestError, convert_zoo, load_manifest, never_started_row
 from tasks.job import Conversion
 from tests.prefect_fixtures import latest_artifact
 
