@@ -56,4 +56,4 @@ def check(location: str, role: Role) -> None:
         raise BadInputError(f"{location}: is a file, not a directory; the {role.what} is a directory "
                             f"(holding {role.holds})")
     if role.must_exist and not os.path.exists(location):
-        raise BadInputError(f"{location}: no such directory (the {role.what} must exist)")
+        raise BadInputError(f"{location}: does not exist (no such directory; the {role.what} must exist)")

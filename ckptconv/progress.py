@@ -1,8 +1,9 @@
 """Progress of a long command (convert, export, verify): for people, or JSON lines for the Prefect task.
 
 ``bar`` is for people: a tqdm bar with ETA when the stream is a terminal, and otherwise (a log
-file, a pipe, a container's log) one whole line every ``LINE_SECONDS``, plus one at the start
-and one at the end, never a carriage-return update that a log would keep as one endless line.
+file, a pipe, a container's log) one whole line every ``LINE_SECONDS`` and one at the end, never
+a carriage-return update that a log would keep as one endless line. (None at the start: a run
+that fails at once still says only its one error line.)
 The Prefect task runs the conversion in a child process and parses ``--progress jsonl`` lines
 from its stderr. Every mode reports tensors and bytes done and the current RSS.
 """
@@ -37,8 +38,6 @@ class Progress:
 
             self._bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=stream,
                              desc=desc, dynamic_ncols=True, mininterval=0.5)
-        elif self._lines:
-            self._line(current_rss_bytes())
 
     def advance(self, tensors: int, nbytes: int) -> None:
         self.tensors += tensors
