@@ -11,6 +11,9 @@ Transient failures (429, 5xx, dropped connections, short bodies) are retried wit
 exponential backoff, resuming from the last byte received; anything else fails at once
 with one line naming the file.
 
+Without the hub (``HF_HUB_OFFLINE=1``, or no connection at all) an ``hf://`` source is read from
+the local Hugging Face cache instead (:class:`CachedHubSource`), as huggingface_hub itself would.
+
 Credentials: GCS uses Application Default Credentials (``google.auth.default``). The hub
 uses the token in ``hf_token_file`` if given, else huggingface_hub's own lookup (``HF_TOKEN``,
 then a saved ``hf auth login``). The token lives only in request headers: it is never part

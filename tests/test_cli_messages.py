@@ -95,18 +95,21 @@ def run_into_closed_pipe(*args: str) -> subprocess.CompletedProcess:
         os.close(write)
 
 
-def test_every_command_leaves_quietly_when_its_reader_has_gone(converted):
+def test_every_command_leaves_quietly_when_its_reader_has_gone(converted, tmp_path):
     src, dst, _ = converted
+    exported = tmp_path / "exported"
     for args in (["--help"], ["inspect", "--help"]):  # argparse itself ignores a failed write of its help
         result = run_into_closed_pipe(*args)
         assert result.stderr == "" and result.returncode in (0, 141), (args, result.returncode, result.stderr)
     for args in (["plan", str(src)], ["plan", str(src), "--json"],
                  ["inspect", str(dst)], ["inspect", str(dst), "--json"], ["verify", str(src), str(dst), "--json",
                                                                           "--progress", "none"],
-                 ["convert", str(src), str(dst), "--devices", "4", "--progress", "none"]):  # a rerun: its one line
+                 ["convert", str(src), str(dst), "--devices", "4", "--progress", "none"],  # a rerun: its one line
+                 ["export", str(dst), str(exported), "--like", str(src), "--progress", "none"]):
         result = run_into_closed_pipe(*args)
         assert result.stderr == "" and result.returncode == 141, (args, result.returncode, result.stderr)
     assert json.loads((dst / "ckptconv-report.json").read_text())["status"] == "complete"
+    assert json.loads((exported / "ckptconv-report.json").read_text())["status"] == "complete"  # done, then quiet
 
 
 # --- 5. progress without a terminal is whole lines ----------------------------------------------
