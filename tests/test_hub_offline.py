@@ -24,7 +24,7 @@ def fill_cache(hub, repo: str, revision: str, cache: Path) -> None:
     from huggingface_hub import hf_hub_download
 
     for name in ("config.json", "model.safetensors"):
-        hf_hub_download(repo, name, revision=revision, cache_dir=str(cache), endpoint=hub.endpoint)
+        hf_hub_download(repo, name, revision=revision, cache_dir=str(cache), endpoint=hub.endpoint, token=False)
 
 
 def closed_port() -> int:
