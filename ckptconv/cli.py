@@ -18,7 +18,7 @@ import sys
 import urllib.parse
 from typing import Sequence
 
-from ckptconv import __version__
+from ckptconv import __version__, locations
 from ckptconv.errors import TERMINATION, CkptConvError, Terminated
 
 GIB = 1024**3
@@ -27,19 +27,35 @@ PR_SET_PDEATHSIG = 1
 WRITERS = ("convert", "export")
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every option's default. A flag (``--overwrite``, ``--no-compression``) and an
+    option whose default is None say in their own help what happens without them: "(default: None)"
+    or "(default: True)" beside ``--no-compression`` would mislead more than inform."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or isinstance(action, FLAG_ACTIONS):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+FLAG_ACTIONS = (argparse._StoreTrueAction, argparse._StoreFalseAction)  # noqa: SLF001 - argparse's own flag types
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ckptconv", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="ckptconv", description=__doc__.splitlines()[0],
+                                     formatter_class=_DefaultsHelp)
     parser.add_argument("--version", action="version", version=f"ckptconv {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    convert = commands.add_parser("convert", help="HF safetensors checkpoint -> MaxText Orbax checkpoint")
+    convert = commands.add_parser("convert", help="HF safetensors checkpoint -> MaxText Orbax checkpoint",
+                                  formatter_class=_DefaultsHelp)
     convert.add_argument("source", help="HF checkpoint (config.json + *.safetensors): a directory, "
                          "gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     convert.add_argument("destination", help="output directory or gs://BUCKET/DIR; MaxText loads DST/0/items")
     _layout_flags(convert)
     convert.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     convert.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at DST")
-    convert.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
+    _progress_flag(convert)
     convert.add_argument("--no-compression", dest="compression", action="store_false",
                          help="store raw bytes instead of zstd (faster; larger files)")
     split = convert.add_mutually_exclusive_group()
@@ -49,33 +65,40 @@ def _parser() -> argparse.ArgumentParser:
                        help="join N finished partitions into the checkpoint and commit it once")
     _hf_token_flag(convert)
 
-    export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)")
+    export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)",
+                                 formatter_class=_DefaultsHelp)
     export.add_argument("checkpoint", help="MaxText checkpoint: its items directory (DST/0/items) or a convert DST")
-    export.add_argument("destination", help="output directory for the HF model")
+    export.add_argument("destination", help="output directory (or gs://BUCKET/DIR) for the HF model")
     export.add_argument("--like", required=True, help="the HF model it is (config.json, tokenizer files; "
                         "weights not needed): a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
-    export.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    export.add_argument("--shard-size", default="5GB", help="largest safetensors file (default 5GB)")
+    export.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="dtype of the exported tensors")
+    export.add_argument("--shard-size", default="5GB", help="largest safetensors file")
     export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
-    export.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar")
+    _progress_flag(export)
     _hf_token_flag(export)
 
-    inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks")
-    inspect.add_argument("destination")
-    inspect.add_argument("--json", action="store_true")
+    inspect = commands.add_parser("inspect", help="one row per leaf: shape, dtype, sharding, chunks",
+                                  formatter_class=_DefaultsHelp)
+    inspect.add_argument("destination", help="a convert destination: directory or gs://BUCKET/DIR")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of the table")
     inspect.add_argument("--deep", action="store_true", help="also read every stored chunk (finds truncated files)")
 
-    verify = commands.add_parser("verify", help="check every leaf equals the transformed source, bit for bit")
-    verify.add_argument("source")
-    verify.add_argument("destination")
-    verify.add_argument("--json", action="store_true")
+    verify = commands.add_parser("verify", help="check every leaf equals the transformed source, bit for bit",
+                                 formatter_class=_DefaultsHelp)
+    verify.add_argument("source", help="the HF checkpoint converted: a directory, gs://BUCKET/DIR or "
+                        "hf://ORG/REPO[@REVISION]")
+    verify.add_argument("destination", help="the convert destination: directory or gs://BUCKET/DIR")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    _progress_flag(verify)
     _hf_token_flag(verify)
 
-    plan = commands.add_parser("plan", help="check a source and predict the conversion (no JAX, no writes)")
-    plan.add_argument("source")
+    plan = commands.add_parser("plan", help="check a source and predict the conversion (no JAX, no writes)",
+                               formatter_class=_DefaultsHelp)
+    plan.add_argument("source", help="HF checkpoint: a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     _layout_flags(plan)
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of one line per figure")
     _hf_token_flag(plan)
     return parser
 
@@ -84,8 +107,15 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
     """The layout options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
     command.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
-                         help="stack layers on axis 1 (MaxText scan_layers=true; default)")
-    command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+                         help="stack layers on axis 1 (MaxText scan_layers=true)")
+    command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                         help="dtype of the checkpoint's weights")
+
+
+def _progress_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar",
+                         help="on stderr: a bar with ETA on a terminal, else a whole line every few seconds; "
+                         "jsonl: CKPTCONV {...} lines for a program")
 
 
 def _hf_token_flag(command: argparse.ArgumentParser) -> None:
@@ -148,6 +178,27 @@ def os_condition(err: BaseException) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `ckptconv --help | head -1`, or an error line to a reader that left
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Whoever read our output has gone (`ckptconv inspect DST | head -1`): leave quietly, as Unix
+    tools do (a shell reports them as ended by SIGPIPE: 141). What is still buffered goes to
+    /dev/null, so the interpreter's last flush finds no broken pipe to complain about."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # a stream already closed or replaced: nothing to protect
+            pass
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command in WRITERS:  # read-only commands have nothing to leave in order: a signal ends them at once
         signal.signal(signal.SIGTERM, _on_stop_signal)
@@ -158,15 +209,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
     try:
         _die_with_parent()
+        for name, role in LOCATIONS[args.command]:
+            locations.check(getattr(args, name), role)
         if args.command in WRITERS:
             _bound_tensorstore_requests()
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at interpreter exit
+        return code
     except CkptConvError as err:
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("ckptconv: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # before `Exception`, which would take it for a storage failure
+        return _reader_gone()
     except Terminated:
         return _stopped(TERMINATION.signum or signal.SIGTERM, stop if args.command in WRITERS else "")
     except Exception as err:  # tensorstore/Orbax wrap OS failures in their own errors: one line for those
@@ -177,9 +234,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"ckptconv: error: {condition}{stop if args.command in WRITERS else ''}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # e.g. `ckptconv inspect DST | head`
-        sys.stderr.close()
-        return 0
     except OSError as err:  # a destination we cannot write, a full disk: one line, not a traceback
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return 1
@@ -302,7 +356,8 @@ def _verify(args: argparse.Namespace) -> int:
     from ckptconv.verification import verify
 
     result = _damaged(args.destination, lambda: verify(args.source, args.destination,
-                                                       hf_token_file=args.hf_token_file))
+                                                       hf_token_file=args.hf_token_file,
+                                                       progress=args.progress))
     if args.json:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:
@@ -328,3 +383,11 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan}
+# Each command's path arguments and what they must be, checked before the command opens any of them.
+LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
+    "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT)),
+    "export": (("checkpoint", locations.CHECKPOINT), ("destination", locations.OUTPUT), ("like", locations.SOURCE)),
+    "inspect": (("destination", locations.CHECKPOINT),),
+    "verify": (("source", locations.SOURCE), ("destination", locations.CHECKPOINT)),
+    "plan": (("source", locations.SOURCE),),
+}

@@ -14,12 +14,16 @@ import collections
 import math
 
 from ckptconv import destination
+from ckptconv.errors import BadInputError
 from ckptconv.stored import StoredLeaf, list_keys, open_database, read_metadata
 
 
 def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
     dst = destination.absolute(dst)
     state = destination.inspect_state(dst)
+    if state.empty:  # "INCOMPLETE" would suggest a conversion that stopped half way
+        raise BadInputError(f"{dst}: no checkpoint there (no {destination.STEP}/ step and no "
+                            f"{destination.REPORT_NAME}; inspect reads what `ckptconv convert` wrote)")
     result = {"destination": dst, "complete": state.complete, "leftovers": list(state.leftovers),
               "report": state.report, "custom_metadata": {}, "leaves": [], "problems": []}
     if state.checkpoint:

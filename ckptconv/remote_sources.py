@@ -11,6 +11,9 @@ Transient failures (429, 5xx, dropped connections, short bodies) are retried wit
 exponential backoff, resuming from the last byte received; anything else fails at once
 with one line naming the file.
 
+Without the hub (``HF_HUB_OFFLINE=1``, or no connection at all) an ``hf://`` source is read from
+the local Hugging Face cache instead (:class:`CachedHubSource`), as huggingface_hub itself would.
+
 Credentials: GCS uses Application Default Credentials (``google.auth.default``). The hub
 uses the token in ``hf_token_file`` if given, else huggingface_hub's own lookup (``HF_TOKEN``,
 then a saved ``hf auth login``). The token lives only in request headers: it is never part
@@ -274,9 +277,24 @@ class HubSource:
         self._blob_ids = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []}
 
     @classmethod
-    def open(cls, uri: str, *, hf_token_file: str | None = None) -> HubSource:
-        """Open ``uri``; the token comes from ``hf_token_file``, else HF_TOKEN or a saved login."""
-        return cls(uri, read_token_file(hf_token_file) if hf_token_file else _ambient_token())
+    def open(cls, uri: str, *, hf_token_file: str | None = None) -> HubSource | CachedHubSource:
+        """Open ``uri``; the token comes from ``hf_token_file``, else HF_TOKEN or a saved login.
+
+        Offline (``HF_HUB_OFFLINE=1``), or when the hub cannot be reached at all, the revision is
+        resolved from the local Hugging Face cache as huggingface_hub resolves it, and a line says
+        so; without a cached copy, one line says that instead.
+        """
+        from huggingface_hub import constants
+
+        repo, revision = parse_hub_uri(uri.rstrip("/"))
+        if constants.HF_HUB_OFFLINE:
+            return CachedHubSource.find(uri, repo, revision, why="HF_HUB_OFFLINE is set", missing=BadInputError)
+        token = read_token_file(hf_token_file) if hf_token_file else _ambient_token()
+        try:
+            return cls(uri, token)
+        except _Unreachable as err:
+            return CachedHubSource.find(uri, repo, revision, why=f"cannot reach {err.endpoint} ({err.reason})",
+                                        missing=CkptConvError)
 
     def _model_info(self, api, token: str | None):
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
@@ -306,6 +324,8 @@ class HubSource:
             except Exception as err:
                 if not self._transient(err):
                     raise
+                if _unreachable(err):  # no network: the cache's copy, or one line saying there is none
+                    raise _Unreachable(self._endpoint, _one_line(err)) from None
                 error = err
             retries.failed(error)
 
@@ -369,6 +389,94 @@ class HubSource:
 
 class _TransientStatus(Exception):
     """A 429/5xx answer to a ranged read: worth another try."""
+
+
+class _Unreachable(Exception):
+    """No connection to the hub at all: not retried (as huggingface_hub, the cache is asked instead;
+    a Prefect task retries the whole run)."""
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(reason)
+        self.endpoint, self.reason = endpoint, reason
+
+
+def _unreachable(err: BaseException) -> bool:
+    """No connection could be made (refused, no route, no DNS, connect timeout): the network is
+    missing, not the hub slow. The same failures make huggingface_hub fall back to its cache."""
+    import httpx2
+
+    return isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout))
+
+
+def _hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def cached_snapshot(repo: str, revision: str) -> str | None:
+    """The cached snapshot directory of ``repo`` at ``revision`` (a branch, tag or commit), found as
+    huggingface_hub finds it offline (``refs/`` then ``snapshots/``, under ``HF_HUB_CACHE``, which
+    follows ``HF_HOME``); None if there is none or its checkpoint files are known to be incomplete."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(repo, revision=revision, local_files_only=True, allow_patterns=CACHED_FILES)
+    except LocalEntryNotFoundError:  # IncompleteSnapshotError too: a download that stopped half way
+        return None
+
+
+CACHED_FILES = [CONFIG_FILE, *(f"*{suffix}" for suffix in CHECKPOINT_SUFFIXES)]  # what a cached copy must hold
+
+
+class CachedHubSource:
+    """``hf://org/repo[@revision]`` read from the local Hugging Face cache (offline, or no network).
+
+    The files are the snapshot's links into the cache's blobs, read as a local directory. The
+    provenance is the hub's (repo, revision, commit, per-file blob ids, which the cache names its
+    blobs by), so a conversion from the cache and one from the hub at the same commit agree.
+    """
+
+    def __init__(self, uri: str, repo: str, revision: str, snapshot: str) -> None:
+        from ckptconv.sources import LocalSource
+
+        self.uri, self.repo, self.revision, self.snapshot = uri.rstrip("/"), repo, revision, snapshot
+        self.commit = os.path.basename(snapshot.rstrip("/"))
+        self._local = LocalSource(snapshot)
+
+    @classmethod
+    def find(cls, uri: str, repo: str, revision: str, why: str, missing: type[CkptConvError]) -> CachedHubSource:
+        """The cached copy, announced in one line; ``missing`` (exit 2 offline, 1 without network) if none."""
+        snapshot = cached_snapshot(repo, revision)
+        if snapshot is None:
+            raise missing(f"{uri}: {why}, and the Hugging Face cache ({_hub_cache()}) has no complete copy of {repo} "
+                          f"at {revision!r}; download it once with network access (`hf download {repo}"
+                          f"{'' if revision == 'main' else ' --revision ' + revision}`)")
+        source = cls(uri, repo, revision, snapshot)
+        log.warning("%s: %s; using the cached snapshot of commit %s in %s", uri, why, source.commit, snapshot)
+        return source
+
+    def exists(self, name: str) -> bool:
+        return self._local.exists(name)
+
+    def size(self, name: str) -> int:
+        return self._local.size(name)
+
+    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+        return self._local.read_range(name, offset, length)
+
+    def list_names(self) -> list[str]:
+        return self._local.list_names()
+
+    def provenance(self) -> dict:
+        files = {name: os.path.basename(os.path.realpath(os.path.join(self.snapshot, name)))
+                 for name in checkpoint_files(self.list_names())}
+        return {"uri": self.uri, "kind": "hf", "repo": self.repo, "revision": self.revision, "commit": self.commit,
+                "files": files}
+
+    def close(self) -> None:
+        self._local.close()
 
 
 def parse_hub_uri(uri: str) -> tuple[str, str]:

@@ -182,7 +182,11 @@ def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
     """Open a source by URI: a local directory, ``gs://bucket/dir`` or ``hf://org/repo[@rev]``.
 
     ``hf_token_file`` names a file holding a hub token (else ``HF_TOKEN`` or a saved login).
+    Another scheme (``s3://``) is refused by name, not taken for a local directory of that name.
     """
+    from ckptconv import locations
+
+    locations.check(uri, locations.SOURCE)
     for prefix, class_name in _SCHEMES.items():
         if uri.startswith(prefix):
             from ckptconv import remote_sources  # imported only when needed: it pulls in the cloud clients

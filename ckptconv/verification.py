@@ -23,6 +23,7 @@ from ckptconv import destination
 from ckptconv.monitor import StageTimer
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
 from ckptconv.produce import job_tiles
+from ckptconv.progress import Progress
 from ckptconv.safetensors_io import TensorInfo
 from ckptconv.sources import Source, open_source
 from ckptconv.stored import open_leaf, read_metadata, read_region
@@ -53,7 +54,9 @@ class VerifyResult:
                 "bytes": self.bytes_checked, "mismatches": self.mismatches, "seconds": round(self.seconds, 3)}
 
 
-def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> VerifyResult:
+def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progress: str = "none") -> VerifyResult:
+    """Compare every leaf of ``dst`` with the transform of ``source_uri``; ``progress`` as ``convert``'s
+    (``bar``, ``jsonl`` or ``none``, on stderr), counting the bytes compared."""
     start = time.perf_counter()
     dst = destination.absolute(dst)
     stored, custom = read_metadata(dst)
@@ -68,7 +71,9 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
     result.mismatches += [f"{'/'.join(p)}: not expected from the source"
                           for p in sorted(set(by_path) - planned - EXTRA_LEAVES)]
     timer = StageTimer()
+    shown = Progress(plan.tensor_count, plan.output_bytes, progress, desc="verify")
     for job in plan.jobs:
+        counted = 0  # bytes of this job's leaves shown so far; the rest are shown when the job ends
         present = [by_path.get(leaf.path) for leaf in job.leaves]
         bad = [leaf for leaf, meta in zip(job.leaves, present)
                if meta is not None and (meta.shape != leaf.shape or np.dtype(meta.dtype) != leaf.dtype)]
@@ -77,6 +82,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
             result.mismatches.append(f"{leaf.name}: stored {meta.dtype}{list(meta.shape)}, "
                                      f"expected {leaf.dtype}{list(leaf.shape)}")
         if bad or any(meta is None for meta in present):
+            shown.advance(len(job.pieces), sum(leaf.nbytes for leaf in job.leaves))
             continue
         stores = [open_leaf(dst, leaf.path) for leaf in job.leaves]
         failed: set[int] = set()
@@ -91,8 +97,12 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None) -> Ve
                 failed.add(k)
                 continue
             result.bytes_checked += expected.nbytes
+            shown.advance(0, expected.nbytes)
+            counted += expected.nbytes
+        shown.advance(len(job.pieces), max(sum(leaf.nbytes for leaf in job.leaves) - counted, 0))
         result.leaves_checked += len(job.leaves)
         result.tensors_checked += len(job.pieces)
+    shown.close()
     result.seconds = time.perf_counter() - start
     return result
 

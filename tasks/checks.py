@@ -39,21 +39,24 @@ def inspect_checkpoint(job: Conversion, timeout_seconds: float = 900) -> dict:
 
 
 def sharding_check(leaves: list[dict], devices: int) -> str:
-    """One line: how many leaves are sharded over how many devices, and whether chunks stay inside shards."""
+    """One line: how many leaves are sharded over how many devices, and whether chunks stay inside shards.
+
+    A chunk crosses a shard boundary only along a *sharded* dim, where it would hold rows of two
+    devices' shards (a host loading its shard then reads and decompresses another's). Along an
+    unsharded dim every device holds the whole extent, so any chunk size is fine there, dividing
+    the dim or not (the last chunk is simply partial): only sharded dims are checked.
+    """
     sharded, replicated, crossing, meshes = 0, 0, [], set()
     for leaf in leaves:
-        spec, mesh = leaf.get("partition_spec") or [], leaf.get("mesh_shape")
-        size = math.prod(mesh) if mesh else 1
-        if size > 1 and any(axis is not None for axis in spec):
+        cuts = shard_counts(leaf)
+        if any(count > 1 for count in cuts):
             sharded += 1
-            meshes.add(size)
-            shard = [dim // size if i < len(spec) and spec[i] is not None else dim for i, dim in enumerate(leaf["shape"])]
+            meshes.add(math.prod(leaf["mesh_shape"]))
         else:
             replicated += 1
-            shard = leaf["shape"]
-        chunk = leaf.get("chunk_shape") or shard
-        if any(c > s or s % c for c, s in zip(chunk, shard)):
-            crossing.append(leaf["name"])
+        bad = crossing_dims(leaf["shape"], cuts, leaf.get("chunk_shape"))
+        if bad:
+            crossing.append(f"{leaf['name']} ({'; '.join(bad)})")
     over = ", ".join(str(m) for m in sorted(meshes)) or str(devices)
     text = f"{sharded} leaves sharded over {over} devices, {replicated} replicated"
     if not sharded and devices == 1:
@@ -63,3 +66,31 @@ def sharding_check(leaves: list[dict], devices: int) -> str:
     if crossing:
         return text + f"; {len(crossing)} leaves have chunks crossing shard boundaries: {', '.join(crossing[:5])}"
     return text + "; chunks within shards"
+
+
+def shard_counts(leaf: dict) -> list[int]:
+    """Into how many shards each dim of the leaf is cut: the product of the mesh axes its
+    partition spec names for that dim (a name, a list of names, or None for unsharded)."""
+    mesh, spec = leaf.get("mesh_shape") or [], leaf.get("partition_spec") or []
+    names = leaf.get("axis_names") or []
+    sizes = dict(zip(names, mesh))
+    counts = []
+    for dim in range(len(leaf["shape"])):
+        entry = spec[dim] if dim < len(spec) else None
+        axes = [] if entry is None else [entry] if isinstance(entry, str) else list(entry)
+        # without axis names (a 1-D mesh as recorded by older writers) a named dim is cut across the whole mesh
+        counts.append(math.prod(sizes.get(axis, math.prod(mesh)) for axis in axes) if axes and mesh else 1)
+    return counts
+
+
+def crossing_dims(shape: list[int], cuts: list[int], chunk: list[int] | None) -> list[str]:
+    """Per sharded dim whose chunks do not tile its shards, why: the shard boundaries (every
+    ``ceil(dim / count)`` rows) must fall on chunk boundaries (multiples of the chunk size)."""
+    if not chunk:
+        return []
+    bad = []
+    for axis, (dim, count, size) in enumerate(zip(shape, cuts, chunk)):
+        shard = -(-dim // count)
+        if count > 1 and shard % size:
+            bad.append(f"dim {axis}: chunks of {size} in shards of {shard}")
+    return bad
