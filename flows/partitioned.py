@@ -6,6 +6,8 @@ predicted memory), waits for all, then finalizes in a child (``ckptconv convert 
 Orbax merges the partitions' OCDBT databases and commits once), verifies and publishes the
 usual artifacts with one row per partition. A failed partition fails the run before anything is
 committed; rerunning the flow reruns only the partitions without a marker (the others skip).
+Every wait has an end, as the zoo's (``flows/run_waits.py``): a partition no worker of its pool
+takes within ``start_wait_seconds`` is cancelled and fails the run in one line naming the pool.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_model_artifacts
 from flows.model import worker_name
-from flows.zoo import POLL_SECONDS, published_row
+from flows.run_waits import DEFAULT_START_WAIT_SECONDS, RUN_WAIT_TIMEOUTS, NeverStarted, RunOverdue, wait_for_run
+from flows.zoo import published_row
 from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import ChildFailed
@@ -46,13 +49,22 @@ def convert_partition(source: str, destination: str, partition: int, partitions:
 
 
 @task(name="run-partition", task_run_name="partition-{partition}-of-{partitions}", cache_policy=NO_CACHE)
-def run_partition(job: Conversion, partition: int, partitions: int, deployment: str, timeout_seconds: float) -> dict:
-    """One partition as its own flow run of ``deployment``; its row, read back from the server."""
+def run_partition(job: Conversion, partition: int, partitions: int, deployment: str, timeout_seconds: float,
+                  start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, run_wait_seconds: float | None = None) -> dict:
+    """One partition as its own flow run of ``deployment``; its row, read back from the server.
+
+    Waits as the zoo does: at most ``start_wait_seconds`` while no worker of the pool can take it,
+    at most ``run_wait_seconds`` (default ``RUN_WAIT_TIMEOUTS`` x ``timeout_seconds``) once started.
+    """
     parameters = {"source": job.source, "destination": job.destination, "partition": partition,
                   "partitions": partitions, "devices": job.devices, "scan_layers": job.scan_layers, "dtype": job.dtype,
                   "name": job.name, "timeout_seconds": timeout_seconds}
-    run = run_deployment(deployment, parameters=parameters, timeout=None, poll_interval=POLL_SECONDS,
+    run = run_deployment(deployment, parameters=parameters, timeout=0,
                          flow_run_name=f"{job.slug}-partition{partition}of{partitions}", as_subflow=True)
+    try:
+        run = wait_for_run(run, start_wait_seconds, run_wait_seconds or RUN_WAIT_TIMEOUTS * timeout_seconds)
+    except (NeverStarted, RunOverdue) as stuck:
+        raise ChildFailed(f"partition {partition}/{partitions}: {stuck}") from None
     if not run.state.is_completed():
         raise ChildFailed(f"partition {partition}/{partitions}: {run.state.message}")
     return {**published_row(run.id, f"{job.slug}-partition{partition}"), "flow_run": run.name}
@@ -62,11 +74,16 @@ def run_partition(job: Conversion, partition: int, partitions: int, deployment: 
 def convert_partitioned(source: str, destination: str, partitions: int = 2, devices: int = 16,
                         scan_layers: bool = True, dtype: str = "bfloat16", name: str | None = None,
                         deployment: str = PARTITION_DEPLOYMENT,
-                        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
-    """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish."""
+                        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                        start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS) -> dict:
+    """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish.
+
+    ``start_wait_seconds``: how long a partition may wait while no worker of its pool can take it.
+    """
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name)
     plan = plan_conversion(job)
-    futures = [run_partition.submit(job, i, partitions, deployment, timeout_seconds) for i in range(partitions)]
+    futures = [run_partition.submit(job, i, partitions, deployment, timeout_seconds, start_wait_seconds)
+               for i in range(partitions)]
     wait(futures)
     failed = [f"{i}/{partitions}: {f.state.message}" for i, f in enumerate(futures) if not f.state.is_completed()]
     if failed:

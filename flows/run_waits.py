@@ -19,6 +19,8 @@ from prefect.exceptions import ObjectNotFound
 from prefect.states import Cancelled, Cancelling
 
 POLL_SECONDS = 2.0  # how often the zoo looks at a dispatched run's state
+DEFAULT_START_WAIT_SECONDS = 30 * 60  # how long a dispatched run may wait while no worker can take it
+RUN_WAIT_TIMEOUTS = 6  # a started run's bound, in timeout_seconds: 4 conversion attempts, verify, and planning/slack
 UNSTARTED = (StateType.SCHEDULED, StateType.PENDING)  # with run_count 0: no worker has run it yet
 
 

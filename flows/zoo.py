@@ -48,15 +48,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.artifacts import publish_zoo_summary, zoo_row
 from flows.model import convert_one
-from flows.run_waits import POLL_SECONDS, NeverStarted, RunOverdue, wait_for_run  # noqa: F401 (POLL_SECONDS: partitioned.py)
+from flows.run_waits import DEFAULT_START_WAIT_SECONDS, RUN_WAIT_TIMEOUTS, NeverStarted, RunOverdue, wait_for_run
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import ChildFailed, killed
 from tasks.job import Conversion
 
 ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool", "start_wait_seconds"}
 MAX_PARALLEL = 8  # threads; the memory limit (per worker), not this, decides how many conversions run at once
-DEFAULT_START_WAIT_SECONDS = 30 * 60  # how long a dispatched run may wait while no worker can take it
-RUN_WAIT_TIMEOUTS = 6  # a started run's bound, in timeout_seconds: 4 conversion attempts, verify, and planning/slack
 NEVER_STARTED = "never started"  # the zoo row's status of an entry no worker took
 
 

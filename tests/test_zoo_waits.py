@@ -201,3 +201,32 @@ def test_a_started_run_whose_worker_vanished_is_cancelled_after_the_run_wait(pre
     assert state.is_failed() and row["status"] == "failed"
     assert f"{pool}: no result 3 s after a worker of pool '{pool}' started it" in row["error"], row["error"]
     assert _flow_run_state(name).type.value == "CANCELLING"  # a live worker would now stop it
+
+
+def _partition_pool() -> tuple[str, str]:
+    """A fresh process work pool that no worker polls, with a ``convert-partition`` deployment on it."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    pool = f"nobody-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        flow_id = client.create_flow_from_name("convert-partition")
+        client.create_deployment(flow_id=flow_id, name=f"on-{pool}", work_pool_name=pool,
+                                 entrypoint="flows/partitioned.py:convert_partition")
+    return pool, f"convert-partition/on-{pool}"
+
+
+@pytest.mark.timeout(300)
+def test_a_partitioned_conversion_whose_pool_has_no_worker_fails_in_one_line(prefect_server, synth_dir, tmp_path):
+    """The partitioned flow waits for its partitions as the zoo waits for its models: never for ever."""
+    from flows.partitioned import convert_partitioned
+
+    pool, deployment = _partition_pool()
+    state = convert_partitioned(source=str(synth_dir()), destination=str(tmp_path / "dst"), partitions=2, devices=1,
+                                deployment=deployment, start_wait_seconds=2, return_state=True)
+    assert state.is_failed()
+    line = (f"never started: no worker picked it up on pool '{pool}' within 2 s; "
+            f"start one with: prefect worker start --pool {pool}")
+    assert "2 of 2 partitions failed" in state.message and line in state.message, state.message
+    assert not (tmp_path / "dst" / "ckptconv-report.json").exists()
