@@ -1,27 +1,49 @@
-# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first, each with only what it
+# runs: the demo needs the library and the "prefect" extra; the tests add the "test" extra (torch, transformers,
+# pytest, the GCS emulator, ...), which the demo never imports and which is most of the venv's size and time.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PINS := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+DEMO_EXTRAS := prefect
+TEST_EXTRAS := prefect,test
+# One stamp per extra set and version of pyproject.toml: `make demo` after `make test` installs nothing (the test
+# set includes the demo's), `make test` after `make demo` adds only the test extra.
+DEMO_STAMP := $(VENV)/.installed-demo-$(PINS)
+TEST_STAMP := $(VENV)/.installed-test-$(PINS)
+# JUnit XML of the last `make test`: the failing tests' names survive however long the output (.ci/run prints them).
+RESULTS ?= test-results.xml
 
-.PHONY: setup demo test test-fast bench bench-families clean
-
-setup: $(STAMP)
-
-$(STAMP): pyproject.toml
+# $(call install,EXTRAS): the venv (if missing), then the project with those extras; stale stamps are dropped.
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[prefect,test]'
-	rm -f $(VENV)/.installed-* && touch $@
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[$(1)]'
+	find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-*-$(PINS)' -delete
+endef
 
-demo: setup
+.PHONY: setup setup-demo demo test test-fast bench bench-families clean
+
+setup: $(TEST_STAMP)
+
+setup-demo: $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	$(call install,$(DEMO_EXTRAS))
+	touch $@
+
+$(TEST_STAMP): pyproject.toml
+	$(call install,$(TEST_EXTRAS))
+	touch $@ $(DEMO_STAMP)
+
+demo: setup-demo
 	$(PY) -m flows.demo
 
 # Modules stay whole on one worker (--dist loadscope --no-loadscope-reorder): their servers and fixtures are set up once.
 # One worker more than cores (up to 4): many tests wait on servers, deadlines and child processes, and a third
 # worker on 2 cores keeps the CPU busy meanwhile (measured: 13.1 min against 14.1 with two).
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
-PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --junitxml=$(RESULTS)
 
 test: setup
 	$(PYTEST)
@@ -36,4 +58,4 @@ bench-families: setup
 	$(PY) bench/compare_families.py
 
 clean:
-	rm -rf demo-out .pytest_cache .prefect
+	rm -rf demo-out .pytest_cache .prefect $(RESULTS)

@@ -55,7 +55,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, process: subprocess.Popen, timeout: float = 15.0) -> bool:
+def _wait_ready(url: str, process: subprocess.Popen, timeout: float = 90.0) -> bool:
+    """True once the emulator lists buckets; False if it exits first (its port was taken) or takes
+    ``timeout`` (~0.1 s on an idle machine: the cap only bounds a busy one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
