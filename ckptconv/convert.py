@@ -62,7 +62,8 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
     _check_paths(request.source, request.destination)
-    _check_report_path(request.report, request.destination)
+    # the destination has its own report; the source must never be overwritten
+    destination.check_report_path(request.report, {"destination": request.destination, "source": request.source})
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if request.partition is not None:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
@@ -274,25 +275,6 @@ def _check_paths(source: str, target: str) -> None:
     if a.startswith(b) or b.startswith(a):
         raise BadInputError(f"{target}: the destination and the source {source} overlap (one holds the other); "
                             "convert into a directory of its own")
-
-
-def _check_report_path(report: str | None, target: str) -> None:
-    """``--report PATH`` is checked before any work: never inside the destination (it could replace a
-    checkpoint file, and the destination has its own report), and writable, so a finished conversion
-    cannot end in a failure to write it."""
-    if report is None:
-        return
-    if "://" in report:
-        return  # written through epath; a bad bucket fails before the conversion's first byte anyway
-    path = os.path.realpath(report)
-    if "://" not in target and (path + os.sep).startswith(os.path.realpath(target) + os.sep):
-        raise BadInputError(f"--report {report}: inside the destination {target} (which has its own "
-                            f"{destination.REPORT_NAME}); put it elsewhere")
-    parent = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise BadInputError(f"--report {report}: is a directory")
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise BadInputError(f"--report {report}: cannot write there ({parent} is not a writable directory)")
 
 
 def _occupant(state: destination.DestinationState) -> str:

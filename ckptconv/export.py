@@ -96,6 +96,8 @@ def export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if "://" in request.destination and not destination.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
+    destination.check_report_path(request.report, {"destination": request.destination,
+                                                   "checkpoint": request.checkpoint, "--like model": request.like})
     timer, started = StageTimer(), destination.now()
     with timer.stage("plan"):
         items = items_dir(request.checkpoint)
@@ -122,6 +124,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     # would copy every byte; the report still commits
     pending = dst if destination.is_gcs(dst) else os.path.join(dst, PENDING)
     previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)  # as the lock found it
+    copied = _read_copied_files(like)  # before anything at dst is cleared: --like may be dst itself
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, destination.REPORT_NAME)
     writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
@@ -138,7 +141,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
         with timer.stage("commit"):
-            _write_small_files(plan, like, pending, layouts)
+            _write_small_files(plan, copied, pending, layouts)
             if replacing:
                 _retire_old_export(dst, pending, writing)
             _move_into(pending, dst)
@@ -188,6 +191,9 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
+    if not ours and not overwrite and pending != dst and _foreign_pending(pending):
+        raise BadInputError(f"{pending}: not written by this export (no {destination.REPORT_NAME} of ours at "
+                            f"{dst} or in it), so not removed; move it away or pass --overwrite")
     if ours and previous.get("status") == "complete" and pending != dst:
         beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
@@ -202,6 +208,16 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         _clear(dst, pending)
     destination.path(pending).mkdir(parents=True, exist_ok=True)
     return False
+
+
+def _foreign_pending(pending: str) -> bool:
+    """A non-empty pending directory no report of an export vouches for (ours holds our report
+    from its first write on; an empty one is what a crash right after creating it leaves)."""
+    root = destination.path(pending)
+    if not root.is_dir() or not any(root.iterdir()):
+        return False
+    report = destination.read_report(root / destination.REPORT_NAME)
+    return not (report and report.get("kind") == KIND)
 
 
 def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
@@ -246,14 +262,20 @@ def _move_into(pending: str, dst: str) -> None:
     shutil.rmtree(pending)
 
 
-def _write_small_files(plan: ExportPlan, like: Source, pending: str, layouts: tuple[FileLayout, ...]) -> None:
+def _read_copied_files(like: Source) -> dict[str, bytes]:
+    """``--like``'s tokenizer and generation files (a few MB at most), read before ``HF_DST`` is
+    prepared: when ``--like`` is ``HF_DST`` itself, ``--overwrite`` clears them there first."""
+    return {name: bytes(like.read_range(name, 0, like.size(name))) for name in COPIED_FILES if like.exists(name)}
+
+
+def _write_small_files(plan: ExportPlan, copied: dict[str, bytes], pending: str,
+                       layouts: tuple[FileLayout, ...]) -> None:
     """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
     root = destination.path(pending)
     (root / INDEX_NAME).write_text(index_json(layouts))
     (root / "config.json").write_text(_config_text(plan))
-    for name in COPIED_FILES:
-        if like.exists(name):
-            (root / name).write_bytes(bytes(like.read_range(name, 0, like.size(name))))
+    for name, data in copied.items():
+        (root / name).write_bytes(data)
 
 
 def _config_text(plan: ExportPlan) -> str:

@@ -1,0 +1,94 @@
+"""Issue 22, third adversarial pass: what could lose data or be silently wrong, one test per class.
+
+One small Qwen3 is converted once per module (in this process, 16 simulated devices); each test
+works on its own copies. Refusals run the CLI, whose exit status and one-line message are what
+is tested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ckptconv import synth
+from ckptconv.convert import ConvertRequest, convert
+from ckptconv.export import ExportRequest, export
+from tests.conftest import run_cli
+
+MODEL = synth.SynthModel(model_type="qwen3", num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[Path, Path]:
+    """(SRC, CKPT): a synthetic HF model and its MaxText checkpoint, never modified by tests."""
+    import jax
+
+    assert jax.device_count() == 16  # conftest's devices: in-process conversions use all 16
+    root = tmp_path_factory.mktemp("converted")
+    src, ckpt = root / "src", root / "ckpt"
+    synth.write_checkpoint(MODEL, str(src))
+    (src / "tokenizer.json").write_text('{"model": "synthetic"}\n')
+    (src / "generation_config.json").write_text('{"do_sample": false}\n')
+    convert(ConvertRequest(str(src), str(ckpt), devices=16, progress="none"))
+    return src, ckpt
+
+
+def tree_digest(directory: Path) -> dict[str, str]:
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def one_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+# --- data lost -----------------------------------------------------------------------------
+
+def test_convert_report_inside_the_source_is_refused_and_the_source_kept(synth_dir, tmp_path):
+    src = synth_dir()
+    before = tree_digest(src)
+    result = run_cli("convert", str(src), str(tmp_path / "dst"), "--progress", "none", "--devices", "1",
+                     "--report", str(src / "model.safetensors"))
+    assert result.returncode == 2 and "inside the source" in one_line(result)
+    assert tree_digest(src) == before and not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("inside, label", [("ckpt", "checkpoint"), ("hf", "destination")])
+def test_export_report_inside_the_checkpoint_or_hf_dst_is_refused(converted, tmp_path, inside, label):
+    src, ckpt = converted
+    work = tmp_path / "ckpt"
+    shutil.copytree(ckpt, work)
+    hf = tmp_path / "hf"
+    assert run_cli("export", str(work), str(hf), "--like", str(src), "--progress", "none").returncode == 0
+    before = {"ckpt": tree_digest(work), "hf": tree_digest(hf)}
+    target = {"ckpt": work / "0" / "items" / "manifest.ocdbt", "hf": hf / "model.safetensors"}[inside]
+    result = run_cli("export", str(work), str(hf), "--like", str(src), "--progress", "none", "--overwrite",
+                     "--report", str(target))
+    assert result.returncode == 2 and f"inside the {label}" in one_line(result)
+    assert {"ckpt": tree_digest(work), "hf": tree_digest(hf)} == before
+
+
+def test_export_like_its_own_destination_with_overwrite_keeps_the_tokenizer(converted, tmp_path):
+    src, ckpt = converted
+    like = tmp_path / "model"
+    shutil.copytree(src, like)
+    kept = {name: (like / name).read_bytes() for name in ("tokenizer.json", "generation_config.json")}
+    export(ExportRequest(str(ckpt), str(like), like=str(like), overwrite=True, progress="none"))
+    assert {name: (like / name).read_bytes() for name in kept} == kept
+    assert json.loads((like / "ckptconv-report.json").read_text())["status"] == "complete"
+
+
+def test_export_leaves_a_pending_directory_it_did_not_create(converted, tmp_path):
+    src, ckpt = converted
+    hf = tmp_path / "hf"
+    (hf / ".ckptconv-pending").mkdir(parents=True)
+    (hf / ".ckptconv-pending" / "notes.txt").write_text("mine\n")
+    result = run_cli("export", str(ckpt), str(hf), "--like", str(src), "--progress", "none")
+    assert result.returncode == 2 and ".ckptconv-pending" in one_line(result)
+    assert (hf / ".ckptconv-pending" / "notes.txt").read_text() == "mine\n"
