@@ -152,7 +152,8 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
 
     part = partition.Partition.parse(request.partition)
     done = partition.read_marker(request.destination, part)
-    if done is not None and done.get("fingerprint") == print_:
+    if (done is not None and done.get("fingerprint") == print_
+            and not partition.damaged_files(request.destination, part, done)):  # else its data is redone
         report = {**done, "skipped": True}
         destination.write_extra_report(request.report, report)
         return report
@@ -178,6 +179,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
         "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer, nbytes), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
+        "files": partition.file_sums(partition.data_dir(request.destination, part)),  # what finalize checks
     }
     partition.write_marker(request.destination, part, report)
     destination.write_extra_report(request.report, report)

@@ -92,3 +92,34 @@ def test_export_leaves_a_pending_directory_it_did_not_create(converted, tmp_path
     result = run_cli("export", str(ckpt), str(hf), "--like", str(src), "--progress", "none")
     assert result.returncode == 2 and ".ckptconv-pending" in one_line(result)
     assert (hf / ".ckptconv-pending" / "notes.txt").read_text() == "mine\n"
+
+
+# --- silently wrong ------------------------------------------------------------------------
+
+def _partition(src, dst, spec: str):
+    return run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--partition", spec)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "flipped"])
+def test_finalize_refuses_partitions_whose_staged_data_changed_and_a_rerun_repairs(synth_dir, tmp_path, damage):
+    src, dst = synth_dir(), tmp_path / "dst"
+    for index in range(2):
+        assert _partition(src, dst, f"{index}/2").returncode == 0
+    data = max((dst / "ckptconv-partitions" / "ocdbt.process_partition1" / "d").iterdir(),
+               key=lambda p: p.stat().st_size)
+    if damage == "deleted":
+        data.unlink()
+    elif damage == "emptied":
+        data.write_bytes(b"")
+    else:
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0x01
+        data.write_bytes(bytes(raw))
+    early = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--finalize", "2")
+    assert early.returncode == 1 and data.name in one_line(early) and "partition 1/2" in early.stderr
+    assert not (dst / "0").exists() and not (dst / "ckptconv-report.json").exists()
+    redo = _partition(src, dst, "1/2")  # its marker no longer vouches for the data: redone, not skipped
+    assert redo.returncode == 0 and "nothing to do" not in redo.stdout
+    assert run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4",
+                   "--finalize", "2").returncode == 0
+    assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
