@@ -162,10 +162,12 @@ def _remove_children(root: epath.Path, chosen) -> None:
 
 
 def read_report(report_path: epath.Path) -> dict | None:
+    """The report at ``report_path``; None if absent, not JSON, or JSON but not an object (damaged)."""
     try:
-        return json.loads(report_path.read_text())
+        report = json.loads(report_path.read_text())
     except (FileNotFoundError, ValueError):
         return None
+    return report if isinstance(report, dict) else None
 
 
 def write_report(report_path: str, report: dict) -> None:

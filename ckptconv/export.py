@@ -29,7 +29,7 @@ import numpy as np
 
 from ckptconv import __version__, destination, lock, waits
 from ckptconv.errors import BadInputError, DestinationExistsError
-from ckptconv.export_plan import ExportPlan, make_export_plan
+from ckptconv.export_plan import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.produce import prefetch
 from ckptconv.progress import Progress
@@ -91,6 +91,18 @@ def items_dir(checkpoint: str) -> str:
     raise BadInputError(f"{checkpoint}: no Orbax checkpoint (_METADATA) here, in items/ or in 0/items/")
 
 
+def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
+    """Where the checkpoint is a ``convert`` output (``CKPT/0/items`` beside ``CKPT/ckptconv-report.json``),
+    ``--like`` must describe the model its report says it was converted from."""
+    root = destination.path(items)
+    if root.name != "items" or root.parent.name != destination.STEP:
+        return
+    report_path = root.parent.parent / destination.REPORT_NAME
+    report = destination.read_report(report_path)
+    if report and report.get("kind") != KIND and isinstance(report.get("model"), dict):
+        check_recorded_model(plan.spec, report["model"], like, report_path.as_posix())
+
+
 def export(request: ExportRequest) -> dict:
     """Run one export; returns the report (also written into the destination)."""
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
@@ -104,6 +116,7 @@ def export(request: ExportRequest) -> dict:
         stored = read_items_metadata(items)
         like = open_source(request.like, hf_token_file=request.hf_token_file)
         plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
+        _check_like_against_report(items, plan, request.like)
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
     dst = request.destination

@@ -123,3 +123,21 @@ def test_finalize_refuses_partitions_whose_staged_data_changed_and_a_rerun_repai
     assert run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4",
                    "--finalize", "2").returncode == 0
     assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
+
+
+def test_export_refuses_a_like_that_contradicts_what_the_checkpoint_was_converted_with(tmp_path):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    model = synth.SynthModel(model_type="llama", config_overrides={"rope_scaling": rope})
+    src, ckpt, like, hf = (tmp_path / name for name in ("src", "ckpt", "like", "hf"))
+    synth.write_checkpoint(model, str(src))
+    assert run_cli("convert", str(src), str(ckpt), "--progress", "none", "--devices", "1").returncode == 0
+    like.mkdir()
+    config = model.config()
+    del config["rope_scaling"]
+    (like / "config.json").write_text(json.dumps(config))
+    for checkpoint in (ckpt, ckpt / "0" / "items"):
+        result = run_cli("export", str(checkpoint), str(hf), "--like", str(like), "--progress", "none")
+        assert result.returncode == 2 and "runtime.rope_scaling" in one_line(result)
+        assert not hf.exists()
+    assert run_cli("export", str(ckpt), str(hf), "--like", str(src), "--progress", "none").returncode == 0
