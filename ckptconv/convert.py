@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices, lock, partition, waits
-from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
+from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
@@ -75,8 +75,12 @@ def convert(request: ConvertRequest) -> dict:
     with timer.stage("plan"):
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
-    if request.partition:  # partitions write side by side by design; each only its own directory
-        return _run(plan, source, request, timer, started, print_)
+    if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
+        partition.require_local(request.destination)
+        part = partition.Partition.parse(request.partition)
+        with lock.hold(str(partition.staging_dir(request.destination)), break_foreign=request.overwrite,
+                       name=part.lock_name):
+            return _run(plan, source, request, timer, started, print_)
     with lock.hold(request.destination, break_foreign=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
 
@@ -129,6 +133,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     target = f"{request.destination.rstrip('/')}/{destination.REPLACEMENT}" if beside else request.destination
     _write(plan, source, dataclasses.replace(request, destination=target), timer, progress, adopt)
+    if request.finalize:  # no tiles to stop at: a signal during the commit stops it here, before the report
+        stop_if_terminated()
     progress.close()
     if beside:
         destination.swap_in_replacement(request.destination, writing)

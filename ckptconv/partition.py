@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
 from ckptconv.plan import ConversionPlan
 
 STAGING = "ckptconv-partitions"
@@ -52,6 +52,11 @@ class Partition:
     @property
     def marker_name(self) -> str:
         return f"partition{self.index}of{self.count}.json"
+
+    @property
+    def lock_name(self) -> str:
+        """One writer per partition directory (``I/N`` and ``I/M`` write the same one)."""
+        return f"partition{self.index}.lock"
 
 
 def assign(plan: ConversionPlan, count: int) -> tuple[int, ...]:
@@ -99,6 +104,7 @@ def file_sums(directory: Path) -> dict[str, list[int]]:
             crc, size = 0, 0
             with open(path, "rb") as f:
                 while piece := f.read(READ_BYTES):
+                    stop_if_terminated()  # a finalize reads every staged byte: a signal need not wait
                     crc, size = zlib.crc32(piece, crc), size + len(piece)
             sums[path.relative_to(directory).as_posix()] = [size, crc]
     return sums

@@ -141,3 +141,94 @@ def test_export_refuses_a_like_that_contradicts_what_the_checkpoint_was_converte
         assert result.returncode == 2 and "runtime.rope_scaling" in one_line(result)
         assert not hf.exists()
     assert run_cli("export", str(ckpt), str(hf), "--like", str(src), "--progress", "none").returncode == 0
+
+
+# --- unclean: locks, signals -----------------------------------------------------------------
+
+def _convert(src, dst, *flags: str):
+    return run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "1", *flags)
+
+
+@pytest.mark.parametrize("content", [b"", b"[1, 2]", b"\xff\xfe not utf-8", b'"a string"'])
+def test_a_lock_that_names_no_holder_is_stale_not_someone_elses(synth_dir, tmp_path, content):
+    src, dst = synth_dir(), tmp_path / "dst"
+    dst.mkdir()
+    (dst / "ckptconv.lock").write_bytes(content)
+    result = _convert(src, dst)
+    assert result.returncode == 0, result.stderr
+    assert not (dst / "ckptconv.lock").exists()
+
+
+@pytest.mark.fault
+def test_a_full_disk_when_the_lock_is_created_leaves_no_lock(synth_dir, tmp_path):
+    import os
+    import subprocess
+
+    src, where = synth_dir(), tmp_path / "fs"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4096k", "tmpfs", str(where)], capture_output=True,
+                             text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not permitted'})")
+    try:
+        dst = where / "dst"
+        dst.mkdir()
+        filler = where / "filler"
+        fd = os.open(filler, os.O_CREAT | os.O_WRONLY)  # every block taken: the lock's bytes cannot be written
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        full = _convert(src, dst)
+        assert full.returncode == 1 and "no space left on device" in one_line(full)
+        assert sorted(p.name for p in dst.iterdir()) == []
+        filler.unlink()
+        assert _convert(src, dst).returncode == 0
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_partition_another_live_run_holds_is_refused(synth_dir, tmp_path):
+    from ckptconv import lock
+
+    src, dst = synth_dir(), tmp_path / "dst"
+    staging = dst / "ckptconv-partitions"
+    staging.mkdir(parents=True)
+    (staging / "partition1.lock").write_text(json.dumps(lock._me()))  # this test process: alive, on this host
+    held = _partition(src, dst, "1/2")
+    assert held.returncode == 1 and "partition1.lock" in one_line(held) and "another conversion" in held.stderr
+    assert not (staging / "ocdbt.process_partition1").exists()
+    assert _partition(src, dst, "0/2").returncode == 0  # another partition is not held
+
+
+def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    src, dst = synth_dir(), tmp_path / "dst"
+    for index in range(2):
+        assert _partition(src, dst, f"{index}/2").returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
+                             "--progress", "jsonl", "--finalize", "2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if line.startswith("CKPTCONV "):  # the plan event: the partitions are checked, the commit starts
+            break
+    proc.send_signal(signal.SIGSTOP)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ckptconv: terminated (SIGTERM)")
+    assert json.loads((dst / "ckptconv-report.json").read_text())["status"] != "complete"
+    again = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--finalize", "2")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
