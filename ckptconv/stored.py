@@ -131,3 +131,34 @@ def open_items_leaf(items: str, path: tuple[str, ...]):
 
 def read_region(store, index: tuple[slice, ...]) -> np.ndarray:
     return np.asarray(store[index].read().result())
+
+
+def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] = frozenset()) -> list[str]:
+    """One line per leaf with a stored chunk that does not decode (read one chunk at a time).
+
+    Reading a chunk's raw bytes proves little: a flipped byte in a zstd frame, or in the shard
+    index whose crc32c Orbax writes, reads fine and fails only when decoded, as an export or a
+    restore decodes it. ``skip``: array names already reported unreadable.
+    """
+    problems = []
+    for leaf in leaves:
+        name = ".".join(leaf.path)
+        if name in skip or leaf.chunk_shape is None or not leaf.shape:
+            continue
+        try:
+            store = open_items_leaf(items, leaf.path)
+            chunk = tuple(store.chunk_layout.read_chunk.shape or leaf.chunk_shape)
+            for corner in np.ndindex(*(-(-d // c) for d, c in zip(leaf.shape, chunk))):
+                box = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(corner, chunk, leaf.shape))
+                try:
+                    store[box].read().result()
+                except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
+                    problems.append(f"{leaf.name}: chunk {list(corner)} does not decode ({_first_line(err)})")
+                    break  # one line per leaf: the rest of it is suspect anyway
+        except Exception as err:  # noqa: BLE001 - its array metadata is damaged
+            problems.append(f"{leaf.name}: cannot open ({_first_line(err)})")
+    return problems
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]

@@ -232,3 +232,44 @@ def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir,
     again = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--finalize", "2")
     assert again.returncode == 0, again.stderr
     assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
+
+
+# --- damaged checkpoints: inspect --deep decodes, export says one line ----------------------------
+
+LEAF = "params.params.decoder.layers.mlp.wi_0.kernel"
+
+
+def corrupt_value(items: Path, key: str, offset: int, mask: int = 0x01) -> Path:
+    """Flip bits of byte ``offset`` (negative: from the end) of the stored value of ``key``, in
+    whichever OCDBT data file holds it; returns that file."""
+    from ckptconv.stored import open_database
+
+    value = bytes(open_database(str(items)).read(key).result().value)
+    for file in sorted(items.glob("**/d/*")):
+        raw = bytearray(file.read_bytes())
+        at = raw.find(value)
+        if at >= 0:
+            raw[at + offset % len(value)] ^= mask
+            file.write_bytes(bytes(raw))
+            return file
+    raise AssertionError(f"{key}: its value is in no data file")
+
+
+@pytest.fixture
+def damaged_copy(converted, tmp_path):
+    src, ckpt = converted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    return src, tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize("offset, mask, what", [(0, 0xFF, "zstd frame"), (-1, 0x01, "shard index crc32c")])
+def test_deep_inspect_decodes_every_chunk(damaged_copy, offset, mask, what):
+    _, ckpt = damaged_copy
+    corrupt_value(ckpt / "0" / "items", f"{LEAF}/c/1/0/0", offset, mask)
+    shallow = run_cli("inspect", str(ckpt))
+    assert shallow.returncode == 0  # the bytes are all there
+    deep = run_cli("inspect", str(ckpt), "--deep", "--json")
+    result = json.loads(deep.stdout)
+    assert deep.returncode == 1 and not result["complete"], what
+    assert any(p.startswith("params/params/decoder/layers/mlp/wi_0/kernel: chunk [1, 0, 0] does not decode")
+               for p in result["problems"]), result["problems"]
