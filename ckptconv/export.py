@@ -38,7 +38,7 @@ from ckptconv.safetensors_writer import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
 from ckptconv.sources import Source, open_source
-from ckptconv.stored import StoredLeaf, open_items_leaf, read_items_metadata, read_region
+from ckptconv.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
 from ckptconv.tiles import leaf_region, source_reads
 from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 
@@ -343,7 +343,7 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
-        stores = [_Lazy(lambda leaf=leaf: open_items_leaf(items, leaf.path)) for leaf in job.leaves]
+        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
         shapes = job.shapes
         for members, box in source_reads(job.tiling, job.source_shape, job.positions):
             if all(names[i] in skip for i in members):
@@ -357,7 +357,7 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
                     if any(stop <= start for start, stop in region):  # rows MaxText does not hold
                         regions.append(np.zeros(box_shape(region), leaf.dtype))
                     else:
-                        regions.append(read_region(stores[k].get(), box_slices(region)))
+                        regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
             for n, index in enumerate(members):
                 with timer.stage("transform"):
                     out = np.empty(box_shape(box), plan.dtype)

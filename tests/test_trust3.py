@@ -239,20 +239,32 @@ def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir,
 LEAF = "params.params.decoder.layers.mlp.wi_0.kernel"
 
 
-def corrupt_value(items: Path, key: str, offset: int, mask: int = 0x01) -> Path:
-    """Flip bits of byte ``offset`` (negative: from the end) of the stored value of ``key``, in
-    whichever OCDBT data file holds it; returns that file."""
+def value_location(items: Path, key: str) -> tuple[Path, int, int]:
+    """(OCDBT data file, offset, length) of the stored value of ``key``."""
     from ckptconv.stored import open_database
 
     value = bytes(open_database(str(items)).read(key).result().value)
     for file in sorted(items.glob("**/d/*")):
-        raw = bytearray(file.read_bytes())
-        at = raw.find(value)
+        at = file.read_bytes().find(value)
         if at >= 0:
-            raw[at + offset % len(value)] ^= mask
-            file.write_bytes(bytes(raw))
-            return file
+            return file, at, len(value)
     raise AssertionError(f"{key}: its value is in no data file")
+
+
+def corrupt_value(items: Path, key: str, offset: int, mask: int = 0x01) -> Path:
+    """Flip bits of byte ``offset`` (negative: from the end) of the stored value of ``key``."""
+    file, at, length = value_location(items, key)
+    raw = bytearray(file.read_bytes())
+    raw[at + offset % length] ^= mask
+    file.write_bytes(bytes(raw))
+    return file
+
+
+def cut_value(items: Path, key: str) -> Path:
+    """Truncate the data file holding ``key``'s value half way through that value."""
+    file, at, length = value_location(items, key)
+    file.write_bytes(file.read_bytes()[: at + length // 2])
+    return file
 
 
 @pytest.fixture
@@ -273,3 +285,35 @@ def test_deep_inspect_decodes_every_chunk(damaged_copy, offset, mask, what):
     assert deep.returncode == 1 and not result["complete"], what
     assert any(p.startswith("params/params/decoder/layers/mlp/wi_0/kernel: chunk [1, 0, 0] does not decode")
                for p in result["problems"]), result["problems"]
+
+
+def _chunk_file(items: Path) -> Path:
+    return value_location(items, f"{LEAF}/c/1/0/0")[0]
+
+
+OTHER_LAYOUT = {"tree_metadata": {"('x',)": {"key_metadata": [{"key": "x", "key_type": 2}], "value_metadata": {
+    "value_type": "jax.Array", "skip_deserialize": False}}}, "use_zarr3": True}
+DAMAGE = {
+    "truncated data file": lambda i: cut_value(i, f"{LEAF}/c/1/0/0"),
+    "emptied data file": lambda i: _chunk_file(i).write_bytes(b""),
+    "deleted data file": lambda i: _chunk_file(i).unlink(),
+    "flipped shard index": lambda i: corrupt_value(i, f"{LEAF}/c/1/0/0", -1),
+    "garbage manifest": lambda i: (i / "manifest.ocdbt").write_bytes(b"garbage" * 10),
+    "truncated _METADATA": lambda i: (i / "_METADATA").write_bytes((i / "_METADATA").read_bytes()[:100]),
+    "empty _METADATA": lambda i: (i / "_METADATA").write_bytes(b""),
+    "array _METADATA": lambda i: (i / "_METADATA").write_text("[1, 2]"),
+    "non-UTF-8 _METADATA": lambda i: (i / "_METADATA").write_bytes(b"\xff\xfe\x00garbage"),
+    "_METADATA of another layout": lambda i: (i / "_METADATA").write_text(json.dumps(OTHER_LAYOUT)),
+}
+NAMED = {"garbage manifest": "manifest.ocdbt", "flipped shard index": "wi_0"}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_export_of_a_damaged_checkpoint_is_one_line_naming_it(damaged_copy, tmp_path, damage):
+    src, ckpt = damaged_copy
+    items = ckpt / "0" / "items"
+    DAMAGE[damage](items)
+    result = run_cli("export", str(ckpt), str(tmp_path / "hf"), "--like", str(src), "--progress", "none")
+    line = one_line(result)
+    assert result.returncode == 1 and str(items) in line
+    assert NAMED.get(damage, "_METADATA" if "_METADATA" in damage else "damaged") in line, line
