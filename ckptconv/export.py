@@ -75,7 +75,7 @@ def parse_size(text: str) -> int:
     unit = value[len(number):]
     try:
         size = int(float(number) * SIZE_UNITS[unit])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, OverflowError):  # OverflowError: inf, 1e400
         raise BadInputError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
     if size <= 0:
         raise BadInputError(f"--shard-size {text!r} must be positive")
@@ -108,6 +108,9 @@ def export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if "://" in request.destination and not destination.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
+    if "://" not in request.destination and os.path.exists(request.destination) and not os.path.isdir(
+            request.destination):
+        raise BadInputError(f"{request.destination}: not a directory; HF_DST must be a directory (new or ours)")
     destination.check_report_path(request.report, {"destination": request.destination,
                                                    "checkpoint": request.checkpoint, "--like model": request.like})
     timer, started = StageTimer(), destination.now()

@@ -317,3 +317,19 @@ def test_export_of_a_damaged_checkpoint_is_one_line_naming_it(damaged_copy, tmp_
     line = one_line(result)
     assert result.returncode == 1 and str(items) in line
     assert NAMED.get(damage, "_METADATA" if "_METADATA" in damage else "damaged") in line, line
+
+
+@pytest.mark.parametrize("size", ["inf", "1e400", "nan", "1e400GiB"])
+def test_shard_sizes_beyond_any_number_are_refused_in_one_line(converted, tmp_path, size):
+    src, ckpt = converted
+    result = run_cli("export", str(ckpt), str(tmp_path / "hf"), "--like", str(src), "--progress", "none",
+                     "--shard-size", size)
+    assert result.returncode == 2 and "--shard-size" in one_line(result) and not (tmp_path / "hf").exists()
+
+
+def test_an_hf_dst_that_is_a_regular_file_is_refused_and_kept(converted, tmp_path):
+    src, ckpt = converted
+    target = tmp_path / "hf"
+    target.write_text("notes\n")
+    result = run_cli("export", str(ckpt), str(target), "--like", str(src), "--progress", "none")
+    assert result.returncode == 2 and "not a directory" in one_line(result) and target.read_text() == "notes\n"
