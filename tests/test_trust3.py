@@ -333,3 +333,24 @@ def test_an_hf_dst_that_is_a_regular_file_is_refused_and_kept(converted, tmp_pat
     target.write_text("notes\n")
     result = run_cli("export", str(ckpt), str(target), "--like", str(src), "--progress", "none")
     assert result.returncode == 2 and "not a directory" in one_line(result) and target.read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("text", ["[]", "3", '"complete"', "null"])
+def test_reports_and_markers_that_are_json_but_not_objects_are_damaged_not_a_crash(synth_dir, converted, tmp_path,
+                                                                                   text):
+    src = synth_dir()
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "ckptconv-report.json").write_text(text)  # convert: a damaged report of ours is redone
+    assert _convert(src, dst).returncode == 0
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "ckptconv-report.json").write_text(text)  # export: not an export of ours, so refused
+    refused = run_cli("export", str(dst), str(hf), "--like", str(src), "--progress", "none")
+    assert refused.returncode == 2 and "not an export of ours" in one_line(refused)
+    split = tmp_path / "split"
+    assert _partition(src, split, "0/2").returncode == 0
+    marker = split / "ckptconv-partitions" / "partition0of2.json"
+    marker.write_text(text)  # a marker that vouches for nothing: not finished
+    final = run_cli("convert", str(src), str(split), "--progress", "none", "--devices", "4", "--finalize", "2")
+    assert final.returncode == 1 and "0/2" in one_line(final) and "not finished" in final.stderr
