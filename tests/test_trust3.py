@@ -354,3 +354,39 @@ def test_reports_and_markers_that_are_json_but_not_objects_are_damaged_not_a_cra
     marker.write_text(text)  # a marker that vouches for nothing: not finished
     final = run_cli("convert", str(src), str(split), "--progress", "none", "--devices", "4", "--finalize", "2")
     assert final.returncode == 1 and "0/2" in one_line(final) and "not finished" in final.stderr
+
+
+# --- beyond the anchors: every chunk carries a crc32c ----------------------------------------------
+
+@pytest.mark.parametrize("flags", [[], ["--no-compression"]], ids=["zstd", "raw"])
+def test_bit_rot_in_a_stored_chunk_is_caught_without_the_source(synth_dir, tmp_path, flags):
+    src, ckpt = synth_dir(), tmp_path / "ckpt"
+    assert run_cli("convert", str(src), str(ckpt), "--progress", "none", "--devices", "4", *flags).returncode == 0
+    items = ckpt / "0" / "items"
+    _, _, length = value_location(items, f"{LEAF}/c/1/0/0")
+    corrupt_value(items, f"{LEAF}/c/1/0/0", length // 3)  # inside the chunk's data, not its shard index
+    deep = run_cli("inspect", str(ckpt), "--deep", "--json")
+    assert deep.returncode == 1, deep.stdout
+    assert any("wi_0/kernel: chunk" in p for p in json.loads(deep.stdout)["problems"])
+    exported = run_cli("export", str(ckpt), str(tmp_path / "hf"), "--like", str(src), "--progress", "none")
+    assert exported.returncode == 1 and "wi_0/kernel is damaged" in one_line(exported)
+
+
+def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, tmp_path, monkeypatch):
+    """The crc32c codec is read from the stored zarr.json: Orbax restores the same numbers as from
+    chunks written with Orbax's own codec chain (no checksum)."""
+    from ckptconv import writer
+    from ckptconv.stored import open_database
+    from tests.test_convert import restore
+
+    src, ckpt = converted
+    zarr = json.loads(bytes(open_database(str(ckpt / "0" / "items")).read(f"{LEAF}/zarr.json").result().value))
+    inner = zarr["codecs"][0]["configuration"]["codecs"]
+    assert [codec["name"] for codec in inner] == ["bytes", "zstd", "crc32c"]
+    monkeypatch.setattr(writer, "_with_checksum", lambda spec: spec)
+    plain = tmp_path / "plain"
+    convert(ConvertRequest(str(src), str(plain), devices=16, progress="none"))
+    want, got = restore(plain), restore(ckpt)
+    assert got.keys() == want.keys() and len(got) > 10
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), name
