@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices, lock, partition, waits
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
+from ckptconv.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
@@ -111,6 +112,9 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if request.partition:  # the finalize replaces what is at DST; a partition only adds its own part
         return _convert_partition(plan, source, request, timer, started, print_)
+    if not request.finalize:  # before DST is cleared or written (a finalize reads no source tensor)
+        with timer.stage("plan"):
+            check_values((piece for job in plan.jobs for piece in job.pieces), source)
     adopt = None
     if request.finalize:
         records = partition.finished(request.destination, request.finalize, print_)
@@ -163,10 +167,12 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         report = {**done, "skipped": True}
         destination.write_extra_report(request.report, report)
         return report
-    partition.reset(request.destination, part)
-    tune_malloc()
     owner = partition.assign(plan, part.count)
     jobs = {j for j, p in enumerate(owner) if p == part.index}
+    with timer.stage("plan"):  # its own share only, before its earlier attempt is removed
+        check_values((piece for j in sorted(jobs) for piece in plan.jobs[j].pieces), source)
+    partition.reset(request.destination, part)
+    tune_malloc()
     chosen = [(index, leaf) for index, (j, leaf) in enumerate(
         (j, leaf) for j, job in enumerate(plan.jobs) for leaf in job.leaves) if j in jobs]
     nbytes = sum(leaf.nbytes for _, leaf in chosen)

@@ -12,6 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ckptconv import synth
@@ -390,3 +391,44 @@ def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, t
     assert got.keys() == want.keys() and len(got) > 10
     for name, value in want.items():
         assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), name
+
+
+# --- quantised values refused before anything is written -------------------------------------------
+
+def _patch_tensor(src: Path, suffix: str, value: bytes, at: int = 0) -> str:
+    """Overwrite element ``at`` of the first stored tensor whose name ends with ``suffix``."""
+    from ckptconv.safetensors_io import index_checkpoint
+    from ckptconv.sources import LocalSource
+
+    info = next(info for name, info in sorted(index_checkpoint(LocalSource(str(src))).items()) if name.endswith(suffix))
+    path = src / info.file
+    raw = bytearray(path.read_bytes())
+    start = info.offset + at * info.dtype.itemsize
+    raw[start:start + len(value)] = value
+    path.write_bytes(bytes(raw))
+    return info.name
+
+
+@pytest.mark.parametrize("model, suffix, value", [
+    (synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300),
+     "down_proj_scales", b"\xff"),
+    (synth.SynthModel(model_type="deepseek_v3", hidden_size=256, num_layers=2, num_heads=4, head_dim=16,
+                      intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
+                      vocab_size=300),
+     "weight_scale_inv", np.float32("nan").tobytes()),
+], ids=["mxfp4-255", "fp8-nan"])
+def test_bad_quantised_scales_are_refused_before_anything_is_written(synth_dir, tmp_path, model, suffix, value):
+    src = synth_dir(model)
+    name = _patch_tensor(src, suffix, value, at=5)
+    for dst in (tmp_path / "new", tmp_path / "old"):
+        if dst.name == "old":  # a complete checkpoint that --overwrite would replace stays whole
+            good = synth_dir(model, name="good")
+            assert _convert(good, dst).returncode == 0
+            before = tree_digest(dst)
+        result = _convert(src, dst, "--overwrite")
+        assert result.returncode == 2 and repr(name) in one_line(result)
+        if dst.name == "new":
+            assert not dst.exists() or not any(dst.iterdir())
+        else:
+            assert tree_digest(dst) == before
