@@ -203,7 +203,8 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     root = destination.path(dst)
-    occupied = root.is_dir() and any(not (p.name in (PENDING, lock.LOCK_NAME) or p.name.startswith(f".{lock.LOCK_NAME}."))
+    ignored = (PENDING, lock.LOCK_NAME)  # and a lock's private name, the moment before it is linked
+    occupied = root.is_dir() and any(not (p.name in ignored or p.name.startswith(f".{lock.LOCK_NAME}."))
                                      for p in root.iterdir())
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
