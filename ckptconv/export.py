@@ -100,7 +100,8 @@ def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
     report_path = root.parent.parent / destination.REPORT_NAME
     report = destination.read_report(report_path)
     if report and report.get("kind") != KIND and isinstance(report.get("model"), dict):
-        check_recorded_model(plan.spec, report["model"], like, report_path.as_posix())
+        check_recorded_model(plan.spec, report["model"], like, report_path.as_posix(),
+                             same_tool=report.get("tool") == f"ckptconv {__version__}")
 
 
 def export(request: ExportRequest) -> dict:

@@ -432,3 +432,20 @@ def test_bad_quantised_scales_are_refused_before_anything_is_written(synth_dir, 
             assert not dst.exists() or not any(dst.iterdir())
         else:
             assert tree_digest(dst) == before
+
+
+def test_a_report_of_another_version_is_held_only_to_the_fields_it_records():
+    from ckptconv.errors import BadInputError
+    from ckptconv.export_plan import check_recorded_model
+    from ckptconv.spec import ModelSpec
+
+    spec = ModelSpec(family="llama", model_type="llama", num_layers=2, dims={"emb": 64}, values={"new": 1},
+                     runtime={"rope_scaling": {"rope_type": "llama3"}})
+    older = {"family": "llama", "model_type": "llama", "num_layers": 2, "dims": {"emb": 64}, "values": {},
+             "runtime": {"rope_scaling": {"rope_type": "llama3"}}}
+    check_recorded_model(spec, older, "like", "report", same_tool=False)  # "values.new" is not recorded there
+    with pytest.raises(BadInputError, match="values.new"):
+        check_recorded_model(spec, older, "like", "report", same_tool=True)
+    with pytest.raises(BadInputError, match="runtime.rope_scaling.rope_type"):
+        check_recorded_model(spec, {**older, "runtime": {"rope_scaling": {"rope_type": "yarn"}}}, "like", "report",
+                             same_tool=False)
