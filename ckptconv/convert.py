@@ -15,7 +15,8 @@ import socket
 from dataclasses import dataclass
 
 from ckptconv import __version__, destination, devices, lock, partition, waits
-from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError
+from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
+from ckptconv.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
@@ -62,7 +63,8 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 def convert(request: ConvertRequest) -> dict:
     """Run one conversion; returns the report (also written next to the checkpoint)."""
     _check_paths(request.source, request.destination)
-    _check_report_path(request.report, request.destination)
+    # the destination has its own report; the source must never be overwritten
+    destination.check_report_path(request.report, {"destination": request.destination, "source": request.source})
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if request.partition is not None:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
@@ -74,8 +76,12 @@ def convert(request: ConvertRequest) -> dict:
     with timer.stage("plan"):
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
-    if request.partition:  # partitions write side by side by design; each only its own directory
-        return _run(plan, source, request, timer, started, print_)
+    if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
+        partition.require_local(request.destination)
+        part = partition.Partition.parse(request.partition)
+        with lock.hold(str(partition.staging_dir(request.destination)), break_foreign=request.overwrite,
+                       name=part.lock_name):
+            return _run(plan, source, request, timer, started, print_)
     with lock.hold(request.destination, break_foreign=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
 
@@ -106,6 +112,9 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if request.partition:  # the finalize replaces what is at DST; a partition only adds its own part
         return _convert_partition(plan, source, request, timer, started, print_)
+    if not request.finalize:  # before DST is cleared or written (a finalize reads no source tensor)
+        with timer.stage("plan"):
+            check_values((piece for job in plan.jobs for piece in job.pieces), source)
     adopt = None
     if request.finalize:
         records = partition.finished(request.destination, request.finalize, print_)
@@ -128,6 +137,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     target = f"{request.destination.rstrip('/')}/{destination.REPLACEMENT}" if beside else request.destination
     _write(plan, source, dataclasses.replace(request, destination=target), timer, progress, adopt)
+    if request.finalize:  # no tiles to stop at: a signal during the commit stops it here, before the report
+        stop_if_terminated()
     progress.close()
     if beside:
         destination.swap_in_replacement(request.destination, writing)
@@ -151,14 +162,17 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
 
     part = partition.Partition.parse(request.partition)
     done = partition.read_marker(request.destination, part)
-    if done is not None and done.get("fingerprint") == print_:
+    if (done is not None and done.get("fingerprint") == print_
+            and not partition.damaged_files(request.destination, part, done)):  # else its data is redone
         report = {**done, "skipped": True}
         destination.write_extra_report(request.report, report)
         return report
-    partition.reset(request.destination, part)
-    tune_malloc()
     owner = partition.assign(plan, part.count)
     jobs = {j for j, p in enumerate(owner) if p == part.index}
+    with timer.stage("plan"):  # its own share only, before its earlier attempt is removed
+        check_values((piece for j in sorted(jobs) for piece in plan.jobs[j].pieces), source)
+    partition.reset(request.destination, part)
+    tune_malloc()
     chosen = [(index, leaf) for index, (j, leaf) in enumerate(
         (j, leaf) for j, job in enumerate(plan.jobs) for leaf in job.leaves) if j in jobs]
     nbytes = sum(leaf.nbytes for _, leaf in chosen)
@@ -177,6 +191,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
         "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer, nbytes), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
+        "files": partition.file_sums(partition.data_dir(request.destination, part)),  # what finalize checks
     }
     partition.write_marker(request.destination, part, report)
     destination.write_extra_report(request.report, report)
@@ -274,25 +289,6 @@ def _check_paths(source: str, target: str) -> None:
     if a.startswith(b) or b.startswith(a):
         raise BadInputError(f"{target}: the destination and the source {source} overlap (one holds the other); "
                             "convert into a directory of its own")
-
-
-def _check_report_path(report: str | None, target: str) -> None:
-    """``--report PATH`` is checked before any work: never inside the destination (it could replace a
-    checkpoint file, and the destination has its own report), and writable, so a finished conversion
-    cannot end in a failure to write it."""
-    if report is None:
-        return
-    if "://" in report:
-        return  # written through epath; a bad bucket fails before the conversion's first byte anyway
-    path = os.path.realpath(report)
-    if "://" not in target and (path + os.sep).startswith(os.path.realpath(target) + os.sep):
-        raise BadInputError(f"--report {report}: inside the destination {target} (which has its own "
-                            f"{destination.REPORT_NAME}); put it elsewhere")
-    parent = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise BadInputError(f"--report {report}: is a directory")
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-        raise BadInputError(f"--report {report}: cannot write there ({parent} is not a writable directory)")
 
 
 def _occupant(state: destination.DestinationState) -> str:

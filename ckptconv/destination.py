@@ -162,10 +162,12 @@ def _remove_children(root: epath.Path, chosen) -> None:
 
 
 def read_report(report_path: epath.Path) -> dict | None:
+    """The report at ``report_path``; None if absent, not JSON, or JSON but not an object (damaged)."""
     try:
-        return json.loads(report_path.read_text())
+        report = json.loads(report_path.read_text())
     except (FileNotFoundError, ValueError):
         return None
+    return report if isinstance(report, dict) else None
 
 
 def write_report(report_path: str, report: dict) -> None:
@@ -211,6 +213,29 @@ def writer_alive(report: dict) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def check_report_path(report: str | None, places: dict[str, str]) -> None:
+    """``--report PATH``, checked before any work: never inside any of ``places`` (label -> path: the
+    source, the checkpoint, the destination), where it could replace a weight, a data file or the
+    source itself; and writable, so a finished run cannot end in a failure to write it."""
+    if report is None:
+        return
+    if "://" in report:
+        for label, place in places.items():
+            if "://" in place and (report.rstrip("/") + "/").startswith(place.rstrip("/") + "/"):
+                raise BadInputError(f"--report {report}: inside the {label} {place}; put it elsewhere")
+        return  # written through epath; a bad bucket fails before the first byte anyway
+    real = os.path.realpath(report)
+    for label, place in places.items():
+        if "://" not in place and (real + os.sep).startswith(os.path.realpath(place) + os.sep):
+            raise BadInputError(f"--report {report}: inside the {label} {place} (it could replace a file there); "
+                                "put it elsewhere")
+    parent = os.path.dirname(real) or "."
+    if os.path.isdir(real):
+        raise BadInputError(f"--report {report}: is a directory")
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise BadInputError(f"--report {report}: cannot write there ({parent} is not a writable directory)")
 
 
 def write_extra_report(report_path: str | None, report: dict) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ckptconv import __version__, destination, lock, waits
 from ckptconv.errors import BadInputError, DestinationExistsError
-from ckptconv.export_plan import ExportPlan, make_export_plan
+from ckptconv.export_plan import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.produce import prefetch
 from ckptconv.progress import Progress
@@ -38,7 +38,7 @@ from ckptconv.safetensors_writer import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
 from ckptconv.sources import Source, open_source
-from ckptconv.stored import StoredLeaf, open_items_leaf, read_items_metadata, read_region
+from ckptconv.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
 from ckptconv.tiles import leaf_region, source_reads
 from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 
@@ -75,7 +75,7 @@ def parse_size(text: str) -> int:
     unit = value[len(number):]
     try:
         size = int(float(number) * SIZE_UNITS[unit])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, OverflowError):  # OverflowError: inf, 1e400
         raise BadInputError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
     if size <= 0:
         raise BadInputError(f"--shard-size {text!r} must be positive")
@@ -91,17 +91,36 @@ def items_dir(checkpoint: str) -> str:
     raise BadInputError(f"{checkpoint}: no Orbax checkpoint (_METADATA) here, in items/ or in 0/items/")
 
 
+def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
+    """Where the checkpoint is a ``convert`` output (``CKPT/0/items`` beside ``CKPT/ckptconv-report.json``),
+    ``--like`` must describe the model its report says it was converted from."""
+    root = destination.path(items)
+    if root.name != "items" or root.parent.name != destination.STEP:
+        return
+    report_path = root.parent.parent / destination.REPORT_NAME
+    report = destination.read_report(report_path)
+    if report and report.get("kind") != KIND and isinstance(report.get("model"), dict):
+        check_recorded_model(plan.spec, report["model"], like, report_path.as_posix(),
+                             same_tool=report.get("tool") == f"ckptconv {__version__}")
+
+
 def export(request: ExportRequest) -> dict:
     """Run one export; returns the report (also written into the destination)."""
     request = dataclasses.replace(request, destination=destination.absolute(request.destination))
     if "://" in request.destination and not destination.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
+    if "://" not in request.destination and os.path.exists(request.destination) and not os.path.isdir(
+            request.destination):
+        raise BadInputError(f"{request.destination}: not a directory; HF_DST must be a directory (new or ours)")
+    destination.check_report_path(request.report, {"destination": request.destination,
+                                                   "checkpoint": request.checkpoint, "--like model": request.like})
     timer, started = StageTimer(), destination.now()
     with timer.stage("plan"):
         items = items_dir(request.checkpoint)
         stored = read_items_metadata(items)
         like = open_source(request.like, hf_token_file=request.hf_token_file)
         plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
+        _check_like_against_report(items, plan, request.like)
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
     dst = request.destination
@@ -122,6 +141,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     # would copy every byte; the report still commits
     pending = dst if destination.is_gcs(dst) else os.path.join(dst, PENDING)
     previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)  # as the lock found it
+    copied = _read_copied_files(like)  # before anything at dst is cleared: --like may be dst itself
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, destination.REPORT_NAME)
     writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
@@ -138,7 +158,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
         with timer.stage("commit"):
-            _write_small_files(plan, like, pending, layouts)
+            _write_small_files(plan, copied, pending, layouts)
             if replacing:
                 _retire_old_export(dst, pending, writing)
             _move_into(pending, dst)
@@ -184,10 +204,15 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     root = destination.path(dst)
-    occupied = root.is_dir() and any(p.name not in (PENDING, lock.LOCK_NAME) for p in root.iterdir())
+    ignored = (PENDING, lock.LOCK_NAME)  # and a lock's private name, the moment before it is linked
+    occupied = root.is_dir() and any(not (p.name in ignored or p.name.startswith(f".{lock.LOCK_NAME}."))
+                                     for p in root.iterdir())
     if occupied and not ours and not overwrite:
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
+    if not ours and not overwrite and pending != dst and _foreign_pending(pending):
+        raise BadInputError(f"{pending}: not written by this export (no {destination.REPORT_NAME} of ours at "
+                            f"{dst} or in it), so not removed; move it away or pass --overwrite")
     if ours and previous.get("status") == "complete" and pending != dst:
         beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
@@ -202,6 +227,16 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         _clear(dst, pending)
     destination.path(pending).mkdir(parents=True, exist_ok=True)
     return False
+
+
+def _foreign_pending(pending: str) -> bool:
+    """A non-empty pending directory no report of an export vouches for (ours holds our report
+    from its first write on; an empty one is what a crash right after creating it leaves)."""
+    root = destination.path(pending)
+    if not root.is_dir() or not any(root.iterdir()):
+        return False
+    report = destination.read_report(root / destination.REPORT_NAME)
+    return not (report and report.get("kind") == KIND)
 
 
 def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
@@ -246,14 +281,20 @@ def _move_into(pending: str, dst: str) -> None:
     shutil.rmtree(pending)
 
 
-def _write_small_files(plan: ExportPlan, like: Source, pending: str, layouts: tuple[FileLayout, ...]) -> None:
+def _read_copied_files(like: Source) -> dict[str, bytes]:
+    """``--like``'s tokenizer and generation files (a few MB at most), read before ``HF_DST`` is
+    prepared: when ``--like`` is ``HF_DST`` itself, ``--overwrite`` clears them there first."""
+    return {name: bytes(like.read_range(name, 0, like.size(name))) for name in COPIED_FILES if like.exists(name)}
+
+
+def _write_small_files(plan: ExportPlan, copied: dict[str, bytes], pending: str,
+                       layouts: tuple[FileLayout, ...]) -> None:
     """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
     root = destination.path(pending)
     (root / INDEX_NAME).write_text(index_json(layouts))
     (root / "config.json").write_text(_config_text(plan))
-    for name in COPIED_FILES:
-        if like.exists(name):
-            (root / name).write_bytes(bytes(like.read_range(name, 0, like.size(name))))
+    for name, data in copied.items():
+        (root / name).write_bytes(data)
 
 
 def _config_text(plan: ExportPlan) -> str:
@@ -307,7 +348,7 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
-        stores = [_Lazy(lambda leaf=leaf: open_items_leaf(items, leaf.path)) for leaf in job.leaves]
+        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
         shapes = job.shapes
         for members, box in source_reads(job.tiling, job.source_shape, job.positions):
             if all(names[i] in skip for i in members):
@@ -321,7 +362,7 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
                     if any(stop <= start for start, stop in region):  # rows MaxText does not hold
                         regions.append(np.zeros(box_shape(region), leaf.dtype))
                     else:
-                        regions.append(read_region(stores[k].get(), box_slices(region)))
+                        regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
             for n, index in enumerate(members):
                 with timer.stage("transform"):
                     out = np.empty(box_shape(box), plan.dtype)

@@ -10,8 +10,10 @@ were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/la
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -109,6 +111,38 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
     tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape) for job in jobs for p in job.pieces)
     return ExportPlan(family, spec, config, config_text, scan, out_dtype, jobs, hf_names, tensors,
                       _not_exported(family, spec, jobs))
+
+
+def check_recorded_model(spec: ModelSpec, recorded: dict, like: str, report: str, same_tool: bool = True) -> None:
+    """``--like``'s model must be the one the checkpoint records it was converted from (its report's
+    ``model``): the leaves' shapes cannot tell a Llama 3 with ``rope_type llama3`` from one without,
+    and an export would then ship the wrong config beside the right weights. A report written by
+    another ckptconv version is held only to the fields it records (a newer version may record more)."""
+    mine = json.loads(json.dumps(spec.to_json()))  # tuples as lists, as the report stores them
+    field = _first_difference(recorded, mine, only_recorded=not same_tool)
+    if field is not None:
+        path, theirs, ours = field
+        raise BadInputError(f"{like}/config.json: {path} is {_shown(ours)}, but the checkpoint was converted with "
+                            f"{_shown(theirs)} ({report}); export --like the model it was converted from")
+
+
+def _first_difference(recorded: Any, mine: Any, path: str = "", only_recorded: bool = False
+                      ) -> tuple[str, Any, Any] | None:
+    """(dotted field, recorded value, our value) of the first field that differs, else None."""
+    if isinstance(recorded, dict) and isinstance(mine, dict):
+        keys = set(recorded) if only_recorded else set(recorded) | set(mine)
+        for key in sorted(keys, key=str):
+            found = _first_difference(recorded.get(key), mine.get(key), f"{path}.{key}" if path else str(key),
+                                      only_recorded)
+            if found is not None:
+                return found
+        return None
+    return None if recorded == mine else (path, recorded, mine)
+
+
+def _shown(value: Any) -> str:
+    text = "unset" if value is None else json.dumps(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _device_count(leaf: StoredLeaf) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar, Protocol
+from typing import ClassVar, Iterable, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -55,6 +55,22 @@ class Input(Protocol):
         """Bytes of temporaries per logical element while decoding (0: plain reads)."""
 
     def read(self, source: Source, box: Box) -> np.ndarray: ...
+
+
+CHECK_BYTES = 16 * 2**20  # scales read at a time by check_values (bounded memory whatever the model)
+
+
+def check_values(inputs: Iterable[Input], source: Source) -> None:
+    """Before anything is written: every quantised input's scales are values its format allows.
+
+    A read would refuse them anyway, but only when the conversion reaches them, after the
+    destination was cleared and half written. Scales are 1/16 (MXFP4) or 1/16384 (FP8) of the
+    stored bytes, so this reads a few percent more than the conversion itself.
+    """
+    for piece in inputs:
+        check = getattr(piece, "check", None)
+        if check is not None:
+            check(source)
 
 
 @dataclass(frozen=True)
@@ -150,6 +166,15 @@ class FP8Blocks(_Decoded):
         4096 x 2048 read: 6.0 bytes per element at the peak, result included)."""
         return FLOAT32_BYTES
 
+    def check(self, source: Source) -> None:
+        """Every block scale finite: a NaN or infinite scale makes its whole block NaN or inf."""
+        scale = _scales(source, self.scale)
+        bad = np.argwhere(~np.isfinite(scale.astype(np.float32)))
+        if len(bad):
+            raise BadInputError(f"{self.scale.file}: {self.scale.name!r} holds the block scale "
+                                f"{scale[tuple(bad[0])]} at block {list(map(int, bad[0]))} (and {len(bad) - 1} more); "
+                                "FP8 block scales must be finite")
+
     def read(self, source: Source, box: Box) -> np.ndarray:
         (r0, r1), (c0, c1) = box
         weight = read_box(source, self.weight, box).astype(np.float32)
@@ -206,6 +231,19 @@ class MXFP4(_Decoded):
         before their swapped copy (tracemalloc on 8 experts x 512 x 1024: 6.7 bytes per element at
         the peak, result included)."""
         return FLOAT32_BYTES + 1
+
+    def check(self, source: Source) -> None:
+        """No scale is 255 (E8M0's not-a-number), read a band of experts at a time."""
+        experts, rows, groups = self.scales.shape
+        step = max(1, CHECK_BYTES // max(1, rows * groups))
+        for e0 in range(0, experts, step):
+            e1 = min(experts, e0 + step)
+            exponents = read_box(source, self.scales, ((e0, e1), (0, rows), (0, groups)))
+            bad = np.argwhere(exponents == E8M0_NAN)
+            if len(bad):
+                e, r, _ = (int(v) for v in bad[0])
+                raise BadInputError(f"{self.scales.file}: {self.scales.name!r} holds the scale 255, which MXFP4 "
+                                    f"reserves for not-a-number (expert {e0 + e}, row {r})")
 
     def read(self, source: Source, box: Box) -> np.ndarray:
         (e0, e1), (c0, c1), (r0, r1) = box

@@ -5,7 +5,8 @@ the storage chunk shape, which is what decides how much a TPU host reads to load
 
 "Complete" also needs the storage to hold what the metadata promises: every OCDBT data file
 non-empty, and every chunk of every leaf a key of the database (listing reads only the
-b-tree). ``deep`` reads every stored value too, so a truncated data file is found.
+b-tree). ``deep`` reads and decodes every stored chunk too, so a truncated data file, a chunk
+that no longer decompresses or a shard index whose crc32c fails is found.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 from ckptconv import destination
 from ckptconv.errors import BadInputError
-from ckptconv.stored import StoredLeaf, list_keys, open_database, read_metadata
+from ckptconv.stored import StoredLeaf, decode_problems, list_keys, open_database, read_metadata
 
 
 def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
@@ -61,11 +62,14 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
             problems.append(f"{leaf.name}: {math.prod(grid) - present} of {math.prod(grid)} chunks missing")
     if deep:
         kvstore = open_database(items.as_posix())
+        unreadable = set()
         for key in sorted(keys):
             try:
                 kvstore.read(key).result()
             except ValueError as err:
                 problems.append(f"{key}: unreadable ({str(err).splitlines()[0][:200]})")
+                unreadable.add(key.split("/", 1)[0])
+        problems += decode_problems(items.as_posix(), leaves, frozenset(unreadable))  # deep means decoded
     return problems
 
 

@@ -12,8 +12,10 @@ GCS arbitrates the same way.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,29 +63,51 @@ def _describe(holder: dict) -> str:
 
 
 class _LocalLock:
-    """The lock as a local (or NFS) file: ``O_EXCL`` create, read, remove."""
+    """The lock as a local (or NFS) file: created whole or not at all, read, removed."""
 
-    def __init__(self, destination: str) -> None:
+    def __init__(self, destination: str, name: str = LOCK_NAME) -> None:
         Path(destination).mkdir(parents=True, exist_ok=True)
-        self.path = Path(destination) / LOCK_NAME
+        self.path = Path(destination) / name
         self.name = str(self.path)
 
     def create(self, text: str) -> bool:
+        """Write the holder to a private file, then hard-link it to the lock's name (atomic, and fails
+        if the name exists, on local filesystems and NFS alike): the lock never exists empty or half
+        written, so a full disk leaves no lock behind. Without hard links, ``O_EXCL`` and clean up."""
+        private = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            private.write_text(text)
+            os.link(private, self.path)
+        except FileExistsError:
+            return False
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):  # a full disk, no permission
+                raise
+            return self._create_exclusive(text)
+        finally:
+            private.unlink(missing_ok=True)
+        return True
+
+    def _create_exclusive(self, text: str) -> bool:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        except BaseException:
+            self.path.unlink(missing_ok=True)  # never leave an empty lock that wedges the destination
+            raise
         return True
 
     def read(self) -> tuple[str, object] | None:
         """(text, version) of the current lock, None if there is none."""
         try:
-            text = self.path.read_text()
+            data = self.path.read_bytes()
         except FileNotFoundError:
             return None
-        return text, text
+        return data.decode("utf-8", errors="replace"), data
 
     def remove(self, version: object) -> None:
         """Remove the lock if it is still ``version`` (re-read just before: NFS has no compare-and-delete)."""
@@ -157,13 +181,27 @@ def _http_said(error: BaseException | None) -> str:
     return " ".join(f"HTTP {response.status_code} {message}".split())
 
 
+def _holder(text: str) -> dict | None:
+    """The holder a lock names; None if it names none (empty, not JSON, not an object).
+
+    Such a lock is stale, never someone else's: a lock is written whole before it exists (a local
+    file is hard-linked into place once written, a GCS object appears whole), so no live run's lock
+    reads like that, even for an instant.
+    """
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
 @contextmanager
-def hold(destination: str, *, break_foreign: bool = False) -> Iterator[None]:
-    """Own ``destination`` for the block, or raise naming who does."""
+def hold(destination: str, *, break_foreign: bool = False, name: str = LOCK_NAME) -> Iterator[None]:
+    """Own ``destination`` (or, with ``name``, one part of it) for the block, or raise naming who does."""
     if "://" in destination and not destination.startswith("gs://"):
         yield
         return
-    store = _GcsLock(destination) if destination.startswith("gs://") else _LocalLock(destination)
+    store = _GcsLock(destination) if destination.startswith("gs://") else _LocalLock(destination, name)
     me = _me()
     mine = json.dumps(me)
     for _ in range(3):
@@ -173,14 +211,11 @@ def hold(destination: str, *, break_foreign: bool = False) -> Iterator[None]:
         if current is None:
             continue  # released meanwhile
         text, version = current
-        try:
-            holder = json.loads(text)
-        except ValueError:
-            holder = None  # being written this instant, or damaged: not ours to judge
+        holder = _holder(text)
         # --overwrite breaks what cannot be checked from here (another host), never a holder alive on this one
         foreign = holder is not None and holder.get("host") != me["host"]
-        if holder is not None and (stale(holder) or (break_foreign and foreign)):
-            store.remove(version)  # only if it is still the holder we judged
+        if holder is None or stale(holder) or (break_foreign and foreign):
+            store.remove(version)  # only if it is still the lock we judged
             continue
         raise CkptConvError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
                             "destination; wait for it, or if it is gone (another host), rerun with --overwrite "
@@ -192,7 +227,7 @@ def hold(destination: str, *, break_foreign: bool = False) -> Iterator[None]:
     finally:
         try:
             current = store.read()
-            if current is not None and json.loads(current[0]).get("pid") == me["pid"]:
+            if current is not None and (_holder(current[0]) or {}).get("pid") == me["pid"]:
                 store.remove(current[1])
-        except (OSError, ValueError):
+        except OSError:
             pass

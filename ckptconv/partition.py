@@ -18,13 +18,15 @@ import json
 import os
 import re
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
 from ckptconv.plan import ConversionPlan
 
 STAGING = "ckptconv-partitions"
+READ_BYTES = 16 * 2**20  # checksums read files in pieces of this size (bounded memory)
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class Partition:
     def marker_name(self) -> str:
         return f"partition{self.index}of{self.count}.json"
 
+    @property
+    def lock_name(self) -> str:
+        """One writer per partition directory (``I/N`` and ``I/M`` write the same one)."""
+        return f"partition{self.index}.lock"
+
 
 def assign(plan: ConversionPlan, count: int) -> tuple[int, ...]:
     """The partition of every job: largest jobs first, each to the partition with the fewest bytes."""
@@ -76,10 +83,51 @@ def require_local(destination: str) -> None:
 
 
 def read_marker(destination: str, partition: Partition) -> dict | None:
+    """The partition's marker, None if absent or not a JSON object (damaged: the partition is redone)."""
     try:
-        return json.loads((staging_dir(destination) / partition.marker_name).read_text())
+        record = json.loads((staging_dir(destination) / partition.marker_name).read_text())
     except (FileNotFoundError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
+
+
+def data_dir(destination: str, partition: Partition) -> Path:
+    return staging_dir(destination) / f"ocdbt.process_{partition.process_id}"
+
+
+def file_sums(directory: Path) -> dict[str, list[int]]:
+    """``{relative path: [size, crc32]}`` of every file under ``directory``: what a marker vouches for."""
+    sums = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = Path(root) / name
+            crc, size = 0, 0
+            with open(path, "rb") as f:
+                while piece := f.read(READ_BYTES):
+                    stop_if_terminated()  # a finalize reads every staged byte: a signal need not wait
+                    crc, size = zlib.crc32(piece, crc), size + len(piece)
+            sums[path.relative_to(directory).as_posix()] = [size, crc]
+    return sums
+
+
+def damaged_files(destination: str, partition: Partition, record: dict) -> list[str]:
+    """The staged files of ``partition`` that are not as its marker recorded (missing, resized,
+    other bytes), by path; a marker without a record of its files vouches for nothing."""
+    recorded = record.get("files")
+    directory = data_dir(destination, partition)
+    if not isinstance(recorded, dict) or not recorded:
+        return [f"{directory} (its marker records no files)"]
+    found = file_sums(directory) if directory.is_dir() else {}
+    problems = []
+    for name, want in sorted(recorded.items()):
+        got = found.get(name)
+        if got is None:
+            problems.append(f"{directory / name} missing")
+        elif got[0] != want[0]:
+            problems.append(f"{directory / name} has {got[0]} bytes, {want[0]} written")
+        elif got[1] != want[1]:
+            problems.append(f"{directory / name} changed since it was written (crc32)")
+    return problems
 
 
 def write_marker(destination: str, partition: Partition, record: dict) -> None:
@@ -110,6 +158,13 @@ def finished(destination: str, count: int, fingerprint: str) -> list[dict]:
     if missing:
         raise CkptConvError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
                             f"run `ckptconv convert SRC DST --partition I/{count}` for each")
+    # a marker says the data was whole when written; only the data itself says it still is
+    for index, record in enumerate(records):
+        problems = damaged_files(destination, Partition(index, count), record)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise CkptConvError(f"{destination}: cannot finalize: partition {index}/{count}'s staged data is not as "
+                                f"written: {shown}; rerun `ckptconv convert SRC DST --partition {index}/{count}`")
     return records
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ckptconv import destination
-from ckptconv.errors import BadInputError
+from ckptconv.errors import BadInputError, CkptConvError
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,15 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     import jax
     import orbax.checkpoint as ocp
 
-    list_keys(items)  # a damaged database fails here, in one call, before Orbax's concurrent reads
-    tree = ocp.PyTreeCheckpointHandler().metadata(destination.path(items))
+    try:
+        list_keys(items)  # a damaged database fails here, in one call, before Orbax's concurrent reads
+    except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
+        raise CkptConvError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
+    try:
+        tree = ocp.PyTreeCheckpointHandler().metadata(destination.path(items))
+    except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
+        raise CkptConvError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
+                            f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}") from None
     tree = getattr(tree, "tree", tree)
     leaves = []
     for key_path, meta in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_meta)[0]:
@@ -131,3 +138,52 @@ def open_items_leaf(items: str, path: tuple[str, ...]):
 
 def read_region(store, index: tuple[slice, ...]) -> np.ndarray:
     return np.asarray(store[index].read().result())
+
+
+def read_leaf_region(items: str, leaf_name: str, store, index: tuple[slice, ...]) -> np.ndarray:
+    """:func:`read_region` for a reader that trusts the checkpoint: a chunk that is missing, cut
+    short or does not decode is one line naming the leaf and the file (tensorstore's words)."""
+    try:
+        return read_region(store, index)
+    except ValueError as err:
+        raise CkptConvError(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}") from None
+
+
+def open_leaf_checked(items: str, path: tuple[str, ...]):
+    """:func:`open_items_leaf`, with a leaf whose array metadata is missing or damaged in one line."""
+    try:
+        return open_items_leaf(items, path)
+    except ValueError as err:
+        raise CkptConvError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of "
+                            f"another checkpoint): {_first_line(err, 300)}") from None
+
+
+def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] = frozenset()) -> list[str]:
+    """One line per leaf with a stored chunk that does not decode (read one chunk at a time).
+
+    Reading a chunk's raw bytes proves little: a flipped byte in a zstd frame, or in the shard
+    index whose crc32c Orbax writes, reads fine and fails only when decoded, as an export or a
+    restore decodes it. ``skip``: array names already reported unreadable.
+    """
+    problems = []
+    for leaf in leaves:
+        name = ".".join(leaf.path)
+        if name in skip or leaf.chunk_shape is None or not leaf.shape:
+            continue
+        try:
+            store = open_items_leaf(items, leaf.path)
+            chunk = tuple(store.chunk_layout.read_chunk.shape or leaf.chunk_shape)
+            for corner in np.ndindex(*(-(-d // c) for d, c in zip(leaf.shape, chunk))):
+                box = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(corner, chunk, leaf.shape))
+                try:
+                    store[box].read().result()
+                except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
+                    problems.append(f"{leaf.name}: chunk {list(corner)} does not decode ({_first_line(err)})")
+                    break  # one line per leaf: the rest of it is suspect anyway
+        except Exception as err:  # noqa: BLE001 - its array metadata is damaged
+            problems.append(f"{leaf.name}: cannot open ({_first_line(err)})")
+    return problems
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]
