@@ -369,8 +369,20 @@ def test_bit_rot_in_a_stored_chunk_is_caught_without_the_source(synth_dir, tmp_p
     deep = run_cli("inspect", str(ckpt), "--deep", "--json")
     assert deep.returncode == 1, deep.stdout
     assert any("wi_0/kernel: chunk" in p for p in json.loads(deep.stdout)["problems"])
+    alone = run_cli("verify", str(ckpt), "--json", "--progress", "none")  # no SRC: the checksums alone
+    assert alone.returncode == 1, alone.stdout + alone.stderr
+    result = json.loads(alone.stdout)
+    assert not result["ok"] and not result["compared_with_source"]
+    assert any("wi_0/kernel: chunk" in p for p in result["mismatches"])
     exported = run_cli("export", str(ckpt), str(tmp_path / "hf"), "--like", str(src), "--progress", "none")
     assert exported.returncode == 1 and "wi_0/kernel is damaged" in one_line(exported)
+
+
+def test_verify_without_a_source_accepts_a_whole_checkpoint(converted):
+    _, ckpt = converted
+    whole = run_cli("verify", str(ckpt), "--progress", "none")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "verify: OK" in whole.stdout and "no SRC given" in whole.stdout
 
 
 def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, tmp_path, monkeypatch):
