@@ -151,6 +151,7 @@ def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]], *ext
                     [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--name", name,
                      "--type", "process", *extra], env={**env, "CKPTCONV_WORKER": name, **more}, cwd=ROOT,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_online(env["PREFECT_API_URL"], specs, procs, tmp_path)
         yield procs
     finally:
         for proc in procs.values():
@@ -162,6 +163,26 @@ def _workers(env: dict, tmp_path: Path, specs: dict[str, tuple[str, dict]], *ext
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _wait_online(api: str, specs: dict[str, tuple[str, dict]], procs: dict, tmp_path: Path,
+                 cap_seconds: float = 300) -> None:
+    """Until the server lists every worker as online in its pool: a test that spreads runs over workers
+    must not start while one is still importing Prefect (on a busy machine that takes a while)."""
+    deadline = time.monotonic() + cap_seconds
+    waiting = set(specs)
+    while waiting:
+        for name in sorted(waiting):
+            pool = specs[name][0]
+            if procs[name].poll() is not None:
+                raise AssertionError(f"worker {name} exited: {(tmp_path / f'{name}.log').read_text()[-2000:]}")
+            found = httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=30).json()
+            if any(w.get("name") == name and w.get("status") == "ONLINE" for w in found):
+                waiting.discard(name)
+        if waiting and time.monotonic() > deadline:
+            raise AssertionError(f"workers {sorted(waiting)} not online after {cap_seconds} s")
+        if waiting:
+            time.sleep(0.5)
 
 
 @pytest.mark.slow

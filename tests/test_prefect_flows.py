@@ -165,7 +165,7 @@ CANARY = "hf_CANARYflow0123456789abcdef"
 
 @pytest.mark.parametrize("token, endpoint, reason", [
     (CANARY + "\nsecond line", None, "one line of printable ASCII"),  # malformed: refused before use
-    (CANARY, "http://127.0.0.1:1", "giving up on http://127.0.0.1:1"),  # the hub unreachable: retried, one line
+    (CANARY, "http://127.0.0.1:1", "cannot reach http://127.0.0.1:1"),  # the hub unreachable (and not cached): one line
 ])
 def test_a_token_never_reaches_a_flow_runs_state_logs_or_artifacts(tmp_path, memory_limit, monkeypatch, token,
                                                                     endpoint, reason):
