@@ -97,7 +97,7 @@ def save_beside(report_path: str, report: dict) -> str | None:
     target = epath.Path(report_path).parent / PLOT_NAME
     try:
         target.write_text(svg)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - any storage error (gcsfs raises its own types): warn, go on
         logging.getLogger("ckptconv").warning("ckptconv: could not save the RSS plot %s: %s", target, err)
         return None
     return str(target)

@@ -87,13 +87,15 @@ def print_artifacts(slug: str, artifacts: dict, plot: Path) -> int:
 
 
 def _report_summary(report: dict) -> str:
+    from ckptconv.units import human_bytes, human_seconds
     from flows.artifacts import STAGES
 
-    stages = ", ".join(f"{name} {report['stage_seconds'][name]:.2f}s" for name in STAGES if name in report["stage_seconds"])
+    stages = ", ".join(f"{name} {human_seconds(report['stage_seconds'][name])}" for name in STAGES
+                       if name in report["stage_seconds"])
     return (f"  {report['family']}: {report['tensors']} tensors -> {report['leaves']} leaves, "
-            f"{report['output_bytes'] / GIB:.3f} GiB on {report['devices']} devices (scan_layers={report['scan_layers']})\n"
-            f"  wall {report['wall_seconds']:.2f}s ({stages})\n"
-            f"  peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB (the conversion's own high-water mark)")
+            f"{human_bytes(report['output_bytes'])} on {report['devices']} devices (scan_layers={report['scan_layers']})\n"
+            f"  wall {human_seconds(report['wall_seconds'])} (busy per stage, overlapping: {stages})\n"
+            f"  peak RSS {human_bytes(report['peak_rss_bytes'])} (the conversion's own high-water mark)")
 
 
 def _artifacts(slug: str, flow_run_id) -> dict:
@@ -122,7 +124,11 @@ def _row_brief(data) -> str | None:
     if not rows:
         return None
     row = rows[0]
-    return f"status {row.get('status')}, wall {row.get('wall_seconds')} s, peak RSS {row.get('peak_rss_mib')} MiB"
+    from ckptconv.units import human_bytes, human_seconds
+
+    peak = row.get("peak_rss_mib")
+    return (f"status {row.get('status')}, wall {human_seconds(row.get('wall_seconds'))}, "
+            f"peak RSS {human_bytes(None if peak is None else peak * 2**20)}")
 
 
 def _progress_brief(data) -> str | None:
