@@ -29,7 +29,8 @@ from tasks.job import Conversion, slugify
 MIB = 1024**2
 STAGES = ("plan", "read", "transform", "write", "commit")  # pipeline order (the report's JSON is sorted)
 OVERLAP_NOTE = ("Read and transform run in a background thread while the writer writes, so their busy "
-                "times overlap the write's and the stages add up to more than the wall time.")
+                "times overlap the write's and the stages add up to more than the wall time. Time in no "
+                "band is start-up (loading JAX and Orbax) and waiting.")
 ERROR_CHARS = 160  # an error in the zoo table is one line; the model's own run has the rest
 
 
@@ -96,7 +97,7 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
     return [
         ("status", status),
         ("source", f"`{source.get('uri', job.source)}` ({provenance})"),
-        ("destination", f"`{job.destination}` (MaxText: `load_parameters_path={job.destination.rstrip('/')}/0/items`)"),
+        ("destination", f"`{job.destination}`"),
         ("layout", f"{report['devices']} devices, scan_layers={str(report['scan_layers']).lower()}, {report['dtype']}"),
         ("model", f"{report['family']} (decoder block {report['maxtext_decoder_block']}), "
                   f"{report['tensors']} tensors -> {report['leaves']} leaves"),
