@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, destination, devices, lock, partition, waits
+from ckptconv import __version__, destination, devices, estimate, lock, partition, rssplot, waits
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -70,7 +70,7 @@ def convert(request: ConvertRequest) -> dict:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
-    timer = StageTimer()
+    timer = StageTimer(sample_rss=True)
     started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
@@ -145,6 +145,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
+    report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan)
+    rssplot.save_beside(report_path, report)  # before the report: a complete report's plot is there
     destination.write_report(report_path, report)
     if beside:
         destination.drop_leftovers(request.destination)
@@ -184,7 +186,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)), devices=request.devices,
         process_id=part.process_id, on_tile=lambda leaf, n: (trim_now_and_then(n), progress.advance(0, n)),
         use_compression=request.compression)
-    timer.add("write", timer.wall() - begin)
+    timer.add("write", timer.wall() - begin, begin)
     progress.close()
     report = {
         "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
@@ -243,8 +245,8 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
             extra_items=dict(MAXTEXT_EXTRA_ITEMS), adopt=adopt,
         )
     end = timer.wall()
-    timer.add("write", last_tile[0] - begin)
-    timer.add("commit", end - last_tile[0])
+    timer.add("write", last_tile[0] - begin, begin)
+    timer.add("commit", end - last_tile[0], last_tile[0])
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,

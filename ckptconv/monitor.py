@@ -3,6 +3,9 @@
 Peak RSS is the kernel's own high-water mark (``VmHWM``), not a sampling thread that
 misses short peaks. Stage times from worker threads add up as busy seconds, so with reads
 overlapping writes their sum can exceed the wall time; the report says both.
+
+For the picture (RSS over time, stages as bands) a conversion also samples its RSS a few times a
+second and records when each stage was busy (``timeline``): bounded in size, however long the run.
 """
 
 from __future__ import annotations
@@ -48,22 +51,86 @@ def run_figures(timer: "StageTimer", output_bytes: int) -> dict:
     CPU seconds (all threads, user + system) in total and per GiB written, to size a VM by."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime
-    return {"stage_seconds": timer.as_dict(), "wall_seconds": round(timer.wall(), 3),
-            "peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": round(cpu, 3),
-            "cpu_seconds_per_gib": round(cpu / (output_bytes / 2**30), 3) if output_bytes else None}
+    figures = {"stage_seconds": timer.as_dict(), "wall_seconds": round(timer.wall(), 3),
+               "peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": round(cpu, 3),
+               "cpu_seconds_per_gib": round(cpu / (output_bytes / 2**30), 3) if output_bytes else None}
+    if timer.sampler is not None:
+        figures["timeline"] = timer.timeline()
+    return figures
+
+
+class RssSampler:
+    """Samples this process's RSS every ``interval`` seconds in a daemon thread, in at most ``max_points``.
+
+    When the list is full, neighbouring pairs are merged into one point holding the larger RSS and the
+    interval doubles: a 10-hour run keeps as many points as a 10-second one, and no peak between
+    samples that were taken is lost to the thinning. (Peaks between samples are what ``VmHWM`` is for.)
+    """
+
+    def __init__(self, clock, interval: float = 0.25, max_points: int = 400) -> None:
+        self.clock, self.interval, self.max_points = clock, interval, max_points
+        self.points: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="ckptconv-rss", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> None:
+        with self._lock:
+            self.points.append((round(self.clock(), 3), current_rss_bytes()))
+            if len(self.points) > self.max_points:
+                pairs = zip(self.points[0::2], self.points[1::2] + [None])
+                self.points = [a if b is None else (a[0], max(a[1], b[1])) for a, b in pairs]
+                self.interval *= 2
+
+    def stop(self) -> list[tuple[float, int]]:
+        """Stop sampling (after one last sample); returns the points, ``(seconds since start, bytes)``."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self.sample()
+        with self._lock:
+            return list(self.points)
+
+    def _run(self) -> None:
+        self.sample()
+        while not self._stop.wait(self.interval):
+            self.sample()
 
 
 class StageTimer:
-    """Thread-safe accumulator of seconds per named stage."""
+    """Thread-safe accumulator of seconds per named stage, and of when each stage was busy (spans).
 
-    def __init__(self) -> None:
+    Spans of one stage closer than ``SPAN_GAP_FRACTION`` of the run so far (at least
+    ``MIN_SPAN_GAP`` seconds) merge into one band: a stage busy tile after tile is one band, and a
+    long run has at most a few hundred per stage. ``sample_rss`` also samples RSS (``RssSampler``).
+    """
+
+    MIN_SPAN_GAP = 0.25
+    SPAN_GAP_FRACTION = 0.005
+
+    def __init__(self, sample_rss: bool = False) -> None:
         self.seconds: dict[str, float] = {stage: 0.0 for stage in STAGES}
+        self.spans: dict[str, list[list[float]]] = {}
         self._lock = threading.Lock()
         self.started = time.perf_counter()
+        self.sampler = RssSampler(self.wall) if sample_rss else None
 
-    def add(self, stage: str, seconds: float) -> None:
+    def add(self, stage: str, seconds: float, start: float | None = None) -> None:
+        """Add busy seconds to ``stage``; ``start`` (seconds since the timer started) places its span,
+        by default ending now."""
+        start = self.wall() - seconds if start is None else start
         with self._lock:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+            self._add_span(stage, max(start, 0.0), max(start, 0.0) + seconds)
+
+    def _add_span(self, stage: str, start: float, end: float) -> None:
+        spans = self.spans.setdefault(stage, [])
+        gap = max(self.MIN_SPAN_GAP, self.SPAN_GAP_FRACTION * end)
+        if spans and start - spans[-1][1] <= gap:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -71,10 +138,19 @@ class StageTimer:
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - start)
+            self.add(name, time.perf_counter() - start, start - self.started)
 
     def wall(self) -> float:
         return time.perf_counter() - self.started
+
+    def timeline(self) -> dict:
+        """RSS samples ``[seconds, bytes]`` and busy spans ``{stage: [[start, end], ...]}`` (seconds since start);
+        stops the sampler."""
+        rss = self.sampler.stop() if self.sampler is not None else []
+        with self._lock:
+            spans = {stage: [[round(a, 3), round(b, 3)] for a, b in self.spans[stage]]
+                     for stage in STAGES if stage in self.spans}
+        return {"rss": [[t, b] for t, b in rss], "spans": spans}
 
     def as_dict(self) -> dict[str, float]:
         with self._lock:

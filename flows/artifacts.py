@@ -1,10 +1,16 @@
-"""What a conversion leaves in Prefect: tables, a markdown summary and a link, under stable keys.
+"""What a conversion leaves in Prefect, under stable keys: one page for people, the rest for machines.
 
-Per model (``<slug>`` from the model's name or destination): ``conversion-<slug>`` (a table,
-one row per stage), ``conversion-<slug>-summary`` (markdown), ``conversion-<slug>-output``
-(a link), ``conversion-<slug>-progress`` (made by the conversion task while it runs) and
-``conversion-<slug>-row`` (the model's zoo row, read back by a zoo that dispatched the run).
-Per zoo run: ``zoo-<name>``, one row per model. Builders are pure; the tasks only publish.
+Per model (``<slug>`` from the model's name or destination):
+
+- ``conversion-<slug>`` (markdown), the one to read: status and headline, the RSS plot (RSS over
+  time, predicted and measured peaks, stages as bands), the stage table in human units with the
+  wall time beside it, where the output is and how it was verified;
+- ``conversion-<slug>-progress`` (made by the conversion task while it runs);
+- ``conversion-<slug>-row`` (a one-row table with raw figures: a zoo that dispatched the run reads it back).
+
+Per zoo run: ``zoo-<name>`` (markdown: one line per model, eight columns, each linking to the model's
+page) and ``zoo-<name>-rows`` (the same rows with every raw field, as a table). Builders are pure;
+the tasks only publish.
 """
 
 from __future__ import annotations
@@ -12,62 +18,104 @@ from __future__ import annotations
 import os
 
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.settings import get_current_settings
 
+from ckptconv import rssplot
+from ckptconv.units import human_bytes, human_seconds
 from tasks.job import Conversion, slugify
 
-GIB = 1024**3
 MIB = 1024**2
 STAGES = ("plan", "read", "transform", "write", "commit")  # pipeline order (the report's JSON is sorted)
+OVERLAP_NOTE = ("Read and transform run in a background thread while the writer writes, so their busy "
+                "times overlap the write's and the stages add up to more than the wall time. Time in no "
+                "band is start-up (loading JAX and Orbax) and waiting.")
+ERROR_CHARS = 160  # an error in the zoo table is one line; the model's own run has the rest
 
 
 def stage_rows(report: dict) -> list[dict]:
-    """One row per stage (seconds, bytes, MiB/s), then the wall-clock total with the conversion's peak RSS.
+    """One row per stage (busy seconds, bytes moved, rate), then the wall time with the conversion's peak RSS.
 
     The peak is the conversion process's own high-water mark (VmHWM). A skipped run describes the
     conversion that wrote the checkpoint (its report's figures).
     """
-    peak = report["peak_rss_bytes"]
     moved = {"read": report["source_bytes"], "transform": report["output_bytes"], "write": report["output_bytes"]}
-    rows = [{"stage": stage, "seconds": seconds, "bytes": moved.get(stage), "mib_per_s": rate_mib_per_s(moved.get(stage), seconds),
-             "peak_rss_bytes": None} for stage, seconds in ordered_stages(report["stage_seconds"])]
+    rows = [{"stage": stage, "seconds": seconds, "bytes": moved.get(stage),
+             "mib_per_s": rate_mib_per_s(moved.get(stage), seconds), "peak_rss_bytes": None}
+            for stage, seconds in ordered_stages(report["stage_seconds"])]
     rows.append({"stage": "total (wall)", "seconds": report["wall_seconds"], "bytes": report["output_bytes"],
                  "mib_per_s": rate_mib_per_s(report["output_bytes"], report["wall_seconds"]),
-                 "peak_rss_bytes": peak})
+                 "peak_rss_bytes": report["peak_rss_bytes"]})
     return rows
 
 
+def headline(report: dict, predicted: int | None) -> str:
+    """``1.1 GiB in 6.4 s, peak RSS 340 MiB (80% of the predicted 428 MiB)``."""
+    peak = report.get("peak_rss_bytes")
+    share = f" ({peak / predicted:.0%} of the predicted {human_bytes(predicted)})" if peak and predicted else ""
+    return (f"{human_bytes(report.get('output_bytes'))} in {human_seconds(report.get('wall_seconds'))}, "
+            f"peak RSS {human_bytes(peak)}{share}")
+
+
 def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> str:
-    """The human summary: where from (with provenance), where to, layout, memory, sharding, verify."""
+    """The model's page: status and headline, the plot, the stage table (with wall time), output, details."""
+    predicted = plan.get("predicted_peak_rss_bytes")
+    status = "skipped: a complete, identical conversion was already there" if report.get("skipped") else "converted"
+    origin = " (the figures are those of the conversion that wrote it)" if report.get("skipped") else ""
+    svg = rssplot.render_report(report, predicted)
+    plot = (f"![RSS over time, predicted peak and stages]({rssplot.data_uri(svg)})\n\n" if svg
+            else "_(no RSS timeline in this report)_\n\n")
+    parts = [f"## Conversion `{job.slug}`: {status}\n",
+             f"**{headline(report, predicted)}**{origin}. Verify: {_verify_text(verified, report)}\n",
+             f"Output: [{job.destination}]({output_link(job.destination)}) (MaxText: "
+             f"`load_parameters_path={job.destination.rstrip('/')}/0/items`)\n",
+             plot + f"### Stages\n\n{OVERLAP_NOTE}\n\n{_stage_table(report)}\n",
+             f"### Details\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in _details(
+                 job, report, predicted, verified, sharding, status)) + "\n"]
+    return "\n".join(parts)
+
+
+def _stage_table(report: dict) -> str:
+    lines = ["| stage | busy | moved | rate |", "|---|---|---|---|"]
+    for row in stage_rows(report):
+        wall = row["stage"] == "total (wall)"
+        name = "**wall time**" if wall else row["stage"]
+        seconds = f"**{human_seconds(row['seconds'])}**" if wall else human_seconds(row["seconds"])
+        rate = "-" if row["mib_per_s"] is None else f"{human_bytes(row['mib_per_s'] * MIB)}/s"
+        lines.append(f"| {name} | {seconds} | {human_bytes(row['bytes'])} | {rate} |")
+    return "\n".join(lines)
+
+
+def _details(job: Conversion, report: dict, predicted: int | None, verified: dict | None, sharding: str,
+             status: str) -> list[tuple[str, str]]:
     source = report["source"]
     # a local source's per-file fingerprint details stay in the report
     provenance = ", ".join(f"{k} {v}" for k, v in source.items() if k not in ("uri", "files")) or "-"
     admission = report.get("admission") or {}
-    status = "skipped: a complete, identical conversion was already there" if report.get("skipped") else "converted"
-    rows = [
+    cpu = report.get("cpu_seconds_per_gib")
+    return [
         ("status", status),
         ("source", f"`{source.get('uri', job.source)}` ({provenance})"),
-        ("destination", f"`{job.destination}` (MaxText: `load_parameters_path={job.destination.rstrip('/')}/0/items`)"),
+        ("destination", f"`{job.destination}`"),
         ("layout", f"{report['devices']} devices, scan_layers={str(report['scan_layers']).lower()}, {report['dtype']}"),
         ("model", f"{report['family']} (decoder block {report['maxtext_decoder_block']}), "
                   f"{report['tensors']} tensors -> {report['leaves']} leaves"),
-        ("size", f"source {report['source_bytes'] / GIB:.3f} GiB, output {report['output_bytes'] / GIB:.3f} GiB"),
-        ("time", f"{report['wall_seconds']:.1f} s in ckptconv ({_stages(report)})"
-                 + (f"; CPU {report['cpu_seconds']:.1f} s, {report['cpu_seconds_per_gib']:.1f} s per GiB written"
-                    if report.get("cpu_seconds_per_gib") is not None else "")),
-        ("peak RSS", f"{_gib(report['peak_rss_bytes'])} (the conversion's own high-water mark, VmHWM); "
-                     f"predicted {_gib(plan['predicted_peak_rss_bytes'])}"
-                     + (f"; wait4 {_gib(report['wait4_maxrss_bytes'])} (includes the worker at fork)"
+        ("size", f"source {human_bytes(report['source_bytes'])}, output {human_bytes(report['output_bytes'])}"),
+        ("time", f"{human_seconds(report['wall_seconds'])} wall in ckptconv"
+                 + (f"; CPU {human_seconds(report['cpu_seconds'])}, {human_seconds(cpu)} per GiB written"
+                    if cpu is not None else "")),
+        ("peak RSS", f"{human_bytes(report['peak_rss_bytes'])} (the conversion's own high-water mark, VmHWM); "
+                     f"predicted {human_bytes(predicted)}"
+                     + (f"; wait4 {human_bytes(report['wait4_maxrss_bytes'])} (includes the worker at fork)"
                         if report.get("wait4_maxrss_bytes") else "")),
+        ("RSS plot", f"`{job.destination.rstrip('/')}/{rssplot.PLOT_NAME}` (beside the report)"),
         ("admission", f"held {admission.get('held_gb', '?')} GB of `{admission.get('limit', '?')}` "
                       f"(limit {admission.get('limit_gb', '?')} GB)"),
         ("sharding", sharding),
         ("verify", _verify_text(verified, report)),
         ("attempts", str(report.get("attempts", 1))),
     ]
-    table = "\n".join(f"| {key} | {value} |" for key, value in rows)
-    return f"## Conversion `{job.slug}`\n\n| | |\n|---|---|\n{table}\n"
 
 
 def output_link(destination: str) -> str:
@@ -79,8 +127,10 @@ def output_link(destination: str) -> str:
     return "file://" + os.path.abspath(destination)
 
 
-def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int) -> dict:
-    """One zoo summary row for this run: status, wall time, peak RSS (VmHWM), size, retries, memory held and when."""
+def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int,
+            predicted: int | None = None, artifact_id: str | None = None) -> dict:
+    """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, retries, memory held and
+    when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
     admission = report.get("admission") or {}
     status = "failed" if error else "skipped" if report.get("skipped") else "complete"
@@ -89,23 +139,79 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "devices": job.devices,
         "wall_seconds": report.get("child_seconds" if report.get("skipped") else "wall_seconds"),
         "peak_rss_mib": _round(report.get("peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
+        "predicted_peak_mib": _round(predicted, MIB),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
+        "artifact_id": artifact_id,
     }
 
 
+ZOO_COLUMNS = ("model", "status", "error or headline", "wall", "peak RSS", "output", "ran on", "retries")
+
+
+def zoo_markdown(name: str, rows: list[dict], ui_url: str | None) -> str:
+    """The zoo's page: one line per model (at most eight columns), failures first, each model linking to its
+    own page (``<ui>/artifacts/artifact/<id>``) where the details are."""
+    ok = sum(row.get("status") in ("complete", "skipped") for row in rows)
+    lines = [f"## Zoo `{name}`: {ok} of {len(rows)} models ok\n",
+             "| " + " | ".join(ZOO_COLUMNS) + " |", "|" + "---|" * len(ZOO_COLUMNS)]
+    ordered = sorted(rows, key=lambda row: row.get("status") in ("complete", "skipped"))  # stable: problems first
+    for row in ordered:
+        cells = (_model_cell(row, ui_url), _status_cell(row.get("status")), _note(row),
+                 human_seconds(row.get("wall_seconds")), _mib(row.get("peak_rss_mib")), _mib(row.get("output_mib")),
+                 _where(row), str(row.get("retries", "-")))
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n\nWall is the conversion's own; peak RSS its VmHWM. Every raw field: `zoo-" \
+        f"{slugify(name)}-rows`.\n"
+
+
+def _model_cell(row: dict, ui_url: str | None) -> str:
+    model = str(row.get("model", "?"))
+    if not row.get("artifact_id"):
+        return model
+    return f"[{model}]({(ui_url or '').rstrip('/')}/artifacts/artifact/{row['artifact_id']})"
+
+
+def _status_cell(status: str | None) -> str:
+    return {"complete": "complete", "skipped": "skipped (done before)"}.get(status or "", f"**{status or '?'}**")
+
+
+def _note(row: dict) -> str:
+    """The error's first line for a model that did not complete; else the peak against its prediction."""
+    if row.get("error"):
+        first = str(row["error"]).strip().splitlines()[0] if str(row["error"]).strip() else "?"
+        return first if len(first) <= ERROR_CHARS else first[:ERROR_CHARS - 1] + "…"
+    peak, predicted = row.get("peak_rss_mib"), row.get("predicted_peak_mib")
+    share = f"peak {peak / predicted:.0%} of predicted {_mib(predicted)}" if peak and predicted else ""
+    return ", ".join(p for p in ("verified" if row.get("status") == "complete" else "", share) if p) or "-"
+
+
+def _where(row: dict) -> str:
+    return " / ".join(str(row[k]) for k in ("pool", "worker") if row.get(k)) or "-"
+
+
+def _cell(text: str) -> str:
+    """A table cell: one line, no column breaks."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else human_bytes(value * MIB)
+
+
+def ui_url() -> str | None:
+    """The Prefect UI's address, for links that work outside the UI too (None: links relative to the UI)."""
+    return get_current_settings().ui_url
+
+
 @task(name="publish-artifacts", task_run_name="publish-{job.slug}", cache_policy=NO_CACHE)
-def publish_model_artifacts(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> list[str]:
-    """Create the model's stage table, markdown summary and output link; returns their keys."""
-    key = f"conversion-{job.slug}"
+def publish_model_artifacts(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> str:
+    """Create the model's page (``conversion-<slug>``); returns its artifact id (for the zoo's link)."""
     origin = " (skipped now; figures of the conversion that wrote it)" if report.get("skipped") else ""
-    create_table_artifact(stage_rows(report), key=key,
-                          description=f"{job.source} -> {job.destination}: seconds per stage{origin}")
-    create_markdown_artifact(summary_markdown(job, plan, report, verified, sharding), key=f"{key}-summary",
-                             description=f"conversion of {job.source}")
-    create_link_artifact(output_link(job.destination), link_text=job.destination, key=f"{key}-output",
-                         description="the MaxText checkpoint (load DST/0/items)")
-    return [key, f"{key}-summary", f"{key}-output", f"{key}-progress"]
+    artifact_id = create_markdown_artifact(summary_markdown(job, plan, report, verified, sharding),
+                                           key=f"conversion-{job.slug}",
+                                           description=f"{job.source} -> {job.destination}{origin}")
+    return str(artifact_id)
 
 
 @task(name="publish-row", task_run_name="publish-row-{job.slug}", cache_policy=NO_CACHE)
@@ -118,15 +224,13 @@ def publish_row(job: Conversion, row: dict) -> str:
 
 @task(name="publish-zoo-summary", cache_policy=NO_CACHE)
 def publish_zoo_summary(name: str, rows: list[dict]) -> str:
-    """Create the zoo run's one summary table; returns its key."""
+    """Create the zoo run's page (``zoo-<name>``) and its raw table (``zoo-<name>-rows``); returns the page's key."""
     key = f"zoo-{slugify(name)}"
-    failed = sum(row["status"] == "failed" for row in rows)
-    create_table_artifact(rows, key=key, description=f"zoo '{name}': {len(rows) - failed} of {len(rows)} models ok")
+    failed = sum(row.get("status") not in ("complete", "skipped") for row in rows)
+    summary = f"zoo '{name}': {len(rows) - failed} of {len(rows)} models ok"
+    create_markdown_artifact(zoo_markdown(name, rows, ui_url()), key=key, description=summary)
+    create_table_artifact(rows, key=f"{key}-rows", description=f"{summary}; every raw field")
     return key
-
-
-def _stages(report: dict) -> str:
-    return ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in ordered_stages(report["stage_seconds"]))
 
 
 def ordered_stages(stage_seconds: dict) -> list[tuple[str, float]]:
@@ -136,8 +240,8 @@ def ordered_stages(stage_seconds: dict) -> list[tuple[str, float]]:
 def _verify_text(verified: dict | None, report: dict) -> str:
     if verified is None:
         return "not rerun: the output is unchanged since the conversion that wrote it" if report.get("skipped") else "-"
-    return (f"OK: {verified['leaves']} leaves, {verified['tensors']} tensors, {verified['bytes'] / MIB:.1f} MiB "
-            f"equal to the transformed source bit for bit ({verified['seconds']:.1f} s)")
+    return (f"OK: {verified['leaves']} leaves, {verified['tensors']} tensors, {human_bytes(verified['bytes'])} "
+            f"equal to the transformed source bit for bit ({human_seconds(verified['seconds'])})")
 
 
 def rate_mib_per_s(nbytes: int | None, seconds: float) -> float | None:
@@ -146,7 +250,3 @@ def rate_mib_per_s(nbytes: int | None, seconds: float) -> float | None:
 
 def _round(value: int | None, unit: int) -> float | None:
     return None if value is None else round(value / unit, 1)
-
-
-def _gib(value: int | None) -> str:
-    return "-" if value is None else f"{value / GIB:.2f} GiB"

@@ -37,62 +37,105 @@ def main() -> int:
     os.environ.update(SETTINGS)
     os.environ.pop("PREFECT_API_URL", None)  # always the temporary local server, never a configured one
     from ckptconv import synth
+    from ckptconv.rssplot import PLOT_NAME
 
     from flows.model import convert_model
 
     source, destination = (OUT / "hf").resolve(), (OUT / "maxtext").resolve()
     print(f"synthesising a small Qwen3 checkpoint in {source} ...", flush=True)
     synth.write_checkpoint(demo_model(), str(source))
-    row = convert_model(source=str(source), destination=str(destination), devices=16, scan_layers=True,
-                        dtype="bfloat16", overwrite=True, name="demo-qwen3")
+    state = convert_model(source=str(source), destination=str(destination), devices=16, scan_layers=True,
+                          dtype="bfloat16", overwrite=True, name="demo-qwen3", return_state=True)
+    row = state.result()
     print("\n== ckptconv inspect", destination, flush=True)
     subprocess.run([sys.executable, "-m", "ckptconv", "inspect", str(destination)], check=False)
     print("\n== report", destination / "ckptconv-report.json")
     print(_report_summary(json.loads((destination / "ckptconv-report.json").read_text())))
-    print("\n== artifacts (read back from the Prefect server)")
-    for artifact in _artifacts(row["model"]):
-        print(f"  {artifact.key:<34} {artifact.type:<9} {_brief(artifact)}")
+    print("\n== artifacts of this flow run (read back from the Prefect server)")
+    status = print_artifacts(row["model"], _artifacts(row["model"], state.state_details.flow_run_id),
+                             destination / PLOT_NAME)
     print(f"\nPrefect state is in {SETTINGS['PREFECT_HOME']}. To browse the run and its artifacts:\n"
           f"  PREFECT_HOME={SETTINGS['PREFECT_HOME']} {sys.executable} -m prefect server start   # then open http://127.0.0.1:4200/artifacts\n"
           f"  PREFECT_HOME={SETTINGS['PREFECT_HOME']} {sys.executable} -m prefect artifact inspect conversion-{row['model']}")
+    return status
+
+
+def print_artifacts(slug: str, artifacts: dict, plot: Path) -> int:
+    """Print one line per artifact the flow promises (and the plot beside the report); 1 if any is missing.
+
+    CI runs ``make demo`` after the tests: a renamed or lost artifact must fail it, not print nothing.
+    """
+    missing = []
+    for suffix, brief in BRIEFS.items():
+        key = f"conversion-{slug}{suffix}"
+        artifact = artifacts.get(key)
+        if artifact is None:
+            missing.append(key)
+            print(f"  {key:<34} MISSING")
+            continue
+        text = brief(artifact.data)
+        if text is None:
+            missing.append(f"{key} (unreadable)")
+        print(f"  {key:<34} {artifact.type:<9} {text or 'UNREADABLE'}")
+    if not plot.is_file() or plot.stat().st_size == 0:
+        missing.append(str(plot))
+    print(f"  {'RSS plot beside the report':<34} {'file':<9} {plot if str(plot) not in missing else 'MISSING'}")
+    if missing:
+        print(f"demo: missing: {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _report_summary(report: dict) -> str:
+    from ckptconv.units import human_bytes, human_seconds
     from flows.artifacts import STAGES
 
-    stages = ", ".join(f"{name} {report['stage_seconds'][name]:.2f}s" for name in STAGES if name in report["stage_seconds"])
+    stages = ", ".join(f"{name} {human_seconds(report['stage_seconds'][name])}" for name in STAGES
+                       if name in report["stage_seconds"])
     return (f"  {report['family']}: {report['tensors']} tensors -> {report['leaves']} leaves, "
-            f"{report['output_bytes'] / GIB:.3f} GiB on {report['devices']} devices (scan_layers={report['scan_layers']})\n"
-            f"  wall {report['wall_seconds']:.2f}s ({stages})\n"
-            f"  peak RSS {report['peak_rss_bytes'] / GIB:.2f} GiB (the conversion's own high-water mark)")
+            f"{human_bytes(report['output_bytes'])} on {report['devices']} devices (scan_layers={report['scan_layers']})\n"
+            f"  wall {human_seconds(report['wall_seconds'])} (busy per stage, overlapping: {stages})\n"
+            f"  peak RSS {human_bytes(report['peak_rss_bytes'])} (the conversion's own high-water mark)")
 
 
-def _artifacts(slug: str) -> list:
+def _artifacts(slug: str, flow_run_id) -> dict:
+    """This flow run's artifacts whose key starts with ``conversion-<slug>``, by key."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=f"conversion-{slug}")))
-    latest = {}
-    for artifact in sorted(found, key=lambda a: a.created):
-        latest[artifact.key] = artifact
-    return [latest[key] for key in sorted(latest)]
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(like_=f"conversion-{slug}"), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {artifact.key: artifact for artifact in sorted(found, key=lambda a: a.created)}  # the latest per key
 
 
-def _brief(artifact) -> str:
-    data = artifact.data
-    if artifact.type == "table":
-        rows = json.loads(data) if isinstance(data, str) else data
-        total = next((r for r in rows if str(r.get("stage", "")).startswith("total")), None)
-        if total is None:  # the zoo row (``-row``): one row of figures, not stages
-            return f"{len(rows)} row(s): status {rows[0].get('status') if rows else '-'}"
-        return f"{len(rows)} rows; total {total.get('seconds')} s, peak RSS {total.get('peak_rss_bytes')} bytes"
-    if artifact.type == "markdown" and artifact.key.endswith("-output"):
-        return str(data)
-    if artifact.type == "markdown":
-        return next((line for line in str(data).splitlines() if line.startswith("| sharding")), "").strip("| ")
-    return str(data)
+def _page_brief(data) -> str | None:
+    """The page's headline (its bold line) and whether the RSS plot is embedded."""
+    text = str(data or "")
+    line = next((line for line in text.splitlines() if line.startswith("**")), None)
+    if line is None:
+        return None
+    plot = "with the RSS plot" if "](data:image/svg+xml;base64," in text else "NO PLOT"
+    return f"{line.split('**')[1]}; {plot}"
+
+
+def _row_brief(data) -> str | None:
+    rows = json.loads(data) if isinstance(data, str) else data
+    if not rows:
+        return None
+    row = rows[0]
+    from ckptconv.units import human_bytes, human_seconds
+
+    peak = row.get("peak_rss_mib")
+    return (f"status {row.get('status')}, wall {human_seconds(row.get('wall_seconds'))}, "
+            f"peak RSS {human_bytes(None if peak is None else peak * 2**20)}")
+
+
+def _progress_brief(data) -> str | None:
+    return None if data is None else f"{float(data):.0f}%"
+
+
+BRIEFS = {"": _page_brief, "-row": _row_brief, "-progress": _progress_brief}  # every artifact the flow promises
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def convert_one(job: Conversion, timeout_seconds: float = DEFAULT_TIMEOUT_SECOND
     verified = None if report["skipped"] else verify_checkpoint(job, timeout_seconds)
     inspected.wait()
     sharding = _sharding(job, inspected.state)
-    publish_model_artifacts(job, plan, report, verified, sharding)
-    return {**zoo_row(job, report, None, report.get("attempts", 1)), "worker": worker_name()}
+    page = publish_model_artifacts(job, plan, report, verified, sharding)
+    row = zoo_row(job, report, None, report.get("attempts", 1), plan["predicted_peak_rss_bytes"], page)
+    return {**row, "worker": worker_name()}
 
 
 def _sharding(job: Conversion, state: State) -> str:

@@ -185,7 +185,7 @@ def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(syn
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("\n") == 1 and "no room for the new checkpoint beside the old one" in again.stderr
     assert json.loads((dst / "ckptconv-report.json").read_text())["devices"] == 2
-    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json"]
+    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json", "ckptconv-rss.svg"]
 
 
 def test_export_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs, tmp_path):
@@ -230,7 +230,7 @@ def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, 
     assert run_cli("verify", str(src), str(dst)).returncode == 0
     assert _convert(src, dst, "--overwrite", "--dtype", "float32").returncode == 0
     assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "float32"
-    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json"]
+    assert sorted(p.name for p in dst.iterdir()) == ["0", "ckptconv-report.json", "ckptconv-rss.svg"]
     assert run_cli("verify", str(src), str(dst)).returncode == 0
 
 

@@ -40,6 +40,7 @@ def test_gs_to_gs_inspect_verify_skip_refuse_overwrite_upstream_change(gcs, gs_s
               for blob in gcs.client().list_blobs(uri[5:].split("/")[0], prefix="models/tiny/")}
     assert report["source"] == {"uri": uri, "kind": "gcs", "generations": listed}
     assert {"0/commit_success.txt", "0/items/_METADATA", "ckptconv-report.json"} <= set(gcs.objects(dst))
+    assert gcs.read(f"{dst}/ckptconv-rss.svg").startswith(b"<svg")  # the RSS plot beside the report, on GCS too
 
     inspected = run_cli("inspect", dst)
     assert inspected.returncode == 0, inspected.stderr

@@ -126,16 +126,17 @@ def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tm
     verified = run_cli("verify", str(source), str(destination), "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"]
 
-    keys = [f"conversion-e2e-tiny{suffix}" for suffix in ("", "-summary", "-output", "-progress")]
+    keys = [f"conversion-e2e-tiny{suffix}" for suffix in ("", "-row", "-progress")]
     found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": keys}}}, timeout=10).json()
     artifacts = {a["key"]: a for a in found if a["flow_run_id"] == flow_run_id}
     assert set(artifacts) == set(keys)
-    rows = artifacts["conversion-e2e-tiny"]["data"]
-    rows = json.loads(rows) if isinstance(rows, str) else rows
-    assert [r["stage"] for r in rows] == ["plan", "read", "transform", "write", "commit", "total (wall)"]
-    assert all(isinstance(r["seconds"], (int, float)) for r in rows)
-    assert isinstance(rows[-1]["peak_rss_bytes"], int) and rows[-1]["peak_rss_bytes"] > 50 * 2**20
-    assert "| verify | OK" in artifacts["conversion-e2e-tiny-summary"]["data"]
+    page = artifacts["conversion-e2e-tiny"]["data"]
+    for stage in ("plan", "read", "transform", "write", "commit", "**wall time**"):
+        assert f"| {stage} | " in page, stage
+    assert "](data:image/svg+xml;base64," in page and "| verify | OK" in page
+    row = artifacts["conversion-e2e-tiny-row"]["data"]
+    row = (json.loads(row) if isinstance(row, str) else row)[0]
+    assert row["artifact_id"] == artifacts["conversion-e2e-tiny"]["id"] and row["peak_rss_mib"] > 50
     assert artifacts["conversion-e2e-tiny-progress"]["data"] == 100
     shutil.rmtree(destination)
 
@@ -210,7 +211,7 @@ def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(de
     assert zoo.returncode == 0, zoo.stdout[-3000:] + zoo.stderr[-3000:]
 
     api = env["PREFECT_API_URL"]
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-pool-zoo"]}},
+    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-pool-zoo-rows"]}},
                                                         "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
     rows = found[0]["data"]
     rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}

@@ -10,12 +10,15 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 
 import pytest
 import yaml
 from prefect import flow
 
 import flows.model
+from ckptconv.units import human_bytes, human_seconds
+from flows.artifacts import ui_url
 from flows.model import convert_model
 from flows.zoo import convert_zoo
 from tasks import Conversion, convert_checkpoint
@@ -41,26 +44,29 @@ def test_convert_model_converts_verifies_and_publishes(synth_dir, tmp_path, memo
     assert (row["model"], row["status"], row["retries"], row["held_gb"]) == ("qwen3-tiny", "complete", 0, 1)
     assert (destination / "0" / "items" / "_METADATA").exists()
 
-    stages = _table("conversion-qwen3-tiny")
-    assert [r["stage"] for r in stages] == ["plan", "read", "transform", "write", "commit", "total (wall)"]
-    assert all(isinstance(r["seconds"], (int, float)) and r["seconds"] >= 0 for r in stages)
-    total = stages[-1]
-    assert total["bytes"] == 213760 and 50 * 2**20 < total["peak_rss_bytes"] < 2 * GIB  # the conversion's VmHWM
+    page = latest_artifact("conversion-qwen3-tiny")  # the model's one page for people
+    assert page.type == "markdown"
     report = json.loads((destination / "ckptconv-report.json").read_text())
-    assert total["seconds"] == report["wall_seconds"]
-
-    summary = latest_artifact("conversion-qwen3-tiny-summary").data
+    summary = page.data
+    for stage in ("plan", "read", "transform", "write", "commit"):
+        assert f"| {stage} | {human_seconds(report['stage_seconds'][stage])} |" in summary, stage
+    assert f"| **wall time** | **{human_seconds(report['wall_seconds'])}** |" in summary and "overlap" in summary
+    assert "](data:image/svg+xml;base64," in summary and (destination / "ckptconv-rss.svg").is_file()
+    assert 50 * 2**20 < report["peak_rss_bytes"] < 2 * GIB  # the conversion's VmHWM
+    assert f"peak RSS {human_bytes(report['peak_rss_bytes'])}" in summary
     for text in (f"`{source}` (kind local)", f"`{destination}`", "4 devices, scan_layers=true, bfloat16",
                  "| verify | OK: 13 leaves, 24 tensors", "(the conversion's own high-water mark, VmHWM)", f"held 1 GB of `{limit}` (limit 8 GB)",
                  "| sharding | 13 leaves sharded over 4 devices, 1 replicated; chunks within shards |",  # + MaxText's step
-                 "| attempts | 1 |", f"CPU {report['cpu_seconds']:.1f} s, {report['cpu_seconds_per_gib']:.1f} s per GiB"):
+                 "| attempts | 1 |", f"CPU {human_seconds(report['cpu_seconds'])}, "
+                 f"{human_seconds(report['cpu_seconds_per_gib'])} per GiB", f"Output: [{destination}](file://{destination})"):
         assert text in summary, text
-    assert latest_artifact("conversion-qwen3-tiny-output").data.endswith(f"(file://{destination})")
     assert latest_artifact("conversion-qwen3-tiny-progress").data == 100
+    published = _table("conversion-qwen3-tiny-row")[0]
+    assert published["artifact_id"] == str(page.id) and published["peak_rss_mib"] == round(report["peak_rss_bytes"] / 2**20, 1)
 
     again = convert_model(source=str(source), destination=str(destination), devices=4)
     assert again["status"] == "skipped"
-    summary = latest_artifact("conversion-qwen3-tiny-summary").data
+    summary = latest_artifact("conversion-qwen3-tiny").data
     assert "| status | skipped" in summary and "| verify | not rerun" in summary
 
 
@@ -98,7 +104,7 @@ def test_sigkilled_conversion_is_retried_and_completes(synth_dir, tmp_path, memo
     runs = task_runs(state.state_details.flow_run_id)
     assert runs["convert-killed-once"].run_count == 2
     assert runs["verify-killed-once"].state.is_completed()
-    summary = latest_artifact("conversion-killed-once-summary").data
+    summary = latest_artifact("conversion-killed-once").data
     assert "| attempts | 2 |" in summary and "| verify | OK" in summary
 
 
@@ -136,14 +142,19 @@ def test_zoo_packs_by_memory_and_reports_the_broken_model(synth_dir, tmp_path, m
     assert state.is_failed()
     assert state.message.startswith("1 of 3 models failed") and "zoo-broken: BadInput" in state.message
 
-    rows = {row["model"]: row for row in _table("zoo-test-zoo")}
+    rows = {row["model"]: row for row in _table("zoo-test-zoo-rows")}
     assert [rows[m]["status"] for m in ("zoo-a", "zoo-b", "zoo-broken")] == ["complete", "complete", "failed"]
     assert "config.json: missing" in rows["zoo-broken"]["error"] and rows["zoo-broken"]["retries"] == 0
     for name in ("zoo-a", "zoo-b"):
         row = rows[name]
         assert row["error"] is None and row["retries"] == 0 and row["held_gb"] == 1
         assert row["wall_seconds"] > 0 and 50 < row["peak_rss_mib"] < 2048 and row["output_mib"] == 0.2
-        assert "| verify | OK" in latest_artifact(f"conversion-{name}-summary").data
+        assert "| verify | OK" in latest_artifact(f"conversion-{name}").data
+    page = latest_artifact("zoo-test-zoo")
+    assert page.type == "markdown" and "## Zoo `test-zoo`: 2 of 3 models ok" in page.data
+    assert re.search(r"^\| zoo-broken \| \*\*failed\*\* \| .*config\.json: missing", page.data, re.M)
+    for name in ("zoo-a", "zoo-b"):
+        assert f"| [{name}]({ui_url() or ''}/artifacts/artifact/{rows[name]['artifact_id']}) | complete |" in page.data
     windows = [(dt.datetime.fromisoformat(r["admitted_at"]), dt.datetime.fromisoformat(r["released_at"]), r["held_gb"])
                for r in rows.values() if r["held_gb"]]
     assert _max_concurrent_gb(windows) <= 1

@@ -161,8 +161,8 @@ def test_summary_markdown_and_links():
     job = Conversion("/src", "/dst", devices=4)
     text = summary_markdown(job, {"predicted_peak_rss_bytes": GIB}, REPORT, None, "13 leaves sharded over 4 devices")
     assert "| sharding | 13 leaves sharded over 4 devices |" in text and "| attempts | 2 |" in text
-    assert "0.20 GiB (the conversion's own high-water mark, VmHWM)" in text and "predicted 1.00 GiB" in text
-    assert "wait4 0.88 GiB (includes the worker at fork)" in text and "held 1 GB of `l`" in text
+    assert "200 MiB (the conversion's own high-water mark, VmHWM)" in text and "predicted 1 GiB" in text
+    assert "wait4 900 MiB (includes the worker at fork)" in text and "held 1 GB of `l`" in text
     assert zoo_row(job, REPORT, None, 2)["peak_rss_mib"] == 200
     assert output_link("gs://b/p/q") == "https://console.cloud.google.com/storage/browser/b/p/q"
     assert output_link("/x/y") == "file:///x/y"
