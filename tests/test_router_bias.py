@@ -78,3 +78,38 @@ def test_export_reads_the_bias_back_from_params_params(tmp_path, synth_dir, scan
         again |= load_file(str(file))
     for i in range(1, m.num_layers):
         assert again[HF_BIAS.format(i)].tobytes() == hf[HF_BIAS.format(i)].tobytes(), i
+
+
+# ckptconv before the move: the same rules, the bias's output in the MoEBiasVar collection
+LEGACY_CONVERT = """
+import dataclasses, sys
+from ckptconv.families import deepseek
+bias = next(r for r in deepseek.FAMILY.rules if r.hf.endswith("e_score_correction_bias"))
+old = dataclasses.replace(bias, outputs=(dataclasses.replace(bias.outputs[0], collection="MoEBiasVar"),))
+object.__setattr__(deepseek.FAMILY, "rules", tuple(old if r is bias else r for r in deepseek.FAMILY.rules))
+sys.argv = ["ckptconv", *sys.argv[1:]]
+from ckptconv.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
+def test_export_still_reads_the_bias_from_moebiasvar_of_earlier_checkpoints(tmp_path, synth_dir, scan):
+    import subprocess
+    import sys
+
+    m = model("deepseek_v3")
+    src, dst, back = synth_dir(m), tmp_path / "dst", tmp_path / "back"
+    flags = ["--scan-layers" if scan else "--no-scan-layers", "--devices", "2"]
+    old = subprocess.run([sys.executable, "-c", LEGACY_CONVERT, "convert", str(src), str(dst), "--progress", "none",
+                          *flags], capture_output=True, text=True, timeout=300)
+    assert old.returncode == 0, old.stderr
+    assert any(name.startswith("params/MoEBiasVar/") for name in restore(dst))  # the earlier layout
+    exported = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
+    assert exported.returncode == 0, exported.stderr
+    hf, again = load_file(str(src / "model.safetensors")), {}
+    for file in back.glob("*.safetensors"):
+        again |= load_file(str(file))
+    assert again.keys() == hf.keys()
+    for name, value in hf.items():
+        assert again[name].tobytes() == value.tobytes(), name
