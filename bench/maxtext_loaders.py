@@ -1,6 +1,7 @@
 """Load ckptconv's DeepSeek-V3 / Kimi-K2 checkpoints with both of MaxText 0.2.5's loaders; writes ``bench/LOADERS.md``.
 
-    .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--keep]
+    bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
+    .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--merge]
 
 Per case: a tiny random model made with transformers' own ``DeepseekV3ForCausalLM`` (weights and
 router bias rounded to bfloat16, so the bf16 checkpoint holds them exactly; the bias random, not
@@ -33,7 +34,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WORK = BENCH / "work" / "loaders"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", "/work/main/bench/.maxtext-venv/bin/python"))
+MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
 TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 200, 9, 64]
 
@@ -297,6 +298,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=str(BENCH / "LOADERS.md"))
     parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
     args = parser.parse_args(argv)
+    if not MT_PYTHON.exists():
+        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []

@@ -113,9 +113,9 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
 
 def _where_stored(jobs: tuple[Job, ...], params: dict[tuple[str, ...], StoredLeaf]) -> tuple[Job, ...]:
     """``jobs`` reading each leaf the checkpoint lacks under ``params/params`` from another
-    collection that holds it at the same path: earlier versions of ckptconv wrote DeepSeek's router bias
-    in ``params/MoEBiasVar`` (MaxText's model declares it so; its inference loader reads only
-    ``params/params``)."""
+    collection that holds it at the same path: earlier versions of ckptconv wrote DeepSeek's
+    router bias in ``params/MoEBiasVar`` (MaxText's model declares it so; its inference loader
+    reads only ``params/params``)."""
     elsewhere = {path[2:]: path for path in params if path[:2] != (PARAM_ROOT, "params")}
     moved = {leaf.path: elsewhere[leaf.path[2:]] for job in jobs for leaf in job.leaves
              if leaf.path not in params and leaf.path[2:] in elsewhere}

@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckptconv import synth
+from ckptconv.families import FAMILIES
 from tests.conftest import run_cli
 from tests.test_convert import DTYPES, restore
 
@@ -27,6 +28,13 @@ def model(model_type: str, quantization: str | None = None) -> synth.SynthModel:
     return synth.SynthModel(model_type=model_type, hidden_size=128, num_layers=4, num_heads=2, head_dim=16,
                             intermediate_size=160, moe_intermediate_size=64, num_experts=8, vocab_size=256,
                             quantization=quantization)
+
+
+def test_every_family_writes_only_the_params_collection():
+    """MaxText's from_pretrained restores params/params only: a leaf in any other collection is lost."""
+    elsewhere = [(family.name, rule.hf, output.collection) for family in FAMILIES for rule in family.rules
+                 for output in rule.outputs if output.collection != "params"]
+    assert elsewhere == []
 
 
 CASES = [("deepseek_v3", None, True, 4, "bfloat16"), ("deepseek_v3", None, False, 1, "float32"),
@@ -62,7 +70,7 @@ def test_router_bias_is_written_under_params_params(tmp_path, synth_dir, model_t
     verified = run_cli("verify", str(src), str(dst))
     assert verified.returncode == 0 and "verify: OK" in verified.stdout, verified.stdout + verified.stderr
     inspected = run_cli("inspect", str(dst))
-    assert inspected.returncode == 0 and f"params/params/decoder/moe_layers" in inspected.stdout, inspected.stderr
+    assert inspected.returncode == 0 and "params/params/decoder/moe_layers" in inspected.stdout, inspected.stderr
 
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
