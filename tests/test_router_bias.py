@@ -121,3 +121,27 @@ def test_export_still_reads_the_bias_from_moebiasvar_of_earlier_checkpoints(tmp_
     assert again.keys() == hf.keys()
     for name, value in hf.items():
         assert again[name].tobytes() == value.tobytes(), name
+
+
+def test_rerun_over_the_earlier_layout_is_not_already_done(tmp_path, synth_dir):
+    """Same source, same options: the fingerprint matches, but the checkpoint is not what this version
+    writes (it would crash from_pretrained). A rerun says so and --overwrite redoes it."""
+    import subprocess
+    import sys
+
+    src, dst = synth_dir(model("deepseek_v3")), tmp_path / "dst"
+    flags = ["--progress", "none", "--devices", "2"]
+    old = subprocess.run([sys.executable, "-c", LEGACY_CONVERT, "convert", str(src), str(dst), *flags],
+                         capture_output=True, text=True, timeout=300)
+    assert old.returncode == 0, old.stderr
+    rerun = run_cli("convert", str(src), str(dst), *flags)
+    assert rerun.returncode == 2, rerun.stdout + rerun.stderr
+    assert "params/params/decoder/moe_layers/DeepSeekMoeBlock_0/MoeBlock_0/gate/bias" in rerun.stderr
+    assert "--overwrite" in rerun.stderr and len(rerun.stderr.strip().splitlines()) == 1
+    assert any(name.startswith("params/MoEBiasVar/") for name in restore(dst))  # nothing overwritten
+    redone = run_cli("convert", str(src), str(dst), *flags, "--overwrite")
+    assert redone.returncode == 0, redone.stderr
+    names = restore(dst)
+    assert f"params/params/decoder/moe_layers/{BIAS}" in names and not any("MoEBiasVar" in n for n in names)
+    again = run_cli("convert", str(src), str(dst), *flags)
+    assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
