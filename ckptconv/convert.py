@@ -93,6 +93,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.partition or request.finalize:
         partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
+        _check_layout(plan, request.destination)
         report = {**state.report, "status": "complete", "skipped": True}
         destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
@@ -291,6 +292,19 @@ def _check_paths(source: str, target: str) -> None:
     if a.startswith(b) or b.startswith(a):
         raise BadInputError(f"{target}: the destination and the source {source} overlap (one holds the other); "
                             "convert into a directory of its own")
+
+
+def _check_layout(plan: ConversionPlan, dst: str) -> None:
+    """A complete checkpoint of this source and these options may still be in a layout an earlier
+    ckptconv wrote (DeepSeek's router bias in ``params/MoEBiasVar``, which MaxText's from_pretrained
+    never restores): the fingerprint covers what is read, not where it goes. Refused, not skipped."""
+    from ckptconv.stored import read_items_metadata
+
+    stored = {leaf.path for leaf in read_items_metadata(destination.items_path(dst).as_posix())}
+    missing = sorted(leaf.name for leaf in plan.leaves if leaf.path not in stored)
+    if missing:
+        raise DestinationExistsError(f"{dst}: converted from this source by an earlier ckptconv, in another layout "
+                                     f"(no leaf {missing[0]!r}); pass --overwrite to convert it again")
 
 
 def _occupant(state: destination.DestinationState) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ml_dtypes
@@ -104,7 +104,7 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
         targets = {name: Target(name, shape, out_dtype) for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
-        candidates.append((scan, jobs))
+        candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
     hf_names = _hf_names(like, family, [p.name for job in jobs for p in job.pieces])
@@ -143,6 +143,20 @@ def _first_difference(recorded: Any, mine: Any, path: str = "", only_recorded: b
 def _shown(value: Any) -> str:
     text = "unset" if value is None else json.dumps(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _where_stored(jobs: tuple[Job, ...], params: dict[tuple[str, ...], StoredLeaf]) -> tuple[Job, ...]:
+    """``jobs`` reading each leaf the checkpoint lacks under ``params/params`` from another
+    collection that holds it at the same path: earlier versions of ckptconv wrote DeepSeek's
+    router bias in ``params/MoEBiasVar`` (MaxText's model declares it so; its inference loader
+    reads only ``params/params``)."""
+    elsewhere = {path[2:]: path for path in params if path[:2] != (PARAM_ROOT, "params")}
+    moved = {leaf.path: elsewhere[leaf.path[2:]] for job in jobs for leaf in job.leaves
+             if leaf.path not in params and leaf.path[2:] in elsewhere}
+    if not moved:
+        return jobs
+    return tuple(replace(job, leaves=tuple(replace(leaf, path=moved.get(leaf.path, leaf.path)) for leaf in job.leaves))
+                 for job in jobs)
 
 
 def _device_count(leaf: StoredLeaf) -> int:

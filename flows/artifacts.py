@@ -71,7 +71,7 @@ def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict |
              f"Output: [{job.destination}]({output_link(job.destination)}) (MaxText: "
              f"`load_parameters_path={job.destination.rstrip('/')}/0/items`)\n",
              plot + f"### Stages\n\n{OVERLAP_NOTE}\n\n{_stage_table(report)}\n",
-             f"### Details\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in _details(
+             "### Details\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in _details(
                  job, report, predicted, verified, sharding, status)) + "\n"]
     return "\n".join(parts)
 

@@ -59,7 +59,8 @@ def stacked(shape: tuple, n: int) -> tuple:
 
 def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     """MaxText's deepseek3 tree (printed from its model): dense_layers then moe_layers; the router bias
-    in the MoEBiasVar collection, its layers stacked on axis 0."""
+    (a MoEBiasVar in the model) under params/params, where from_pretrained restores it, its layers
+    stacked on axis 0 as the model stacks it."""
     c = m.config()
     emb, heads, L, dense, E = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], \
         c["first_k_dense_replace"], c["n_routed_experts"]
@@ -89,9 +90,9 @@ def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
         if stack == "moe_layers":
             bias = f"decoder/{{}}/{b}/MoeBlock_0/gate/bias"
             if scan:
-                leaves["params/MoEBiasVar/" + bias.format(stack)] = (n, E)
+                leaves["params/params/" + bias.format(stack)] = (n, E)
             else:
-                leaves |= {"params/MoEBiasVar/" + bias.format(f"{stack}_{i}"): (E,) for i in range(n)}
+                leaves |= {"params/params/" + bias.format(f"{stack}_{i}"): (E,) for i in range(n)}
     return leaves
 
 

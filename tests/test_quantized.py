@@ -184,8 +184,8 @@ def expected_deepseek(hf: dict, model: synth.SynthModel, scan: bool, dtype: str)
     for stack, tree, hf_layers in (("dense_layers", dense_layer, range(dense)), ("moe_layers", moe_layer,
                                                                                 range(dense, layers))):
         for name, make in tree.items():
-            # MaxText keeps the router bias in its MoEBiasVar collection, layers stacked on axis 0
-            root, axis = ("params/MoEBiasVar", 0) if name == BIAS else ("params/params", 1)
+            # the router bias (a MoEBiasVar in MaxText's model) under params/params, layers stacked on axis 0
+            root, axis = "params/params", 0 if name == BIAS else 1
             if scan:
                 params[f"{root}/decoder/{stack}/{name}"] = np.stack([make(i) for i in hf_layers], axis=axis)
             else:

@@ -42,9 +42,10 @@ def untied(spec: ModelSpec) -> bool:
 class Output:
     """One leaf a rule writes: its MaxText path and the steps from the HF tensor to it.
 
-    ``collection``: the variable collection the leaf lives in (``params``; DeepSeek's router bias
-    is a ``MoEBiasVar``), stored as ``items/params/<collection>/...``. Scanned, MaxText stacks
-    parameters' layers on axis 1 and other collections' on axis 0 (``layer_axis``).
+    ``collection``: the variable collection the leaf lives in, stored as
+    ``items/params/<collection>/...`` (every family writes ``params``: MaxText's inference loader
+    reads no other). Scanned, MaxText stacks parameters' layers on axis 1 and other variables'
+    (DeepSeek's router bias, a ``MoEBiasVar``) on axis 0 (``layer_axis``).
     """
 
     path: tuple[str, ...]

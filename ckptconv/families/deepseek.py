@@ -6,7 +6,9 @@ Multi-head latent attention: queries through a low-rank pair (``wq_a``, RMSNorm 
 ``rope_interleave`` matches HF's), so kernels are only transposed and reshaped. The first
 ``first_k_dense_replace`` layers are dense (``decoder/dense_layers``), the rest MoE
 (``decoder/moe_layers``: a sigmoid router with ``e_score_correction_bias`` as ``gate/bias``,
-routed experts, and ``n_shared_experts`` shared ones as one wider MLP).
+routed experts, and ``n_shared_experts`` shared ones as one wider MLP). The router bias is written
+in the ``params`` collection, where every MaxText 0.2.5 loader finds it, not in the ``MoEBiasVar``
+collection the model declares it in (see the rule).
 
 The hub releases are FP8 with 128x128 block scales; they are dequantised per read unit as
 MaxText's ``deepseek_dequantize.py`` does. Kimi-K2-Thinking ships its routed experts as
@@ -64,9 +66,12 @@ ROWS = LAYER_NORM_ROWS + (
          ("emb", "shared_mlp"), KERNEL, kinds=MOE),
     rule(L + "mlp.gate.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "kernel"), ("experts", "emb"), KERNEL,
          kinds=MOE),
-    # MaxText (deepseek3, kimi-k2) keeps the router bias as a MoEBiasVar, outside the trained params.
+    # MaxText's model declares the router bias a MoEBiasVar, but only its training loader looks in
+    # that collection (and falls back to params); from_pretrained restores params/params only. So
+    # it goes where both find it: under params, its layers stacked on axis 0 as the model stacks
+    # a MoEBiasVar (not on param_scan_axis 1).
     Rule(L + "mlp.gate.e_score_correction_bias", ("experts",),
-         (Output(("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), collection="MoEBiasVar", layer_axis=0),), kinds=MOE),
+         (Output(("DeepSeekMoeBlock_0", "MoeBlock_0", "gate", "bias"), layer_axis=0),), kinds=MOE),
     rule(L + "mlp.experts.{expert}.gate_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_0"), ("moe_mlp", "emb"),
          KERNEL, kinds=MOE),
     rule(L + "mlp.experts.{expert}.up_proj.weight", ("DeepSeekMoeBlock_0", "MoeBlock_0", "wi_1"), ("moe_mlp", "emb"),

@@ -1,0 +1,324 @@
+"""Load ckptconv's DeepSeek-V3 / Kimi-K2 checkpoints with both of MaxText 0.2.5's loaders; writes ``bench/LOADERS.md``.
+
+    bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
+    .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--merge]
+
+Per case: a tiny random model made with transformers' own ``DeepseekV3ForCausalLM`` (weights and
+router bias rounded to bfloat16, so the bf16 checkpoint holds them exactly; the bias random, not
+transformers' zeros, so it steers routing), its logits in float32, then ``ckptconv convert
+--dtype float32``, then, each in a fresh process of MaxText's venv:
+
+- ``model_creation_utils.from_pretrained`` (the loader of MaxText's inference and tunix paths)
+  and one forward pass, logits against transformers' (f32, max abs <= 1e-4);
+- ``checkpointing.load_params_from_path`` (the training loader) into the model's abstract state,
+  every leaf against what the checkpoint holds (restored with Orbax's public API), bit for bit.
+
+The same runs on a checkpoint in the earlier layout (the bias in the ``MoEBiasVar`` collection,
+written by ckptconv at ``--legacy-rev``) show what the move fixes. MaxText runs with its own
+``deepseek3-671b`` / ``kimi-k2-1t`` configs, sizes overridden (``override_model_config``).
+Work files go to bench/work/loaders/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+WORK = BENCH / "work" / "loaders"
+MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
+TOLERANCE = 1e-4
+TOKENS = [3, 17, 101, 42, 7, 200, 9, 64]
+
+# The tiny model: one dense layer then two MoE layers; MaxText's MLA sizes as the HF config's.
+SIZES = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4, "n_routed_experts": 8,
+         "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+         "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+         "norm_topk_prob": True, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+         "num_nextn_predict_layers": 0}
+# The RoPE of MaxText's own model config for each (deepseek3-671b.yml, kimi-k2-1t.yml), as HF writes it
+FAMILIES = {
+    "deepseek3": {"maxtext_model": "deepseek3-671b", "model_type": "deepseek_v3", "routed_scaling_factor": 2.5,
+                  "max_position_embeddings": 163840,
+                  "rope": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                           "original_max_position_embeddings": 4096}},
+    "kimi-k2": {"maxtext_model": "kimi-k2-1t", "model_type": "kimi_k2", "routed_scaling_factor": 2.827,
+                "max_position_embeddings": 131072,
+                "rope": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096}},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    scan: bool
+    layout: str = "current"  # current: this tree's ckptconv; legacy: ckptconv at --legacy-rev
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{'scan' if self.scan else 'noscan'}" + ("-legacy" if self.layout == "legacy" else "")
+
+
+CASES = [Case(f, s) for f in FAMILIES for s in (True, False)] + [Case("deepseek3", s, "legacy") for s in (True, False)]
+
+
+# --- in MaxText's venv -----------------------------------------------------------------------
+
+def make_hf(family: str, out: str) -> None:
+    """A random tiny model from transformers' own class; its logits on TOKENS in float32."""
+    import numpy as np
+    import torch
+    import transformers
+
+    f = FAMILIES[family]
+    torch.manual_seed(0)
+    config = transformers.DeepseekV3Config(**SIZES, routed_scaling_factor=f["routed_scaling_factor"],
+                                           max_position_embeddings=f["max_position_embeddings"],
+                                           rope_parameters=dict(f["rope"]), initializer_range=0.05)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                tensor.copy_(torch.randn(tensor.shape) * 0.2)
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(torch.bfloat16).to(torch.float32))
+        tokens = torch.tensor([TOKENS])
+        logits = model(tokens).logits[0].numpy()
+        biases = [m.e_score_correction_bias for m in model.modules() if hasattr(m, "e_score_correction_bias")]
+        saved = [b.clone() for b in biases]
+        for b in biases:
+            b.zero_()
+        without_bias = model(tokens).logits[0].numpy()
+        for b, s in zip(biases, saved):
+            b.copy_(s)
+    model.to(torch.bfloat16).save_pretrained(out)
+    if f["model_type"] != "deepseek_v3":  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
+        path = Path(out) / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": f["model_type"]}, indent=2))
+    np.save(Path(out) / "hf_logits.npy", logits)
+    print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max())}))
+
+
+def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
+    import maxtext
+    from maxtext.configs import pyconfig
+
+    s = SIZES
+    overrides = {
+        "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "loaders",
+        "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
+        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
+        "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
+        "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False,
+        "base_emb_dim": s["hidden_size"], "base_num_query_heads": s["num_attention_heads"],
+        "base_num_kv_heads": s["num_key_value_heads"], "base_mlp_dim": s["intermediate_size"],
+        "base_moe_mlp_dim": s["moe_intermediate_size"], "base_num_decoder_layers": s["num_hidden_layers"],
+        "first_num_dense_layers": s["first_k_dense_replace"], "vocab_size": s["vocab_size"],
+        "num_experts": s["n_routed_experts"], "num_experts_per_tok": s["num_experts_per_tok"],
+        "shared_experts": s["n_shared_experts"], "q_lora_rank": s["q_lora_rank"], "kv_lora_rank": s["kv_lora_rank"],
+        "qk_nope_head_dim": s["qk_nope_head_dim"], "qk_rope_head_dim": s["qk_rope_head_dim"],
+        "v_head_dim": s["v_head_dim"],
+    }
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
+
+
+def run_from_pretrained(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    import jax.numpy as jnp
+    import numpy as np
+    from maxtext.utils import model_creation_utils
+
+    config = maxtext_config(family, ckpt, scan, work)
+    model, _ = model_creation_utils.from_pretrained(config)
+    tokens = jnp.asarray([TOKENS], jnp.int32)
+    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
+    logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
+    hf = np.load(Path(hf_dir) / "hf_logits.npy")
+    diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
+    return {"max_abs_logits_diff": diff, "ok": diff <= TOLERANCE}
+
+
+def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from maxtext.common import checkpointing
+    from maxtext.layers import moe
+    from maxtext.utils import model_creation_utils
+
+    config = maxtext_config(family, ckpt, scan, work)
+    _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
+    abstract = nnx.state(abstract_model, (nnx.Param, moe.MoEBiasVar))
+    loaded = checkpointing.load_params_from_path(ckpt, abstract, config.checkpoint_storage_concurrent_gb)
+    pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
+    got = {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
+    # what was written, every collection merged by leaf path (as the model addresses it)
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(ckpt)
+    meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    written = checkpointer.restore(ckpt, args=ocp.args.PyTreeRestore(restore_args=args))
+    want = {}
+    for collection, tree in written["params"].items():
+        for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            want["/".join(str(k.key) for k in path)] = (collection, np.asarray(v))
+    mismatched = sorted(k for k in want if k not in got or got[k].shape != want[k][1].shape
+                        or got[k].tobytes() != want[k][1].astype(got[k].dtype).tobytes())
+    bias = sorted(k for k in want if k.endswith("gate/bias"))
+    return {"leaves_written": len(want), "leaves_loaded": len(got), "mismatched": mismatched[:5],
+            "n_mismatched": len(mismatched), "bias_leaves": {k: [want[k][0], list(want[k][1].shape)] for k in bias},
+            "ok": not mismatched and set(want) == set(got)}
+
+
+# --- the driver (any Python: it runs everything in fresh processes) ---------------------------
+
+def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``cmd`` in ``log``'s directory: ``python -m`` puts its working directory first on sys.path,
+    so the repository root would shadow the legacy tree on PYTHONPATH."""
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                            cwd=log.parent)
+    log.write_text(result.stdout + result.stderr)
+    return result
+
+
+def last_json(result: subprocess.CompletedProcess) -> dict:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.strip().splitlines() if "Error" in line or "error" in line]
+    return (lines[-1] if lines else result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "?")[:300]
+
+
+def legacy_tree(rev: str) -> Path:
+    """ckptconv's package as it was at ``rev``, to write the earlier layout."""
+    root = WORK / f"ckptconv-{rev}"
+    if not root.exists():
+        root.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "ckptconv"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
+def run_case(case: Case, legacy_rev: str) -> dict:
+    root = WORK / case.name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    hf, dst = root / "hf", root / "ckptconv"
+    row = {"case": case.name, "family": case.family, "scan": case.scan, "layout": case.layout}
+    made = run([MT_PYTHON, __file__, "make-hf", case.family, hf], root / "make_hf.log")
+    if made.returncode:
+        return row | {"error": "make-hf: " + error_line(made)}
+    row |= last_json(made)
+    env = {"PYTHONPATH": str(legacy_tree(legacy_rev))} if case.layout == "legacy" else None
+    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
+                     "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"],
+                    root / "convert.log", env=env)
+    if converted.returncode:
+        return row | {"error": "convert: " + error_line(converted)}
+    items = dst / "0" / "items"
+    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for step in ("from-pretrained", "load-params"):
+        args = [MT_PYTHON, __file__, step, case.family, items, str(case.scan), hf, root / f"mt-{step}"]
+        result = run(args, root / f"{step}.log", env=mt_env)
+        row[step] = last_json(result) if result.returncode == 0 else {"ok": False, "exit": result.returncode,
+                                                                       "error": error_line(result)}
+    return row
+
+
+def cell(result: dict | None, key: str) -> str:
+    if not result:
+        return "-"
+    if "error" in result:
+        return f"**fails**: `{result['error'].replace('|', '/')}`"
+    if key == "from-pretrained":
+        return f"{'**ok**' if result['ok'] else 'DIFFERENT'}, max abs {result['max_abs_logits_diff']:.1e}"
+    return (f"{'**ok**' if result['ok'] else 'DIFFERENT'}: {result['leaves_loaded']}/{result['leaves_written']} leaves"
+            + (f", mismatched {result['mismatched']}" if result["n_mismatched"] else ", every one equal"))
+
+
+def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
+    versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
+                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    lines = [
+        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 checkpoints",
+        "",
+        f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
+        "Each row: a tiny random model from transformers' `DeepseekV3ForCausalLM` (1 dense + 2 MoE layers, 8 experts, "
+        "weights and a random router bias rounded to bf16), converted by `ckptconv convert --dtype float32 --devices 1`; "
+        "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
+        "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
+        f"`legacy`: the earlier layout (router bias in `params/MoEBiasVar`), ckptconv at {legacy_rev}. "
+        "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it).",
+        "",
+        "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | - | - | {r['error']} | - |")
+            continue
+        lp = r.get("load-params", {})
+        where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
+        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f} "
+                     f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
+    lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "make-hf":
+        make_hf(argv[1], argv[2])
+        return 0
+    if argv and argv[0] in ("from-pretrained", "load-params"):
+        family, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
+        result = (run_from_pretrained(family, ckpt, scan, hf_dir, work) if argv[0] == "from-pretrained"
+                  else run_load_params(family, ckpt, scan, work))
+        print(json.dumps(result), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--legacy-rev", default="a0431e7", help="a ckptconv commit writing the bias in MoEBiasVar")
+    parser.add_argument("--out", default=str(BENCH / "LOADERS.md"))
+    parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
+    args = parser.parse_args(argv)
+    if not MT_PYTHON.exists():
+        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
+    wanted = set(args.only.split(",")) if args.only else None
+    previous = WORK / "results.json"
+    kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
+    rows = []
+    for case in CASES:
+        if wanted and case.name not in wanted:
+            continue
+        row = run_case(case, args.legacy_rev)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    names = [case.name for case in CASES]
+    rows = sorted([r for r in kept if r["case"] not in {row["case"] for row in rows}] + rows,
+                  key=lambda r: names.index(r["case"]))
+    WORK.mkdir(parents=True, exist_ok=True)
+    previous.write_text(json.dumps(rows, indent=2))
+    write(rows, Path(args.out), args.legacy_rev)
+    return 0 if all(r.get("from-pretrained", {}).get("ok") and r.get("load-params", {}).get("ok")
+                    for r in rows if r["layout"] == "current") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
