@@ -9,7 +9,6 @@ The build context is computed with docker's own ``.dockerignore`` matcher (the d
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tomllib
