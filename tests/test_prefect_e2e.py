@@ -253,7 +253,7 @@ def test_a_zoo_entry_no_worker_takes_never_starts_and_the_rest_goes_on(deployed,
     assert "1 of 2 models never started" in zoo.stdout and "zoo-nowhere (pool 'tpu-pool')" in zoo.stdout
 
     api = env["PREFECT_API_URL"]
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-half-zoo"]}},
+    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-half-zoo-rows"]}},
                                                         "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
     rows = found[0]["data"]
     rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}

@@ -138,7 +138,7 @@ def test_a_model_whose_pool_has_no_worker_never_starts_and_its_run_is_cancelled(
             f"start one with: prefect worker start --pool {pool}")
     assert state.is_failed()
     assert "1 of 1 models never started" in state.message and f"lonely-a (pool '{pool}')" in state.message
-    row = _rows("zoo-lonely")["lonely-a"]
+    row = _rows("zoo-lonely-rows")["lonely-a"]
     assert (row["status"], row["error"], row["pool"], row["worker"]) == ("never started", line, pool, None)
     run_state = _flow_run_state(f"lonely-a-on-{pool}")  # cancelled: a worker arriving later will not run it
     assert run_state.type.value == "CANCELLED" and run_state.message == line
@@ -168,7 +168,7 @@ def test_the_start_wait_runs_only_while_no_worker_can_take_the_run(prefect_serve
     finally:
         timer.cancel()
     assert time.monotonic() - started >= online  # not given up while a worker was online
-    row = _rows("zoo-queued")["queued-a"]
+    row = _rows("zoo-queued-rows")["queued-a"]
     assert state.is_failed() and row["status"] == "never started"
     assert row["error"] == (f"never started: pool '{pool}' is paused and no worker picked it up within 2 s; "
                             f"resume it with: prefect work-pool resume {pool}")
@@ -197,7 +197,7 @@ def test_a_started_run_whose_worker_vanished_is_cancelled_after_the_run_wait(pre
     state = convert_zoo(manifest=_zoo(tmp_path, "lost", pool, deployment, start_wait_seconds=600), run_wait_seconds=3,
                         return_state=True)
     worker.join(timeout=10)
-    row = _rows("zoo-lost")["lost-a"]
+    row = _rows("zoo-lost-rows")["lost-a"]
     assert state.is_failed() and row["status"] == "failed"
     assert f"{pool}: no result 3 s after a worker of pool '{pool}' started it" in row["error"], row["error"]
     assert _flow_run_state(name).type.value == "CANCELLING"  # a live worker would now stop it
