@@ -61,7 +61,8 @@ def wait_for_run(run: FlowRun, start_wait_seconds: float, run_wait_seconds: floa
                 reason = never_started_reason(pool, status, start_wait_seconds)
                 if _withdraw(client, run, reason):
                     raise NeverStarted(reason)
-                continue  # a worker took it just now: look again at once
+                # refused: a worker took it just now (or the server asks to wait): look again after the
+                # usual pause, never in a tight loop against the server
             time.sleep(POLL_SECONDS)
     return run
 
