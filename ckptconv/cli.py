@@ -397,7 +397,7 @@ def _verify_integrity(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from ckptconv.estimate import plan_summary
     from ckptconv.plan import make_plan
-    from ckptconv.sources import open_source
+    from ckptconv.read import open_source
 
     plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
     summary = plan_summary(plan)

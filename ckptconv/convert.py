@@ -22,7 +22,8 @@ from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.produce import plan_tiles, prefetch
 from ckptconv.remote_sources import GCS_ENDPOINT
-from ckptconv.sources import Source, open_source
+from ckptconv.read import open_source
+from ckptconv.sources import Source
 
 
 log = logging.getLogger("ckptconv")

@@ -37,7 +37,8 @@ from ckptconv.remote_sources import GCS_ENDPOINT
 from ckptconv.safetensors_writer import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
-from ckptconv.sources import Source, open_source
+from ckptconv.read import open_source
+from ckptconv.sources import Source
 from ckptconv.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
 from ckptconv.tiles import leaf_region, source_reads
 from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes

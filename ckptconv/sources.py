@@ -178,23 +178,6 @@ class LocalSource:
             self._fds.clear()
 
 
-def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
-    """Open a source by URI: a local directory, ``gs://bucket/dir`` or ``hf://org/repo[@rev]``.
-
-    ``hf_token_file`` names a file holding a hub token (else ``HF_TOKEN`` or a saved login).
-    Another scheme (``s3://``) is refused by name, not taken for a local directory of that name.
-    """
-    from ckptconv import locations
-
-    locations.check(uri, locations.SOURCE)
-    for prefix, class_name in _SCHEMES.items():
-        if uri.startswith(prefix):
-            from ckptconv import remote_sources  # imported only when needed: it pulls in the cloud clients
-
-            return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
-    return LocalSource(uri)
-
-
 def _allowed_roots(directory: str) -> tuple[str, ...]:
     """Where files of ``directory`` may resolve to: inside it, and for a Hugging Face cache
     snapshot (``models--ORG--NAME/snapshots/REV``, whose files link to ``../../blobs/``) the
@@ -205,7 +188,3 @@ def _allowed_roots(directory: str) -> tuple[str, ...]:
     if os.path.basename(parent) == "snapshots" and os.path.basename(repo).startswith("models--"):
         roots.append(os.path.join(repo, "blobs"))
     return tuple(roots)
-
-
-# URI prefix -> class in ckptconv.remote_sources (by name, so importing this module stays cheap).
-_SCHEMES: dict[str, str] = {"gs://": "GcsSource", "hf://": "HubSource"}

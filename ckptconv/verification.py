@@ -25,7 +25,8 @@ from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
 from ckptconv.produce import job_tiles
 from ckptconv.progress import Progress
 from ckptconv.safetensors_io import TensorInfo
-from ckptconv.sources import Source, open_source
+from ckptconv.read import open_source
+from ckptconv.sources import Source
 from ckptconv.stored import open_leaf, read_metadata, read_region
 
 # Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).

@@ -183,7 +183,7 @@ def plan_leaves(source: Path, devices: int) -> list[dict]:
     """The leaves inspect --json would show for a conversion of ``source`` (Orbax's recorded sharding)."""
     from ckptconv.plan import make_plan
     from ckptconv.sharding import MESH_AXIS, partition_spec
-    from ckptconv.sources import open_source
+    from ckptconv.read import open_source
     from ckptconv.stored import StoredLeaf
 
     plan = make_plan(open_source(str(source)), devices=devices)

@@ -1,0 +1,29 @@
+"""Where a conversion's bytes come from: ``open_source`` picks the reader for a local directory,
+``gs://`` or ``hf://`` by its scheme, importing the cloud clients only for a remote one."""
+
+from __future__ import annotations
+
+from ckptconv.sources import LocalSource, Source
+
+__all__ = ["open_source"]
+
+
+def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
+    """Open a source by URI: a local directory, ``gs://bucket/dir`` or ``hf://org/repo[@rev]``.
+
+    ``hf_token_file`` names a file holding a hub token (else ``HF_TOKEN`` or a saved login).
+    Another scheme (``s3://``) is refused by name, not taken for a local directory of that name.
+    """
+    from ckptconv import locations
+
+    locations.check(uri, locations.SOURCE)
+    for prefix, class_name in _SCHEMES.items():
+        if uri.startswith(prefix):
+            from ckptconv import remote_sources  # imported only when needed: it pulls in the cloud clients
+
+            return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
+    return LocalSource(uri)
+
+
+# URI prefix -> class in ckptconv.remote_sources (by name, so importing this module stays cheap).
+_SCHEMES: dict[str, str] = {"gs://": "GcsSource", "hf://": "HubSource"}
