@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import tempfile
 import uuid
 
@@ -77,3 +79,13 @@ def task_runs(flow_run_id) -> dict[str, object]:
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return {run.name: run for run in runs}
+
+
+def stop_server(server: subprocess.Popen, grace_seconds: float = 20) -> None:
+    """Stop a ``prefect server start`` child: SIGTERM, then SIGKILL after ``grace_seconds``."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()

@@ -30,6 +30,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.prefect_fixtures import stop_server
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -106,12 +108,7 @@ def prefect_ui(tmp_path_factory):
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
         yield base, env
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
 
 
 class Chromium:

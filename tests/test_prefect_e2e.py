@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.prefect_fixtures import stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,12 +55,7 @@ def prefect_api(tmp_path_factory):
     try:
         yield env
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
 
 
 def _start_server(tmp_path: Path, port: int, log_path: Path) -> tuple[subprocess.Popen, dict]:
