@@ -3,7 +3,7 @@ and compare the two outputs leaf by leaf, bit for bit; writes ``bench/FAMILIES.m
 
     .venv/bin/python bench/compare_families.py [--only qwen3_moe,gemma3] [--keep]
 
-Each case is a random bf16 synthetic checkpoint (``ckptconv.synth``, the hub's names and
+Each case is a random bf16 synthetic checkpoint (``ckptconv.commands.synth``, the hub's names and
 ``config.json``), converted by ``python -m ckptconv convert`` and by MaxText's converter through
 ``bench/maxtext_convert_tiny.py`` (which only puts the checkpoint's own config into MaxText's
 ``model_name`` table: MaxText cannot otherwise convert a 2-layer model). ``bench/compare_outputs.py``
@@ -27,7 +27,7 @@ WORK = BENCH / "work" / "families"
 sys.path.insert(0, str(REPO))
 
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
-from ckptconv import synth  # noqa: E402
+from ckptconv.commands import synth  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
 What one run does (everything under the git-ignored bench/work/):
 1. sets up MaxText's venv (bench/maxtext_env.sh: Python 3.12, maxtext[tpu]==0.2.5, torch; idempotent);
 2. synthesises the inputs if missing: a qwen3-0.6b-shaped and a Llama-3-8B-shaped random bf16
-   checkpoint (ckptconv.synth; the 8B one is ~16 GB);
+   checkpoint (ckptconv.commands.synth; the 8B one is ~16 GB);
 3. 0.6B: after one uncounted warm-up run of each tool, runs ckptconv, MaxText lazy and MaxText
    eager alternately, --repeats times each,
    every one a fresh child process reaped with os.wait4 (peak RSS = the kernel's ru_maxrss of that
@@ -287,7 +287,7 @@ def ensure_input(shape: str, given: str | None) -> Path:
     partial = path.with_name(path.name + ".partial")
     _rm(partial)
     print(f"synthesising {shape} input at {path} (random bf16; the 8B one takes several minutes)", flush=True)
-    code = (f"from ckptconv import synth; synth.write_checkpoint(synth.{model}, {str(partial)!r}, "
+    code = (f"from ckptconv.commands import synth; synth.write_checkpoint(synth.{model}, {str(partial)!r}, "
             f"max_shard_bytes={shard!r})")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
     partial.rename(path)
@@ -634,7 +634,7 @@ def write_results(results: dict, path: Path) -> None:
     if len(codes) > 1:
         notes.append(f"ckptconv's code changed between counted runs ({', '.join(codes)}): someone was editing "
                                 "the work tree; see the last column of All runs.")
-    lines += ["", "## Notes", "", f"- Inputs (random bf16, `ckptconv.synth`): {inputs}. "
+    lines += ["", "## Notes", "", f"- Inputs (random bf16, `ckptconv.commands.synth`): {inputs}. "
               "Both tools read the same files; the page cache was not dropped (24 GiB RAM holds the 0.6B input, "
               "not all of the 8B one), and `sync` ran before every run so no run pays for the previous one's writes.",
               "- cp: `cp -r SRC NEW && sync` on the same disk, the same bytes in and out.",

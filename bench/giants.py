@@ -31,7 +31,7 @@ REPO = BENCH.parent
 WORK = BENCH / "work" / "giants"
 sys.path.insert(0, str(REPO))
 
-from ckptconv import synth  # noqa: E402
+from ckptconv.commands import synth  # noqa: E402
 
 GIB = 1024**3
 

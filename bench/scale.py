@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def shapes():
-    from ckptconv import synth
+    from ckptconv.commands import synth
     return {"0.6b": synth.QWEN3_0_6B, "8b": synth.LLAMA3_8B}
 
 
@@ -79,7 +79,7 @@ def main() -> int:
     parser.add_argument("--src", help="an existing checkpoint of the shape (e.g. bench/work/inputs/llama3-8b)")
     parser.add_argument("--cores-only", action="store_true", help="skip the partition runs")
     opts = parser.parse_args()
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     WORK.mkdir(parents=True, exist_ok=True)
     src = Path(opts.src) if opts.src else WORK / f"src-{opts.shape}"

@@ -258,7 +258,7 @@ def _log_plainly() -> None:
 def _bound_tensorstore_requests() -> None:
     """A gs:// request that goes silent is abandoned (and retried by tensorstore) after the remote
     request timeout, as ours are: libcurl's low-speed limit, read when tensorstore first connects."""
-    from ckptconv.waits import Deadlines
+    from ckptconv.read.waits import Deadlines
 
     seconds = max(1, round(Deadlines.from_env().request_seconds))
     os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(seconds))
@@ -287,7 +287,7 @@ def run() -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ckptconv.convert import ConvertRequest, convert
+    from ckptconv.commands.convert import ConvertRequest, convert
 
     report = convert(ConvertRequest(
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
@@ -317,7 +317,7 @@ def _done_line(verb: str, target: str, report: dict) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ckptconv.export import ExportRequest, export
+    from ckptconv.commands.export import ExportRequest, export
 
     report = export(ExportRequest(
         checkpoint=args.checkpoint, destination=args.destination, like=args.like, dtype=args.dtype,
@@ -349,7 +349,7 @@ def _damaged(destination: str, action):
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from ckptconv.inspection import inspect_checkpoint, render_table
+    from ckptconv.commands.inspection import inspect_checkpoint, render_table
 
     result = _damaged(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep))
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
@@ -357,7 +357,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ckptconv.verification import verify
+    from ckptconv.commands.verification import verify
 
     if args.source is None:
         return _verify_integrity(args)
@@ -376,7 +376,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _verify_integrity(args: argparse.Namespace) -> int:
     """``verify DST``: with no source to compare against, decode every stored chunk (each carries a crc32c)."""
-    from ckptconv.inspection import inspect_checkpoint
+    from ckptconv.commands.inspection import inspect_checkpoint
 
     started = time.monotonic()
     result = _damaged(args.destination, lambda: inspect_checkpoint(args.destination, deep=True))
@@ -395,8 +395,8 @@ def _verify_integrity(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ckptconv.estimate import plan_summary
-    from ckptconv.plan import make_plan
+    from ckptconv.plan.conversion import make_plan
+    from ckptconv.plan.estimate import plan_summary
     from ckptconv.read import open_source
 
     plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)

@@ -27,7 +27,7 @@ GIB = 1024**3
 
 def demo_model():
     """A small Qwen3 (about 60 MB) that converts in a few seconds but still shows progress."""
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     return synth.SynthModel(vocab_size=32000, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
                             head_dim=64, intermediate_size=1536)
@@ -36,7 +36,7 @@ def demo_model():
 def main() -> int:
     os.environ.update(SETTINGS)
     os.environ.pop("PREFECT_API_URL", None)  # always the temporary local server, never a configured one
-    from ckptconv import synth
+    from ckptconv.commands import synth
     from ckptconv.rssplot import PLOT_NAME
 
     from flows.model import convert_model

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ckptconv.devices import device_env
+from ckptconv.plan.devices import device_env
 from tasks.failures import BadInput, ChildFailed, failure
 
 CLI = [sys.executable, "-m", "ckptconv"]

@@ -34,7 +34,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path
 @pytest.fixture
 def synth_dir(tmp_path):
     """Factory: write a synthetic checkpoint and return its directory."""
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     def make(model=None, name: str = "src", **kwargs) -> Path:
         directory = tmp_path / name

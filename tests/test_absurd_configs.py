@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
-from ckptconv.plan import make_plan
-from ckptconv.sources import LocalSource
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
 
 BIG = "1" + "0" * 400

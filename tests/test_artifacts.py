@@ -14,7 +14,9 @@ import sys
 import time
 from types import SimpleNamespace
 
-from ckptconv import rssplot, synth
+from ckptconv import rssplot
+
+from ckptconv.commands import synth
 from ckptconv.monitor import RssSampler, StageTimer, run_figures
 from ckptconv.units import human_bytes, human_seconds
 from flows.artifacts import ZOO_COLUMNS, summary_markdown, zoo_markdown, zoo_row

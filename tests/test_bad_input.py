@@ -7,7 +7,7 @@ import ml_dtypes  # noqa: F401
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 
 

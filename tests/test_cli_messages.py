@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptconv import cli, synth
+from ckptconv import cli
+
+from ckptconv.commands import synth
 from tests.conftest import ROOT, run_cli
 
 MODEL = synth.SynthModel(num_layers=2)
@@ -181,10 +183,10 @@ def test_help_shows_every_default(capsys):
 
 def plan_leaves(source: Path, devices: int) -> list[dict]:
     """The leaves inspect --json would show for a conversion of ``source`` (Orbax's recorded sharding)."""
-    from ckptconv.plan import make_plan
-    from ckptconv.sharding import MESH_AXIS, partition_spec
+    from ckptconv.families.sharding import MESH_AXIS, partition_spec
+    from ckptconv.plan.conversion import make_plan
     from ckptconv.read import open_source
-    from ckptconv.stored import StoredLeaf
+    from ckptconv.read.stored import StoredLeaf
 
     plan = make_plan(open_source(str(source)), devices=devices)
     return [StoredLeaf(leaf.path, leaf.shape, "bfloat16", (devices,) if devices > 1 else None,

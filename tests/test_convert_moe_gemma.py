@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 from tests.test_convert import DTYPES, maxtext_partition, restore
 

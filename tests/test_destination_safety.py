@@ -167,7 +167,7 @@ ONE_CHECKPOINT_KIB = 4096
 
 
 def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     src, dst = synth_dir(synth.SynthModel(**ROOMY)), small_fs(ONE_CHECKPOINT_KIB) / "dst"
     assert _convert(src, dst).returncode == 0
@@ -177,7 +177,7 @@ def test_overwrite_that_cannot_fit_deletes_nothing(synth_dir, small_fs):
 
 
 def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs):
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     src, dst = synth_dir(synth.SynthModel(**ROOMY)), small_fs(ONE_CHECKPOINT_KIB) / "dst"
     assert _convert(src, dst).returncode == 0
@@ -189,7 +189,7 @@ def test_overwrite_without_room_beside_says_so_before_deleting_and_completes(syn
 
 
 def test_export_overwrite_without_room_beside_says_so_before_deleting_and_completes(synth_dir, small_fs, tmp_path):
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     src = synth_dir(synth.SynthModel(**ROOMY))
     assert _convert(src, tmp_path / "mt").returncode == 0
@@ -235,7 +235,7 @@ def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, 
 
 
 def destination_complete(dst) -> bool:
-    from ckptconv import destination
+    from ckptconv.write import destination
 
     return destination.inspect_state(str(dst)).complete
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from ckptconv import synth
-from ckptconv.convert import ConvertRequest, convert
+from ckptconv.commands import synth
+from ckptconv.commands.convert import ConvertRequest, convert
+from ckptconv.commands.export import PENDING, ExportRequest, export
 from ckptconv.errors import BadInputError, DestinationExistsError
-from ckptconv.export import PENDING, ExportRequest, export
 from tests.conftest import run_cli
 
 MiB = 2**20
@@ -143,7 +143,7 @@ def test_shape_mismatch_with_like_exits_2_and_writes_nothing(tmp_path):
 
 def crash_after_two_files(monkeypatch) -> list[str]:
     """The export fails (a full disk) when it would close its third file; returns the names closed."""
-    from ckptconv import safetensors_writer
+    from ckptconv.write import safetensors as safetensors_writer
 
     real_close, closed = safetensors_writer.StreamedFile.close, []
 
@@ -217,13 +217,13 @@ def test_overwrite_keeps_the_old_export_complete_until_the_new_one_is_whole(tmp_
 
 def test_a_destination_another_run_holds_is_refused_and_left_as_it_was(tmp_path):
     """The export takes the destination's lock as convert does (a file the filesystem arbitrates)."""
-    from ckptconv import lock
     from ckptconv.errors import CkptConvError
+    from ckptconv.write import lock
 
     src, mt, hf, old = round_trip(tmp_path, synth.SynthModel(), scan=True)
     before = {name: (hf / name).read_bytes() for name in os.listdir(hf)}
     with lock.hold(str(hf)):  # a live holder on this host
-        with pytest.raises(CkptConvError, match="ckptconv.lock: another conversion .* is writing this destination"):
+        with pytest.raises(CkptConvError, match="ckptconv.write.lock: another conversion .* is writing this destination"):
             export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32", overwrite=True))
         assert {name: (hf / name).read_bytes() for name in os.listdir(hf) if name != lock.LOCK_NAME} == before
     assert export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32",
@@ -232,7 +232,7 @@ def test_a_destination_another_run_holds_is_refused_and_left_as_it_was(tmp_path)
 
 
 def test_fp8_release_exports_dequantised_bfloat16(tmp_path):
-    from ckptconv.verification import verify
+    from ckptconv.commands.verification import verify
 
     model = synth.SynthModel(model_type="deepseek_v3", num_layers=2, vocab_size=256, hidden_size=128,
                              intermediate_size=256, quantization="fp8", **MOE)

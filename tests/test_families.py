@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
 from ckptconv.families.base import always
-from ckptconv.plan import make_plan, read_spec
-from ckptconv.sources import LocalSource
+from ckptconv.plan.conversion import make_plan, read_spec
+from ckptconv.read.sources import LocalSource
 
 MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text",
                "deepseek_v3", "kimi_k2", "gpt_oss"]

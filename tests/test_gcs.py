@@ -13,7 +13,7 @@ import re
 import pytest
 import requests
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import CkptConvError
 from tests.conftest import run_cli
 
@@ -97,7 +97,7 @@ def test_gcs_source_memory_like_local(tmp_path, gcs, synth_dir):
 
 @pytest.fixture
 def gcs_source(gs_src):
-    from ckptconv.remote_sources import GcsSource, RetryPolicy
+    from ckptconv.read.remote_sources import GcsSource, RetryPolicy
 
     source = GcsSource(gs_src[0])
     source.retry = RetryPolicy(attempts=3, first_wait=0.01, max_wait=0.02)
@@ -167,19 +167,19 @@ def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
     import subprocess
     import sys
 
-    from ckptconv import lock
     from ckptconv.errors import CkptConvError
+    from ckptconv.write import lock
 
     dst = f"gs://{gcs.new_bucket('lock')}/models/locked"
     with lock.hold(dst):
-        assert gcs.objects(dst) == {"ckptconv.lock": gcs.objects(dst)["ckptconv.lock"]}
-        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.lock: another conversion \(pid \d+ on "):
+        assert gcs.objects(dst) == {"ckptconv.write.lock": gcs.objects(dst)["ckptconv.write.lock"]}
+        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.write.lock: another conversion \(pid \d+ on "):
             with lock.hold(dst):
                 pass
     assert gcs.objects(dst) == {}
 
     bucket, _, prefix = dst[len("gs://"):].partition("/")
-    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.lock")
+    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.write.lock")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     blob.upload_from_string(json.dumps({**lock._me(), "pid": dead.pid, "start_ticks": 1}))

@@ -1,6 +1,7 @@
 """The library's house rules that a reader checks by its imports: no module of ``ckptconv``
-imports one that imports it back (directly or around a longer circle), counting imports inside
-functions too, since a lazy import is still a dependency."""
+imports one that imports it back (directly or around a longer circle), and every import points
+down the pipeline's floors (commands over write over plan over families over read over the shared
+top-level modules), counting imports inside functions too, since a lazy import is still a dependency."""
 
 from __future__ import annotations
 
@@ -63,6 +64,29 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle_inside_the_library():
     assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
+
+
+# Package -> floor. An import may point to the same floor or lower, never higher. The top-level
+# modules (errors, units, monitor, progress, layout, locations, rssplot) are floor 0, except the CLI.
+FLOORS = {"read": 1, "families": 2, "plan": 3, "write": 4, "commands": 5, "cli": 6, "__main__": 7}
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS.get(parts[1], 0) if len(parts) > 1 else 0
+
+
+def test_every_import_points_down_the_pipeline():
+    upward = sorted(f"{m} -> {d}" for m, deps in _graph().items() for d in deps
+                    if d != "ckptconv" and _floor(d) > _floor(m))
+    assert upward == []
+
+
+def test_every_package_says_what_it_owns():
+    for name in ("read", "families", "plan", "write", "commands"):
+        init = os.path.join(ROOT, name, "__init__.py")
+        doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read()))
+        assert doc and len(doc) > 40, f"ckptconv/{name}/__init__.py needs a docstring saying what it owns"
 
 
 def test_opening_a_local_source_imports_no_cloud_client(tmp_path):

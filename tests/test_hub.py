@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 from tests.hub_server import TOKEN
 

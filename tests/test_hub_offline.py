@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 
 MODEL = synth.SynthModel(num_layers=2)

@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """One real conversion for the module; each test damages its own copy."""
-    from ckptconv import synth
+    from ckptconv.commands import synth
 
     root = tmp_path_factory.mktemp("damaged")
     src, dst = root / "src", root / "dst"

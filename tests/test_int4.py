@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.inputs import INT4_SCHEME, INT4Groups, resolve
-from ckptconv.plan import read_spec
-from ckptconv.safetensors_io import index_checkpoint
-from ckptconv.sources import LocalSource
+from ckptconv.families.inputs import INT4_SCHEME, INT4Groups, resolve
+from ckptconv.plan.conversion import read_spec
+from ckptconv.read.safetensors_io import index_checkpoint
+from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
 from tests.test_convert import restore
 from tests.test_quantized import expected_deepseek, load_stored
@@ -126,7 +126,7 @@ def test_int4_decode_memory_is_bounded():
 
     packed, scale = random_int4(np.random.default_rng(3), 2048, 7168)
     blob = packed.tobytes() + scale.tobytes() + np.array([2048, 7168], np.int32).tobytes()
-    from ckptconv.safetensors_io import TensorInfo
+    from ckptconv.read.safetensors_io import TensorInfo
     infos = (TensorInfo("w.weight_packed", "f", np.dtype(np.int32), packed.shape, 0),
              TensorInfo("w.weight_scale", "f", BF16, scale.shape, packed.nbytes),
              TensorInfo("w.weight_shape", "f", np.dtype(np.int32), (2,), packed.nbytes + scale.nbytes))

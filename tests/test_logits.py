@@ -8,7 +8,7 @@ Every model's weights are bf16-representable, so the two agree to float32 roundi
 import numpy as np
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests import maxtext_forward
 from tests.conftest import run_cli
 from tests.maxtext_forward import Semantics

@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 
 MiB = 2**20

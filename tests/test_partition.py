@@ -12,7 +12,9 @@ import json
 
 import pytest
 
-from ckptconv import destination, synth
+from ckptconv.write import destination
+
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 from tests.test_convert import restore
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from flows.export import export_model
 from tests.conftest import ROOT, run_cli
 from tests.prefect_fixtures import latest_artifact

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from prefect import flow
 
-import flows.model
 from ckptconv.units import human_bytes, human_seconds
 from flows.artifacts import ui_url
+import flows.model
 from flows.model import convert_model
 from flows.zoo import convert_zoo
 from tasks import Conversion, convert_checkpoint

@@ -22,8 +22,8 @@ from tasks.failures import (BadInput, ChildFailed, ChildKilled, ChildTimeout, To
 from tasks.job import Conversion, slugify
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN = ("jax", "jaxlib", "orbax", "tensorstore", "ckptconv.convert", "ckptconv.writer", "ckptconv.stored",
-             "ckptconv.verification", "ckptconv.inspection")
+FORBIDDEN = ("jax", "jaxlib", "orbax", "tensorstore", "ckptconv.commands.convert", "ckptconv.write.orbax", "ckptconv.read.stored",
+             "ckptconv.commands.verification", "ckptconv.commands.inspection")
 
 
 def test_nothing_under_tasks_or_flows_imports_jax_or_orbax():

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
-from ckptconv.inputs import FP8Blocks, MXFP4
-from ckptconv.safetensors_io import index_checkpoint
-from ckptconv.sources import LocalSource
+from ckptconv.families.inputs import FP8Blocks, MXFP4
+from ckptconv.read.safetensors_io import index_checkpoint
+from ckptconv.read.sources import LocalSource
 from tests import maxtext_forward
 from tests.conftest import run_cli
 from tests.maxtext_forward import Semantics

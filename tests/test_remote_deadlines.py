@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from tests.conftest import run_cli
 from tests.hub_server import TOKEN
 

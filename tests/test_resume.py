@@ -18,7 +18,10 @@ import sys
 
 import pytest
 
-from ckptconv import destination, synth
+from ckptconv import layout
+from ckptconv.write import destination
+
+from ckptconv.commands import synth
 from tests.conftest import ROOT, run_cli
 
 # ~130 MB of bf16 in three shards: about 2 s of writing here, several progress events.
@@ -113,7 +116,7 @@ def test_checkpoint_without_report_is_incomplete_and_never_deleted(tmp_path, syn
     not ours to delete, with or without ``--overwrite`` (issue 13); once moved away, DST converts."""
     src, dst = synth_dir(), tmp_path / "dst"
     assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
-    (dst / destination.REPORT_NAME).unlink()
+    (dst / layout.REPORT_NAME).unlink()
     assert_incomplete(str(dst))
     files = sorted(p.relative_to(dst) for p in dst.rglob("*"))
     for flags in ((), ("--overwrite",)):
@@ -133,7 +136,7 @@ def test_crash_after_commit_before_final_report_reruns_without_overwrite(tmp_pat
     unfinished, even when Orbax's commit already happened: the same command simply redoes it."""
     src, dst = synth_dir(), tmp_path / "dst"
     assert run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none").returncode == 0
-    report_path = dst / destination.REPORT_NAME
+    report_path = dst / layout.REPORT_NAME
     final = json.loads(report_path.read_text())
     report_path.write_text(json.dumps({"status": "writing", "fingerprint": final["fingerprint"]}))
     assert_incomplete(str(dst))
@@ -151,7 +154,7 @@ def test_a_live_run_is_never_cleared_and_a_dead_one_is_redone(tmp_path, synth_di
 
     src, dst = synth_dir(), tmp_path / "dst"
     dst.mkdir()
-    report = dst / destination.REPORT_NAME
+    report = dst / layout.REPORT_NAME
     report.write_text(json.dumps({"status": "writing", "pid": os.getpid(), "host": socket.gethostname()}))
     busy = run_cli("convert", str(src), str(dst), "--devices", "1", "--progress", "none", "--overwrite")
     assert busy.returncode == 1 and f"another conversion (pid {os.getpid()}" in busy.stderr, busy.stderr

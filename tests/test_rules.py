@@ -10,14 +10,20 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from ckptconv import families, sources, synth, tiles
-from ckptconv.convert import ConvertRequest, convert
+from ckptconv import families
+
+from ckptconv.read import sources
+
+from ckptconv.commands import synth
+
+from ckptconv.commands.convert import ConvertRequest, convert
+from ckptconv.families import tiles
 from ckptconv.families.base import Family, Output, Rule, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
 )
-from ckptconv.safetensors_io import index_checkpoint
-from ckptconv.transforms import TRANSPOSE, TakeStrided
+from ckptconv.families.transforms import TRANSPOSE, TakeStrided
+from ckptconv.read.safetensors_io import index_checkpoint
 from tests.test_convert import restore
 
 

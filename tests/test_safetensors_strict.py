@@ -22,11 +22,11 @@ import ml_dtypes  # noqa: F401  (the reference's numpy binding needs it for BF16
 import pytest
 import safetensors
 
+from ckptconv.commands.verification import check_source_layout
 from ckptconv.errors import BadInputError
-from ckptconv.safetensors_header import DTYPE_BITS
-from ckptconv.safetensors_io import read_box, read_header
-from ckptconv.sources import LocalSource
-from ckptconv.verification import check_source_layout
+from ckptconv.read.safetensors_header import DTYPE_BITS
+from ckptconv.read.safetensors_io import read_box, read_header
+from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
 
 Tensors = list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape), in data order
@@ -354,7 +354,7 @@ def ours(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]] | BadInput
 
 
 def _dtype_name(dtype) -> str:
-    from ckptconv.safetensors_io import DTYPES
+    from ckptconv.read.safetensors_io import DTYPES
 
     return next(name for name, known in DTYPES.items() if known == dtype)
 

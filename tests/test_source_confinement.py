@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ckptconv import synth
+from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
-from ckptconv.plan import make_plan
-from ckptconv.safetensors_io import INDEX_FILE, index_checkpoint
-from ckptconv.sources import LocalSource, check_regular
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.safetensors_io import INDEX_FILE, index_checkpoint
+from ckptconv.read.sources import LocalSource, check_regular
 from tests.conftest import run_cli
 
 MODEL = synth.SynthModel(num_layers=2)

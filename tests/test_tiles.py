@@ -11,12 +11,14 @@ import math
 import numpy as np
 import pytest
 
-from ckptconv import synth, tiles
-from ckptconv.convert import ConvertRequest, convert
-from ckptconv.plan import make_plan
-from ckptconv.sharding import write_shape
-from ckptconv.sources import LocalSource
-from ckptconv.transforms import box_shape, box_slices
+from ckptconv.commands import synth
+
+from ckptconv.commands.convert import ConvertRequest, convert
+from ckptconv.families import tiles
+from ckptconv.families.sharding import write_shape
+from ckptconv.families.transforms import box_shape, box_slices
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
 from tests.test_convert import LLAMA31_ROPE, expected_params, restore
 

@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckptconv import transforms as t
-from ckptconv.spec import ModelSpec
+from ckptconv.families import transforms as t
+from ckptconv.read.spec import ModelSpec
 
 
 def spec(interleave: bool = True, **dims) -> ModelSpec:

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ckptconv import synth
-from ckptconv.convert import ConvertRequest, convert
-from ckptconv.export import ExportRequest, export
+from ckptconv.commands import synth
+from ckptconv.commands.convert import ConvertRequest, convert
+from ckptconv.commands.export import ExportRequest, export
 from tests.conftest import run_cli
 
 MODEL = synth.SynthModel(model_type="qwen3", num_layers=2)
@@ -154,10 +154,10 @@ def _convert(src, dst, *flags: str):
 def test_a_lock_that_names_no_holder_is_stale_not_someone_elses(synth_dir, tmp_path, content):
     src, dst = synth_dir(), tmp_path / "dst"
     dst.mkdir()
-    (dst / "ckptconv.lock").write_bytes(content)
+    (dst / "ckptconv.write.lock").write_bytes(content)
     result = _convert(src, dst)
     assert result.returncode == 0, result.stderr
-    assert not (dst / "ckptconv.lock").exists()
+    assert not (dst / "ckptconv.write.lock").exists()
 
 
 @pytest.mark.fault
@@ -193,7 +193,7 @@ def test_a_full_disk_when_the_lock_is_created_leaves_no_lock(synth_dir, tmp_path
 
 
 def test_a_partition_another_live_run_holds_is_refused(synth_dir, tmp_path):
-    from ckptconv import lock
+    from ckptconv.write import lock
 
     src, dst = synth_dir(), tmp_path / "dst"
     staging = dst / "ckptconv-partitions"
@@ -242,7 +242,7 @@ LEAF = "params.params.decoder.layers.mlp.wi_0.kernel"
 
 def value_location(items: Path, key: str) -> tuple[Path, int, int]:
     """(OCDBT data file, offset, length) of the stored value of ``key``."""
-    from ckptconv.stored import open_database
+    from ckptconv.read.stored import open_database
 
     value = bytes(open_database(str(items)).read(key).result().value)
     for file in sorted(items.glob("**/d/*")):
@@ -388,8 +388,8 @@ def test_verify_without_a_source_accepts_a_whole_checkpoint(converted):
 def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, tmp_path, monkeypatch):
     """The crc32c codec is read from the stored zarr.json: Orbax restores the same numbers as from
     chunks written with Orbax's own codec chain (no checksum)."""
-    from ckptconv import writer
-    from ckptconv.stored import open_database
+    from ckptconv.read.stored import open_database
+    from ckptconv.write import orbax as writer
     from tests.test_convert import restore
 
     src, ckpt = converted
@@ -409,8 +409,8 @@ def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, t
 
 def _patch_tensor(src: Path, suffix: str, value: bytes, at: int = 0) -> str:
     """Overwrite element ``at`` of the first stored tensor whose name ends with ``suffix``."""
-    from ckptconv.safetensors_io import index_checkpoint
-    from ckptconv.sources import LocalSource
+    from ckptconv.read.safetensors_io import index_checkpoint
+    from ckptconv.read.sources import LocalSource
 
     info = next(info for name, info in sorted(index_checkpoint(LocalSource(str(src))).items()) if name.endswith(suffix))
     path = src / info.file
@@ -448,8 +448,8 @@ def test_bad_quantised_scales_are_refused_before_anything_is_written(synth_dir, 
 
 def test_a_report_of_another_version_is_held_only_to_the_fields_it_records():
     from ckptconv.errors import BadInputError
-    from ckptconv.export_plan import check_recorded_model
-    from ckptconv.spec import ModelSpec
+    from ckptconv.plan.export import check_recorded_model
+    from ckptconv.read.spec import ModelSpec
 
     spec = ModelSpec(family="llama", model_type="llama", num_layers=2, dims={"emb": 64}, values={"new": 1},
                      runtime={"rope_scaling": {"rope_type": "llama3"}})

@@ -1,11 +1,11 @@
-"""The announced, bounded waits of ``ckptconv.waits``: one board thread says what is outstanding and
+"""The announced, bounded waits of ``ckptconv.read.waits``: one board thread says what is outstanding and
 gives up on a watched operation that stops making progress (and only then)."""
 
 import contextlib
 import logging
 import time
 
-from ckptconv import waits
+from ckptconv.read import waits
 
 
 @contextlib.contextmanager

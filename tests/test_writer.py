@@ -1,4 +1,4 @@
-"""Tests for ckptconv.writer: layout equal to a plain Orbax save, bounded RSS, atomicity.
+"""Tests for ckptconv.write.orbax: layout equal to a plain Orbax save, bounded RSS, atomicity.
 
 Every test that saves runs in a child process: JAX fixes its device count when its
 backend starts, and these tests need 1, 3 and 16 simulated devices.
@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckptconv.writer import LeafWrite, write_checkpoint, write_shape
+from ckptconv.write.orbax import LeafWrite, write_checkpoint, write_shape
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -44,8 +44,8 @@ def small_arrays():
 
 def small_leaves(arrays, devices):
     # LeafWrites (chunks within shards on `devices`) and one interleaved tile stream over all of them.
-    from ckptconv.writer import LeafWrite
-    from ckptconv.sharding import write_shape
+    from ckptconv.families.sharding import write_shape
+    from ckptconv.write.orbax import LeafWrite
     leaves, streams = [], []
     for n, (path, (shape, dtype, chunk, axis, rows)) in enumerate(SMALL.items()):
         shard = write_shape(shape, devices)
@@ -99,8 +99,8 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
 SAVE_BOTH = """
 import jax, orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from ckptconv.sharding import MESH_AXIS, partition_spec
-from ckptconv.writer import write_checkpoint, TARGET_FILE_BYTES
+from ckptconv.families.sharding import MESH_AXIS, partition_spec
+from ckptconv.write.orbax import write_checkpoint, TARGET_FILE_BYTES
 N, out = len(jax.devices()), os.environ["OUT"]
 arrays = small_arrays()
 mesh = Mesh(jax.devices(), (MESH_AXIS,))
@@ -217,7 +217,7 @@ def test_on_tile_reports_each_tile_bytes_once_written(saved):
 MEMORY = """
 import resource
 import ml_dtypes, tensorstore as ts, jax
-from ckptconv.writer import LeafWrite, write_checkpoint
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out = os.environ["OUT"]
 shape = (1024, 32, 4096)
 def layer(l):  # generated on the fly: 8 MiB per layer, never a list of tiles
@@ -250,7 +250,7 @@ def test_streaming_a_256_mib_leaf_stays_far_below_its_size(tmp_path):
 
 KILLED = """
 import signal
-from ckptconv.writer import LeafWrite, write_checkpoint
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
 shape = (256, 16, 1024)
 def tiles():
     for l in range(shape[1]):
@@ -263,7 +263,7 @@ write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape,
 
 RERUN = """
 import orbax.checkpoint as ocp
-from ckptconv.writer import LeafWrite, write_checkpoint
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out, shape = os.environ["OUT"], (256, 16, 1024)
 steps_before = list(ocp.CheckpointManager(out, options=ocp.CheckpointManagerOptions(read_only=True)).all_steps())
 tiles = lambda: ((0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)) for l in range(shape[1]))
@@ -297,7 +297,7 @@ def test_killed_write_leaves_no_step_and_a_rerun_succeeds(tmp_path):
 
 ERRORS = """
 import orbax.checkpoint as ocp
-from ckptconv.writer import LeafWrite, write_checkpoint
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out, report = os.environ["OUT"], {}
 emb = values((64, 8), np.dtype(np.float32), 0)
 leaf = LeafWrite(("params", "emb"), emb.shape, emb.dtype, (4, 8))

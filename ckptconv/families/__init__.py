@@ -1,4 +1,5 @@
-"""The family registry: one entry per family module, looked up by ``config.json``'s ``model_type``.
+"""What each family's tensors become: the family registry (one entry per family module, looked up by
+``config.json``'s ``model_type``), and the transforms, inputs, tiles and sharding that carry it out.
 
 Adding a family is one small module defining ``FAMILY`` plus a line here and a test.
 """

@@ -1,7 +1,7 @@
 """The vocabulary model families are written in.
 
 A family is data:
-- ``read_spec``: ``config.json`` -> :class:`~ckptconv.spec.ModelSpec` (its own fields; unknown ones fail);
+- ``read_spec``: ``config.json`` -> :class:`~ckptconv.read.spec.ModelSpec` (its own fields; unknown ones fail);
 - ``rules``: which HF tensor (a name template over ``{layer}`` and ``{expert}``, with a shape in
   named dimensions) feeds which MaxText leaves, through which transform steps. A rule may have
   several outputs (one HF tensor -> two leaves) and is read once for all of them;
@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import Step
+from ckptconv.families.transforms import Step
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 LAYER = "{layer}"
 EXPERT = "{expert}"

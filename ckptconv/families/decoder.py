@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ckptconv.families.base import Rule, rule, untied
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import TRANSPOSE, Step, query_scale, split_first, split_last
+from ckptconv.families.transforms import TRANSPOSE, Step, query_scale, split_first, split_last
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 L = "model.layers.{layer}."
 

@@ -24,8 +24,8 @@ from ckptconv.families.base import Family, LayerStack, Output, Rule, rule
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import TRANSPOSE, split_last
+from ckptconv.families.transforms import TRANSPOSE, split_last
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ckptconv.families.base import Rule, never, rule
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, TIED_NOTE, read_attention
-from ckptconv.spec import ConfigReader
-from ckptconv.transforms import NORM_PLUS_ONE, RESIZE_VOCAB, SCALE_EMBEDDING, Step
+from ckptconv.families.transforms import NORM_PLUS_ONE, RESIZE_VOCAB, SCALE_EMBEDDING, Step
+from ckptconv.read.spec import ConfigReader
 
 ACTIVATION = "gelu_pytorch_tanh"  # MaxText: mlp_activations ["gelu", "linear"] (tanh approximation)
 

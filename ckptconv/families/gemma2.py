@@ -17,8 +17,8 @@ import numpy as np
 from ckptconv.families.base import Family, LayerStack
 from ckptconv.families.decoder import Q_KERNEL, make_spec
 from ckptconv.families.gemma import GEMMA2_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import SCALE_QUERY, query_scale
+from ckptconv.families.transforms import SCALE_QUERY, query_scale
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 MAXTEXT_VOCAB = 256128  # configs/models/gemma2-*.yml: vocab_size
 PATTERN = ("sliding_attention", "full_attention")

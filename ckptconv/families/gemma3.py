@@ -18,7 +18,7 @@ import ml_dtypes
 from ckptconv.families.base import Family, block_layout
 from ckptconv.families.decoder import Q_KERNEL, make_spec
 from ckptconv.families.gemma import GEMMA3_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims
-from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 MAXTEXT_VOCAB = 262144  # configs/models/gemma3-*.yml: vocab_size
 PERIOD = 6

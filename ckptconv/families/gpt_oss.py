@@ -16,8 +16,8 @@ from ckptconv.families.decoder import (
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import TakeStrided, split_last
+from ckptconv.families.transforms import TakeStrided, split_last
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 PERIOD = 2
 PATTERN = ("sliding_attention", "full_attention")

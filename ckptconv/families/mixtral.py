@@ -11,8 +11,8 @@ from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
 )
 from ckptconv.families.moe import moe_rows, read_experts
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import SCALE_QUERY
+from ckptconv.families.transforms import SCALE_QUERY
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ckptconv.families.base import Rule, rule
 from ckptconv.families.decoder import KERNEL, L
-from ckptconv.spec import ConfigReader
+from ckptconv.read.spec import ConfigReader
 
 
 def moe_rows(block: str, router: str, experts: str, names: tuple[str, str, str]) -> tuple[Rule, ...]:

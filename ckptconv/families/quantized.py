@@ -1,4 +1,4 @@
-"""``quantization_config`` of the releases read as shipped: which scheme (see :mod:`ckptconv.inputs`).
+"""``quantization_config`` of the releases read as shipped: which scheme (see :mod:`ckptconv.families.inputs`).
 
 A checkpoint without ``quantization_config`` is a bfloat16 copy; with one, every tensor whose
 quantised parts are present is decoded, the others read as stored (the releases keep embeddings,
@@ -7,8 +7,8 @@ norms and routers in bfloat16; compressed-tensors lists them in ``ignore``).
 
 from __future__ import annotations
 
-from ckptconv.inputs import FP8_BLOCK, INT4_GROUP, INT4_SCHEME, MXFP4_SCHEME
-from ckptconv.spec import ConfigReader
+from ckptconv.families.inputs import FP8_BLOCK, INT4_GROUP, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.read.spec import ConfigReader
 
 # quant_method -> (scheme, the fields that must hold for it, fields that change no weight)
 METHODS = {

@@ -8,8 +8,8 @@ from ckptconv.families.base import Family, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, L, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
 )
-from ckptconv.spec import ConfigReader, ModelSpec
-from ckptconv.transforms import split_last
+from ckptconv.families.transforms import split_last
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 BIAS_ROWS = (
     rule(L + "self_attn.q_proj.bias", ("self_attention", "query", "bias"), ("q",), (split_last("heads"),)),

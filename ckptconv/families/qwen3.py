@@ -9,7 +9,7 @@ from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_values, make_spec,
     read_dense_dims,
 )
-from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:

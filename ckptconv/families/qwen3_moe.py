@@ -12,7 +12,7 @@ from ckptconv.families.decoder import (
     read_dense_dims,
 )
 from ckptconv.families.moe import moe_rows, read_experts
-from ckptconv.spec import ConfigReader, ModelSpec
+from ckptconv.read.spec import ConfigReader, ModelSpec
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:

@@ -1,9 +1,10 @@
-"""Where a conversion's bytes come from: ``open_source`` picks the reader for a local directory,
-``gs://`` or ``hf://`` by its scheme, importing the cloud clients only for a remote one."""
+"""Where bytes come from: sources (a local directory, ``gs://``, ``hf://``), safetensors headers and
+tensors, ``config.json``, and checkpoints already written. ``open_source`` picks the reader by scheme,
+importing the cloud clients only for a remote one."""
 
 from __future__ import annotations
 
-from ckptconv.sources import LocalSource, Source
+from ckptconv.read.sources import LocalSource, Source
 
 __all__ = ["open_source"]
 
@@ -19,11 +20,11 @@ def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
     locations.check(uri, locations.SOURCE)
     for prefix, class_name in _SCHEMES.items():
         if uri.startswith(prefix):
-            from ckptconv import remote_sources  # imported only when needed: it pulls in the cloud clients
+            from ckptconv.read import remote_sources  # imported only when needed: it pulls in the cloud clients
 
             return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
     return LocalSource(uri)
 
 
-# URI prefix -> class in ckptconv.remote_sources (by name, so importing this module stays cheap).
+# URI prefix -> class in ckptconv.read.remote_sources (by name, so importing this module stays cheap).
 _SCHEMES: dict[str, str] = {"gs://": "GcsSource", "hf://": "HubSource"}

@@ -1,10 +1,10 @@
 """``export``: a MaxText Orbax checkpoint back to HF safetensors, streamed, on the same family data.
 
-Wiring only: the plan (:mod:`ckptconv.export_plan`) checks the checkpoint against ``--like``;
+Wiring only: the plan (:mod:`ckptconv.plan.export`) checks the checkpoint against ``--like``;
 each job's read units (the conversion's own tile plan) are read from the stored leaves by
 tensorstore, a band or a group of layers at a time, never a whole stacked leaf; each rule's
-steps are undone (:func:`ckptconv.transforms.apply_inverse`) and the HF bytes appended to
-safetensors files written header first (:mod:`ckptconv.safetensors_writer`).
+steps are undone (:func:`ckptconv.families.transforms.apply_inverse`) and the HF bytes appended to
+safetensors files written header first (:mod:`ckptconv.write.safetensors`).
 
 Commit protocol (local destinations): everything is written into ``DST/.ckptconv-pending``
 (shards as ``*.partial`` until whole) while ``DST/ckptconv-report.json`` says ``writing``;
@@ -27,21 +27,25 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, destination, lock, waits
+from ckptconv import __version__, layout
+
+from ckptconv.write import destination, lock
+
 from ckptconv.errors import BadInputError, DestinationExistsError
-from ckptconv.export_plan import ExportPlan, check_recorded_model, make_export_plan
+from ckptconv.families.tiles import leaf_region, source_reads
+from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
-from ckptconv.produce import prefetch
+from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.progress import Progress
-from ckptconv.remote_sources import GCS_ENDPOINT
-from ckptconv.safetensors_writer import (
+from ckptconv.read import waits
+from ckptconv.read import open_source
+from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.sources import Source
+from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
+from ckptconv.write.produce import prefetch
+from ckptconv.write.safetensors import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
-from ckptconv.read import open_source
-from ckptconv.sources import Source
-from ckptconv.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
-from ckptconv.tiles import leaf_region, source_reads
-from ckptconv.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 
 PENDING = ".ckptconv-pending"
 log = logging.getLogger("ckptconv")
@@ -85,8 +89,8 @@ def parse_size(text: str) -> int:
 
 def items_dir(checkpoint: str) -> str:
     """The Orbax PyTree to read: ``CKPT`` itself, or ``CKPT/items``, or ``CKPT/0/items`` (a convert output)."""
-    root = destination.path(destination.absolute(checkpoint))
-    for candidate in (root, root / "items", root / destination.STEP / "items"):
+    root = layout.path(layout.absolute(checkpoint))
+    for candidate in (root, root / "items", root / layout.STEP / "items"):
         if (candidate / "_METADATA").exists():
             return candidate.as_posix()
     raise BadInputError(f"{checkpoint}: no Orbax checkpoint (_METADATA) here, in items/ or in 0/items/")
@@ -95,10 +99,10 @@ def items_dir(checkpoint: str) -> str:
 def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
     """Where the checkpoint is a ``convert`` output (``CKPT/0/items`` beside ``CKPT/ckptconv-report.json``),
     ``--like`` must describe the model its report says it was converted from."""
-    root = destination.path(items)
-    if root.name != "items" or root.parent.name != destination.STEP:
+    root = layout.path(items)
+    if root.name != "items" or root.parent.name != layout.STEP:
         return
-    report_path = root.parent.parent / destination.REPORT_NAME
+    report_path = root.parent.parent / layout.REPORT_NAME
     report = destination.read_report(report_path)
     if report and report.get("kind") != KIND and isinstance(report.get("model"), dict):
         check_recorded_model(plan.spec, report["model"], like, report_path.as_posix(),
@@ -107,8 +111,8 @@ def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
 
 def export(request: ExportRequest) -> dict:
     """Run one export; returns the report (also written into the destination)."""
-    request = dataclasses.replace(request, destination=destination.absolute(request.destination))
-    if "://" in request.destination and not destination.is_gcs(request.destination):
+    request = dataclasses.replace(request, destination=layout.absolute(request.destination))
+    if "://" in request.destination and not layout.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
     if "://" not in request.destination and os.path.exists(request.destination) and not os.path.isdir(
             request.destination):
@@ -125,7 +129,7 @@ def export(request: ExportRequest) -> dict:
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
     dst = request.destination
-    previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)
+    previous = destination.read_report(layout.path(dst) / layout.REPORT_NAME)
     if _complete(dst, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
         report = {**previous, "skipped": True}
         destination.write_extra_report(request.report, report)
@@ -140,14 +144,14 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     dst = request.destination
     # on gs:// the files go to their final names: an object appears only when whole, and a rename
     # would copy every byte; the report still commits
-    pending = dst if destination.is_gcs(dst) else os.path.join(dst, PENDING)
-    previous = destination.read_report(destination.path(dst) / destination.REPORT_NAME)  # as the lock found it
+    pending = dst if layout.is_gcs(dst) else os.path.join(dst, PENDING)
+    previous = destination.read_report(layout.path(dst) / layout.REPORT_NAME)  # as the lock found it
     copied = _read_copied_files(like)  # before anything at dst is cleared: --like may be dst itself
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
-    report_path = os.path.join(dst, destination.REPORT_NAME)
+    report_path = os.path.join(dst, layout.REPORT_NAME)
     writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
                "host": socket.gethostname()}
-    destination.write_report(os.path.join(pending, destination.REPORT_NAME) if replacing else report_path, writing)
+    destination.write_report(os.path.join(pending, layout.REPORT_NAME) if replacing else report_path, writing)
     tune_malloc()
     progress = Progress(len(plan.tensors), plan.output_bytes, request.progress, desc="export")
     progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
@@ -173,7 +177,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
 
 def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request: ExportRequest) -> str:
     """Identity of (checkpoint as far as cheaply knowable, --like's config, options)."""
-    manifest = destination.path(items) / "manifest.ocdbt"
+    manifest = layout.path(items) / "manifest.ocdbt"
     if "://" in items:  # no nanoseconds on gs://
         stat = manifest.stat() if manifest.exists() else None
         written = None if stat is None else [stat.length, stat.mtime]
@@ -204,7 +208,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
-    root = destination.path(dst)
+    root = layout.path(dst)
     ignored = (PENDING, lock.LOCK_NAME)  # and a lock's private name, the moment before it is linked
     occupied = root.is_dir() and any(not (p.name in ignored or p.name.startswith(f".{lock.LOCK_NAME}."))
                                      for p in root.iterdir())
@@ -212,10 +216,10 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
         raise DestinationExistsError(f"{dst}: not empty and not an export of ours; pass --overwrite to replace "
                                      "its weights, config and tokenizer files")
     if not ours and not overwrite and pending != dst and _foreign_pending(pending):
-        raise BadInputError(f"{pending}: not written by this export (no {destination.REPORT_NAME} of ours at "
+        raise BadInputError(f"{pending}: not written by this export (no {layout.REPORT_NAME} of ours at "
                             f"{dst} or in it), so not removed; move it away or pass --overwrite")
     if ours and previous.get("status") == "complete" and pending != dst:
-        beside = destination.read_report(destination.path(pending) / destination.REPORT_NAME)
+        beside = destination.read_report(layout.path(pending) / layout.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
             shutil.rmtree(pending, ignore_errors=True)
         if shutil.disk_usage(dst).free >= needed:
@@ -226,17 +230,17 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
     if not resuming:
         _clear(dst, pending)
-    destination.path(pending).mkdir(parents=True, exist_ok=True)
+    layout.path(pending).mkdir(parents=True, exist_ok=True)
     return False
 
 
 def _foreign_pending(pending: str) -> bool:
     """A non-empty pending directory no report of an export vouches for (ours holds our report
     from its first write on; an empty one is what a crash right after creating it leaves)."""
-    root = destination.path(pending)
+    root = layout.path(pending)
     if not root.is_dir() or not any(root.iterdir()):
         return False
-    report = destination.read_report(root / destination.REPORT_NAME)
+    report = destination.read_report(root / layout.REPORT_NAME)
     return not (report and report.get("kind") == KIND)
 
 
@@ -247,19 +251,19 @@ def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
     files are removed is redone, never taken for new files of the same name and size); once they
     are gone it says what is being moved in, which a rerun resumes.
     """
-    report_path = os.path.join(dst, destination.REPORT_NAME)
+    report_path = os.path.join(dst, layout.REPORT_NAME)
     destination.write_report(report_path, {**writing, "fingerprint": f"retiring-old-export-for-{writing['fingerprint']}"})
-    os.unlink(os.path.join(pending, destination.REPORT_NAME))
+    os.unlink(os.path.join(pending, layout.REPORT_NAME))
     _remove_export_files(dst)
     destination.write_report(report_path, writing)
 
 
 def _clear(dst: str, pending: str) -> None:
     """Remove what an export writes at ``dst`` (report first: nothing then reads as complete)."""
-    root = destination.path(dst)
+    root = layout.path(dst)
     if not root.is_dir():
         return
-    (root / destination.REPORT_NAME).unlink(missing_ok=True)
+    (root / layout.REPORT_NAME).unlink(missing_ok=True)
     if pending != dst:
         shutil.rmtree(pending, ignore_errors=True)
     _remove_export_files(dst)
@@ -267,7 +271,7 @@ def _clear(dst: str, pending: str) -> None:
 
 def _remove_export_files(dst: str) -> None:
     """The weights, index, config and tokenizer files an export writes at ``dst`` (never its pending directory)."""
-    for file in destination.path(dst).iterdir():
+    for file in layout.path(dst).iterdir():
         if file.name.endswith((".safetensors", PARTIAL)) or file.name in (INDEX_NAME, "config.json", *COPIED_FILES):
             file.unlink()
 
@@ -291,7 +295,7 @@ def _read_copied_files(like: Source) -> dict[str, bytes]:
 def _write_small_files(plan: ExportPlan, copied: dict[str, bytes], pending: str,
                        layouts: tuple[FileLayout, ...]) -> None:
     """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
-    root = destination.path(pending)
+    root = layout.path(pending)
     (root / INDEX_NAME).write_text(index_json(layouts))
     (root / "config.json").write_text(_config_text(plan))
     for name, data in copied.items():

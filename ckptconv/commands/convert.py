@@ -14,16 +14,22 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, destination, devices, estimate, lock, partition, rssplot, waits
+from ckptconv import __version__, layout, rssplot
+
+from ckptconv.write import destination, lock
+
+from ckptconv.plan import devices, estimate, partition
+
 from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
-from ckptconv.inputs import check_values
+from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
-from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
+from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
-from ckptconv.produce import plan_tiles, prefetch
-from ckptconv.remote_sources import GCS_ENDPOINT
+from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.sources import Source
+from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.sources import Source
+from ckptconv.write.produce import plan_tiles, prefetch
 
 
 log = logging.getLogger("ckptconv")
@@ -45,7 +51,7 @@ class ConvertRequest:
     progress: str = "bar"
     compression: bool = True
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
-    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.partition)
+    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.plan.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
 
 
@@ -66,7 +72,7 @@ def convert(request: ConvertRequest) -> dict:
     _check_paths(request.source, request.destination)
     # the destination has its own report; the source must never be overwritten
     destination.check_report_path(request.report, {"destination": request.destination, "source": request.source})
-    request = dataclasses.replace(request, destination=destination.absolute(request.destination))
+    request = dataclasses.replace(request, destination=layout.absolute(request.destination))
     if request.partition is not None:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
@@ -126,7 +132,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     beside = _replace_beside(request, state, ours_unfinished, fits_beside)
     writing = {"status": "writing", "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
                "pid": os.getpid(), "host": socket.gethostname()}
-    report_path = f"{request.destination.rstrip('/')}/{destination.REPORT_NAME}"
+    report_path = f"{request.destination.rstrip('/')}/{layout.REPORT_NAME}"
     if beside:  # the old checkpoint stays complete, report and all, until the swap
         destination.drop_leftovers(request.destination)
     else:
@@ -161,8 +167,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
 
 def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer,
                        started: str, print_: str) -> dict:
-    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.partition)."""
-    from ckptconv import writer
+    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.plan.partition)."""
+    from ckptconv.write import orbax as writer
 
     part = partition.Partition.parse(request.partition)
     done = partition.read_marker(request.destination, part)
@@ -212,7 +218,7 @@ def _replace_beside(request: ConvertRequest, state: destination.DestinationState
     """
     if not (request.overwrite and state.checkpoint and not ours_unfinished) or request.finalize:
         return False
-    if destination.is_gcs(request.destination):
+    if layout.is_gcs(request.destination):
         return False
     if not fits_beside:
         log.warning("ckptconv: %s: no room for the new checkpoint beside the old one; deleting the old one "
@@ -224,7 +230,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
            adopt=None) -> None:
     """Stream every tile to the writer (or adopt the partitions' data); time until the last tile is "write",
     the rest "commit"."""
-    from ckptconv import writer
+    from ckptconv.write import orbax as writer
 
     done = [0, 0]  # bytes, tensors reported
 
@@ -299,9 +305,9 @@ def _check_layout(plan: ConversionPlan, dst: str) -> None:
     """A complete checkpoint of this source and these options may still be in a layout an earlier
     ckptconv wrote (DeepSeek's router bias in ``params/MoEBiasVar``, which MaxText's from_pretrained
     never restores): the fingerprint covers what is read, not where it goes. Refused, not skipped."""
-    from ckptconv.stored import read_items_metadata
+    from ckptconv.read.stored import read_items_metadata
 
-    stored = {leaf.path for leaf in read_items_metadata(destination.items_path(dst).as_posix())}
+    stored = {leaf.path for leaf in read_items_metadata(layout.items_path(dst).as_posix())}
     missing = sorted(leaf.name for leaf in plan.leaves if leaf.path not in stored)
     if missing:
         raise DestinationExistsError(f"{dst}: converted from this source by an earlier ckptconv, in another layout "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ckptconv.errors import BadInputError
-from ckptconv.strict_json import JsonError, loads
+from ckptconv.read.strict_json import JsonError, loads
 
 # Fields that never change weights nor how a model runs: bookkeeping, tokens, training knobs.
 BOOKKEEPING_FIELDS = frozenset(

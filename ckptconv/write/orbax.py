@@ -8,7 +8,7 @@ is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a cu
 Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
 of it) and no chunk spans two tiles (tensorstore would rebuild the chunk on every write
 and OCDBT would keep each old version): see FIELD-NOTES, "Writing a huge stacked leaf".
-The chunk shapes come from the tile plan (:mod:`ckptconv.tiles`).
+The chunk shapes come from the tile plan (:mod:`ckptconv.families.tiles`).
 
 Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and
 _async_serialize_shardings, tensorstore_utils.build_array_write_spec,
@@ -37,8 +37,8 @@ from orbax.checkpoint._src.serialization import jax_array_handlers, ocdbt_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization import type_handler_registry, type_handlers
 
-from ckptconv.sharding import MESH_AXIS, partition_spec, write_shape
-from ckptconv.tiles import Region, Tile
+from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
+from ckptconv.families.tiles import Region, Tile
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -69,7 +69,7 @@ class LeafWrite:
 
     Every tile written to the leaf must be a union of whole chunks (start on a multiple of
     the chunk, end on one or at the leaf's end), and every chunk must lie inside one device
-    shard: :mod:`ckptconv.tiles` plans both. No chunk is ever written twice.
+    shard: :mod:`ckptconv.families.tiles` plans both. No chunk is ever written twice.
     """
 
     path: tuple[str, ...]

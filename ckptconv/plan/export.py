@@ -21,22 +21,34 @@ import numpy as np
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family
-from ckptconv.plan import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
-from ckptconv.safetensors_io import index_checkpoint
-from ckptconv.safetensors_writer import TensorEntry
-from ckptconv.sources import Source
-from ckptconv.spec import ModelSpec
-from ckptconv.stored import StoredLeaf
-from ckptconv.transforms import Resize
+from ckptconv.families.transforms import Resize
+from ckptconv.plan.conversion import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
+from ckptconv.read.safetensors_io import index_checkpoint
+from ckptconv.read.sources import Source
+from ckptconv.read.spec import ModelSpec
+from ckptconv.read.stored import StoredLeaf
 
 Box = tuple[tuple[int, int], ...]
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor an export writes: its HF name, dtype and shape (a safetensors header entry)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
 PARAM_ROOT = "params"  # the items tree's TrainState field holding every collection MaxText's model reads
 
 
 @dataclass(frozen=True)
 class Target:
     """One HF tensor the export writes (a rule's piece seen from the other side): the conversion
-    planner's :class:`~ckptconv.inputs.Input` questions, answered for a tensor not yet written."""
+    planner's :class:`~ckptconv.families.inputs.Input` questions, answered for a tensor not yet written."""
 
     name: str
     shape: tuple[int, ...]

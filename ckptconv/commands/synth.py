@@ -199,7 +199,7 @@ def _drop_none(config: dict) -> dict:
 
 def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     """HF tensor names (as the hub stores them) and shapes for ``model``, from its family's rules."""
-    from ckptconv.plan import expected_tensors, read_spec
+    from ckptconv.plan.conversion import expected_tensors, read_spec
 
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")

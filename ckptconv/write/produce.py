@@ -1,7 +1,7 @@
 """The producer: for every read unit of the plan, read, transform and cast, and hand out tiles.
 
 A tile is ``(leaf index, region, data)``: the image of one read unit in one leaf, a union of
-whole storage chunks (see :mod:`ckptconv.tiles`). Every source tensor is read once even when
+whole storage chunks (see :mod:`ckptconv.families.tiles`). Every source tensor is read once even when
 it feeds several leaves. A small background thread produces the next tiles while the writer
 writes (bounded queue: flat memory). The conversion and ``verify`` share this module.
 """
@@ -15,12 +15,12 @@ from typing import Callable, Collection, Iterable, Iterator
 import numpy as np
 
 from ckptconv.errors import stop_if_terminated
+from ckptconv.families.tiles import ReadUnit, Tile
+from ckptconv.families.transforms import Box, apply_steps, box_shape, box_slices
 from ckptconv.monitor import StageTimer
-from ckptconv.plan import ConversionPlan, Job, LeafPlan
-from ckptconv.sources import Source
-from ckptconv.spec import ModelSpec
-from ckptconv.tiles import ReadUnit, Tile
-from ckptconv.transforms import Box, apply_steps, box_shape, box_slices
+from ckptconv.plan.conversion import ConversionPlan, Job, LeafPlan
+from ckptconv.read.sources import Source
+from ckptconv.read.spec import ModelSpec
 
 
 def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,

@@ -19,15 +19,15 @@ from typing import Iterable
 
 import numpy as np
 
-from ckptconv import destination
+from ckptconv import layout
 from ckptconv.monitor import StageTimer
-from ckptconv.plan import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
-from ckptconv.produce import job_tiles
+from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
 from ckptconv.progress import Progress
-from ckptconv.safetensors_io import TensorInfo
 from ckptconv.read import open_source
-from ckptconv.sources import Source
-from ckptconv.stored import open_leaf, read_metadata, read_region
+from ckptconv.read.safetensors_io import TensorInfo
+from ckptconv.read.sources import Source
+from ckptconv.read.stored import open_leaf, read_metadata, read_region
+from ckptconv.write.produce import job_tiles
 
 # Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).
 EXTRA_LEAVES = {(key,) for key, value in MAXTEXT_EXTRA_ITEMS.items() if value != {}}
@@ -59,7 +59,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
     """Compare every leaf of ``dst`` with the transform of ``source_uri``; ``progress`` as ``convert``'s
     (``bar``, ``jsonl`` or ``none``, on stderr), counting the bytes compared."""
     start = time.perf_counter()
-    dst = destination.absolute(dst)
+    dst = layout.absolute(dst)
     stored, custom = read_metadata(dst)
     by_path = {leaf.path: leaf for leaf in stored}
     dtype = _stored_dtype(stored)
@@ -111,7 +111,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
 def check_source_layout(source: Source, tensors: Iterable[TensorInfo]) -> list[str]:
     """Mismatches between where the plan reads each tensor and an independent reading of the headers.
 
-    Deliberately a second, minimal implementation (not :mod:`ckptconv.safetensors_header`):
+    Deliberately a second, minimal implementation (not :mod:`ckptconv.read.safetensors_header`):
     offsets from the 8-byte length and ``data_offsets``, then one sweep in offset order that
     the ranges start at 0, touch end to end and end at the end of the file.
     """

@@ -29,8 +29,8 @@ import ml_dtypes
 import numpy as np
 
 from ckptconv.errors import BadInputError
-from ckptconv.safetensors_io import TensorInfo, read_box
-from ckptconv.sources import Source
+from ckptconv.read.safetensors_io import TensorInfo, read_box
+from ckptconv.read.sources import Source
 
 Box = tuple[tuple[int, int], ...]
 BF16 = np.dtype(ml_dtypes.bfloat16)

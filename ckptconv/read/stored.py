@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptconv import destination
+from ckptconv import layout
 from ckptconv.errors import BadInputError, CkptConvError
 
 
@@ -44,7 +44,7 @@ class StoredLeaf:
 
 def read_metadata(dst: str) -> tuple[list[StoredLeaf], dict]:
     """Leaves (sorted by name) and the step's custom metadata of the checkpoint at ``dst``."""
-    items = destination.items_path(dst)
+    items = layout.items_path(dst)
     if not (items / "_METADATA").exists():
         raise BadInputError(f"{dst}: no checkpoint metadata at {items}")
     return read_items_metadata(items.as_posix()), _step_metadata(dst)
@@ -60,7 +60,7 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
         raise CkptConvError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
     try:
-        tree = ocp.PyTreeCheckpointHandler().metadata(destination.path(items))
+        tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(items))
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
         raise CkptConvError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
                             f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}") from None
@@ -114,7 +114,7 @@ def _step_metadata(dst: str) -> dict:
     import json
 
     try:
-        meta = json.loads((destination.path(dst) / destination.STEP / "_CHECKPOINT_METADATA").read_text())
+        meta = json.loads((layout.path(dst) / layout.STEP / "_CHECKPOINT_METADATA").read_text())
     except (FileNotFoundError, ValueError):
         return {}
     return meta.get("custom_metadata") or {}
@@ -122,7 +122,7 @@ def _step_metadata(dst: str) -> dict:
 
 def open_leaf(dst: str, path: tuple[str, ...]):
     """A tensorstore handle on one stored leaf (read lazily, slice by slice)."""
-    return open_items_leaf(destination.items_path(dst).as_posix(), path)
+    return open_items_leaf(layout.items_path(dst).as_posix(), path)
 
 
 def open_items_leaf(items: str, path: tuple[str, ...]):

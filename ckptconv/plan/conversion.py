@@ -3,7 +3,7 @@
 The plan checks key coverage both ways and every shape before a byte of weights is read or
 written, so bad input fails fast with the offending names and ``DST`` is never touched. It
 lists every *job* (a rule applied to one layer stack): the HF tensors it reads, the MaxText
-leaves it makes, and its tile plan (:mod:`ckptconv.tiles`). What the checkpoint holds that
+leaves it makes, and its tile plan (:mod:`ckptconv.families.tiles`). What the checkpoint holds that
 MaxText's layout does not (a vision tower, a tied head, dropped vocabulary rows) is listed
 in ``not_converted`` for the report, never silently dropped.
 """
@@ -21,13 +21,13 @@ import numpy as np
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, Rule
-from ckptconv.inputs import Input, resolve
-from ckptconv.safetensors_io import TensorInfo, index_checkpoint
-from ckptconv.sharding import MESH_AXIS, partition_spec, shard_shape
-from ckptconv.sources import Source
-from ckptconv.spec import ConfigReader, ModelSpec, load_config
-from ckptconv.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
-from ckptconv.transforms import Misaligned, Resize, Shape, Step, output_shape
+from ckptconv.families.inputs import Input, resolve
+from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
+from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
+from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
+from ckptconv.read.safetensors_io import TensorInfo, index_checkpoint
+from ckptconv.read.sources import Source
+from ckptconv.read.spec import ConfigReader, ModelSpec, load_config
 
 OUTPUT_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 FLOAT_SOURCE_DTYPES = {np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
-from ckptconv.plan import ConversionPlan
+from ckptconv.plan.conversion import ConversionPlan
 
 STAGING = "ckptconv-partitions"
 READ_BYTES = 16 * 2**20  # checksums read files in pieces of this size (bounded memory)

@@ -7,7 +7,7 @@ reference's own rules (``SafeTensors::read_metadata`` and ``Metadata::validate``
 library itself on a family of damaged files:
 
 - the 8-byte little-endian length is at most 100,000,000 and the header fits in the file;
-- the header is UTF-8 JSON as strict as ``serde_json`` (:mod:`ckptconv.strict_json`);
+- the header is UTF-8 JSON as strict as ``serde_json`` (:mod:`ckptconv.read.strict_json`);
   trailing JSON whitespace (spaces, as ``save_file`` pads to 8 bytes) is allowed;
 - it is an object: ``__metadata__`` (once; null or string -> string) and tensors, each an object
   with ``dtype``, ``shape``, ``data_offsets`` given once (other fields ignored) or the array
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptconv.errors import BadInputError
-from ckptconv.strict_json import JsonError, Pairs, loads
+from ckptconv.read.strict_json import JsonError, Pairs, loads
 
 MAX_HEADER_BYTES = 100_000_000  # the reference's MAX_HEADER_SIZE
 USIZE_LIMIT = 2**64  # shapes, offsets and sizes are Rust usize

@@ -1,4 +1,4 @@
-"""Safetensors headers and ranged tensor reads, from any :class:`~ckptconv.sources.Source`.
+"""Safetensors headers and ranged tensor reads, from any :class:`~ckptconv.read.sources.Source`.
 
 We parse the format ourselves (it is an 8-byte length, a JSON header and raw bytes) because
 the reference reader memory-maps whole files, which makes RSS grow to the file size, and it
@@ -16,9 +16,9 @@ import ml_dtypes
 import numpy as np
 
 from ckptconv.errors import BadInputError
-from ckptconv.safetensors_header import MAX_HEADER_BYTES, Entry, check_layout, parse_header
-from ckptconv.sources import Source, check_member_name
-from ckptconv.strict_json import JsonError, loads
+from ckptconv.read.safetensors_header import MAX_HEADER_BYTES, Entry, check_layout, parse_header
+from ckptconv.read.sources import Source, check_member_name
+from ckptconv.read.strict_json import JsonError, loads
 
 # The reference's dtypes of whole bytes (its sub-byte F4/F6 ones are refused by name).
 DTYPES: dict[str, np.dtype] = {
@@ -65,7 +65,7 @@ class TensorInfo:
 
 def read_header(source: Source, file: str) -> dict[str, TensorInfo]:
     """Parse and validate the header of one safetensors file, exactly as strictly as the
-    reference library (:mod:`ckptconv.safetensors_header`): a file it refuses fails here, before
+    reference library (:mod:`ckptconv.read.safetensors_header`): a file it refuses fails here, before
     any tensor is read; a file it loads gives the same tensors at the same offsets.
     """
     where = f"{source.uri}/{file}"
@@ -148,7 +148,7 @@ def read_box(source: Source, info: TensorInfo, box: tuple[tuple[int, int], ...])
     """Read one contiguous region of a tensor into a fresh array.
 
     ``box`` is a (start, stop) per axis: single indices on the leading axes, a range on one
-    axis, whole axes after it (what :mod:`ckptconv.tiles` plans), so it is one byte range.
+    axis, whole axes after it (what :mod:`ckptconv.families.tiles` plans), so it is one byte range.
     """
     shape = tuple(stop - start for start, stop in box)
     if len(box) != len(info.shape) or any(not 0 <= start <= stop <= dim for (start, stop), dim in zip(box, info.shape)):

@@ -2,7 +2,7 @@
 
 The Prefect flow holds this many GB of a concurrency limit while a conversion runs, so the
 prediction must be an upper bound, and a tight one (admission that over-reserves wastes
-workers). It comes from the same tile plan the producer and writer use (:mod:`ckptconv.tiles`):
+workers). It comes from the same tile plan the producer and writer use (:mod:`ckptconv.families.tiles`):
 the runtime baseline, plus, for the worst job, the tiles alive at once (queued by the
 producer, being handed over, in flight in tensorstore) and the read unit being transformed.
 """
@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from ckptconv.inputs import FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
-from ckptconv.plan import ConversionPlan, Job
-from ckptconv.transforms import Permute, box_shape
+from ckptconv.families.inputs import FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.families.transforms import Permute, box_shape
+from ckptconv.plan.conversion import ConversionPlan, Job
 
 # Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools and
 # caches under load (a tiny model converts in 0.19-0.20 GiB on these machines). The runtime's own

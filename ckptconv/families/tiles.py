@@ -24,11 +24,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ckptconv.sharding import MESH_AXIS, partition_spec, write_shape
-from ckptconv.spec import ModelSpec
-from ckptconv.transforms import (
+from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
+from ckptconv.families.transforms import (
     WHOLE, Box, Misaligned, Resize, Scale, Shape, Step, chain_quantum, forward_boxes, full_box,
 )
+from ckptconv.read.spec import ModelSpec
 
 READ_BYTES = 16 * 1024 * 1024  # source bytes per read unit: large enough for few commits, small enough to stream
 

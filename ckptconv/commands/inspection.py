@@ -14,17 +14,18 @@ from __future__ import annotations
 import collections
 import math
 
-from ckptconv import destination
+from ckptconv import layout
 from ckptconv.errors import BadInputError
-from ckptconv.stored import StoredLeaf, decode_problems, list_keys, open_database, read_metadata
+from ckptconv.read.stored import StoredLeaf, decode_problems, list_keys, open_database, read_metadata
+from ckptconv.write import destination
 
 
 def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
-    dst = destination.absolute(dst)
+    dst = layout.absolute(dst)
     state = destination.inspect_state(dst)
     if state.empty:  # "INCOMPLETE" would suggest a conversion that stopped half way
-        raise BadInputError(f"{dst}: no checkpoint there (no {destination.STEP}/ step and no "
-                            f"{destination.REPORT_NAME}; inspect reads what `ckptconv convert` wrote)")
+        raise BadInputError(f"{dst}: no checkpoint there (no {layout.STEP}/ step and no "
+                            f"{layout.REPORT_NAME}; inspect reads what `ckptconv convert` wrote)")
     result = {"destination": dst, "complete": state.complete, "leftovers": list(state.leftovers),
               "report": state.report, "custom_metadata": {}, "leaves": [], "problems": []}
     if state.checkpoint:
@@ -38,7 +39,7 @@ def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
 
 def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str]:
     """One line per thing the metadata promises that the storage does not hold."""
-    items = destination.items_path(dst)
+    items = layout.items_path(dst)
     problems = []
     processes = sorted(items.glob("ocdbt.process_*"))
     if not processes:

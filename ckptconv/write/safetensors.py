@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import struct
 from dataclasses import dataclass
@@ -21,24 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 from etils import epath
 
-from ckptconv.safetensors_io import DTYPES
+from ckptconv.plan.export import TensorEntry
+from ckptconv.read.safetensors_io import DTYPES
 
 DTYPE_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 PARTIAL = ".partial"
 INDEX_NAME = "model.safetensors.index.json"
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor of a file: its HF name, dtype and shape."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from etils import epath
 
 from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.layout import COMMIT_MARKER, REPORT_NAME, STEP, is_gcs, path
 
-STEP = "0"
-REPORT_NAME = "ckptconv-report.json"
-COMMIT_MARKER = "commit_success.txt"
 # What Orbax's CheckpointManager deletes as an unfinished step when it opens a directory
 # (orbax step.TMP_DIR_STEP_PATTERN): such a name that is not provably ours must stop us first.
 ORBAX_TMP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")
@@ -40,19 +38,6 @@ def ours(name: str) -> bool:
     return bool(OUR_TMP.fullmatch(name)) or name in OUR_DIRS
 
 
-def absolute(destination: str) -> str:
-    """``destination`` as Orbax needs it: URIs unchanged, local paths made absolute."""
-    return destination if "://" in destination else os.path.abspath(destination)
-
-
-def path(destination: str) -> epath.Path:
-    return epath.Path(destination)
-
-
-def items_path(destination: str) -> epath.Path:
-    return path(destination) / STEP / "items"
-
-
 @dataclass(frozen=True)
 class DestinationState:
     """``checkpoint``: Orbax finalised step 0; ``report``: our report if present; ``leftovers``: partial writes."""
@@ -68,10 +53,6 @@ class DestinationState:
     @property
     def empty(self) -> bool:
         return not self.checkpoint and self.report is None and not self.leftovers
-
-
-def is_gcs(destination: str) -> bool:
-    return destination.startswith("gs://")
 
 
 def inspect_state(destination: str) -> DestinationState:

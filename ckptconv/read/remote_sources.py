@@ -31,8 +31,8 @@ from typing import Callable
 from urllib.parse import quote
 
 from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
-from ckptconv.sources import check_regular
-from ckptconv.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
+from ckptconv.read.sources import check_regular
+from ckptconv.read.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
 log = logging.getLogger("ckptconv")
 
@@ -439,7 +439,7 @@ class CachedHubSource:
     """
 
     def __init__(self, uri: str, repo: str, revision: str, snapshot: str) -> None:
-        from ckptconv.sources import LocalSource
+        from ckptconv.read.sources import LocalSource
 
         self.uri, self.repo, self.revision, self.snapshot = uri.rstrip("/"), repo, revision, snapshot
         self.commit = os.path.basename(snapshot.rstrip("/"))

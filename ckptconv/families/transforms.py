@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ckptconv.spec import ModelSpec
+    from ckptconv.read.spec import ModelSpec
 
 Shape = tuple[int, ...]
 Box = tuple[tuple[int, int], ...]  # half-open (start, stop) per axis
