@@ -158,7 +158,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     # beside an old export, a file of the same name and layout at dst is the old one, not ours;
     # on gs:// pending is dst, looked at once
     places = {pending} if replacing else {pending, dst}
-    done = {layout.name for layout in layouts if any(finished(place, layout) for place in places)}
+    done = {file_layout.name for file_layout in layouts if any(finished(place, file_layout) for place in places)}
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
@@ -194,7 +194,7 @@ def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request:
 
 def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) -> bool:
     return (report is not None and report.get("kind") == KIND and report.get("status") == "complete"
-            and all(finished(dst, layout) for layout in layouts))
+            and all(finished(dst, file_layout) for file_layout in layouts))
 
 
 def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwrite: bool, needed: int) -> bool:
@@ -319,20 +319,20 @@ def _config_text(plan: ExportPlan) -> str:
 def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...], done: set[str], pending: str,
                   timer: StageTimer, progress: Progress, tick=lambda: None) -> None:
     """Stream every HF tensor into its file; files already whole (a resumed run) are not read again."""
-    file_of = {entry.name: layout for layout in layouts for entry in layout.tensors}
-    skip = {entry.name for layout in layouts if layout.name in done for entry in layout.tensors}
+    file_of = {entry.name: file_layout for file_layout in layouts for entry in file_layout.tensors}
+    skip = {entry.name for file_layout in layouts if file_layout.name in done for entry in file_layout.tensors}
     current: StreamedFile | None = None
     last = [None]
     try:
         for name, data in prefetch(lambda: export_chunks(plan, items, timer, skip)):
-            layout = file_of[name]
-            if layout.name in done:
+            file_layout = file_of[name]
+            if file_layout.name in done:
                 continue
             with timer.stage("write"):
-                if current is None or current.layout is not layout:
+                if current is None or current.layout is not file_layout:
                     if current is not None:
                         current.close()
-                    current = StreamedFile(pending, layout)
+                    current = StreamedFile(pending, file_layout)
                 current.append(name, data)
             tick()  # the bytes were taken: a gs:// upload is not stalled
             progress.advance(int(name != last[0]), data.nbytes)
@@ -419,7 +419,7 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
         "not_exported": list(plan.not_exported),
         "dtype": request.dtype,
         "tensors": len(plan.tensors),
-        "files": [layout.name for layout in layouts],
+        "files": [file_layout.name for file_layout in layouts],
         "output_bytes": plan.output_bytes,
         "shard_size": request.shard_size,
         **run_figures(timer, plan.output_bytes),
