@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from ckptconv.write import destination
-
 from ckptconv.commands import synth
+from ckptconv.write import destination
 from tests.conftest import ROOT
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,

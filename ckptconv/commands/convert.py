@@ -14,21 +14,19 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, layout, rssplot
-
-from ckptconv.write import destination, lock
-
-from ckptconv.plan import devices, estimate, partition
-
-from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
+from ckptconv import __version__, layout, rssplot, settings, storage_failures
+from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.plan import devices, estimate, partition
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
 from ckptconv.read.remote_sources import GCS_ENDPOINT
 from ckptconv.read.sources import Source
+from ckptconv.settings import Status
+from ckptconv.write import destination, lock
 from ckptconv.write.produce import plan_tiles, prefetch
 
 
@@ -43,12 +41,12 @@ class ConvertRequest:
 
     source: str
     destination: str
-    devices: int = 16
-    scan_layers: bool = True
-    dtype: str = "bfloat16"
+    devices: int = settings.DEVICES
+    scan_layers: bool = settings.SCAN_LAYERS
+    dtype: str = settings.DTYPE
     report: str | None = None
     overwrite: bool = False
-    progress: str = "bar"
+    progress: str = settings.PROGRESS
     compression: bool = True
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
     partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.plan.partition)
@@ -68,7 +66,13 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 
 
 def convert(request: ConvertRequest) -> dict:
-    """Run one conversion; returns the report (also written next to the checkpoint)."""
+    """Run one conversion; returns the report (also written next to the checkpoint). A storage refusal
+    (full disk, no permission, a bucket out of quota) leaves as one :class:`StorageError` line."""
+    with storage_failures.translated(INCOMPLETE):
+        return _convert(request)
+
+
+def _convert(request: ConvertRequest) -> dict:
     _check_paths(request.source, request.destination)
     # the destination has its own report; the source must never be overwritten
     destination.check_report_path(request.report, {"destination": request.destination, "source": request.source})
@@ -101,7 +105,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         _check_layout(plan, request.destination)
-        report = {**state.report, "status": "complete", "skipped": True}
+        report = {**state.report, "status": Status.COMPLETE, "skipped": True}
         destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
@@ -111,11 +115,11 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
     # is still alive. Anything else there is refused unless asked to replace it.
     report = state.report or {}
-    if report.get("status") == "writing" and destination.writer_alive(report):
-        raise CkptConvError(f"{request.destination}: another conversion (pid {report['pid']} on "
+    if report.get("status") == Status.WRITING and destination.writer_alive(report):
+        raise BusyError(f"{request.destination}: another conversion (pid {report['pid']} on "
                             f"{report['host']}) is writing here; wait for it or stop it")
     destination.check_ownership(request.destination, state)  # nothing below deletes what is not ours
-    ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
+    ours_unfinished = report.get("status") == Status.WRITING or (state.report is not None and not state.checkpoint)
     if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if request.partition:  # the finalize replaces what is at DST; a partition only adds its own part
@@ -130,7 +134,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     # a finalize only links the partitions' files: no space to check
     fits_beside = bool(request.finalize) or destination.check_space(request.destination, plan.output_bytes)
     beside = _replace_beside(request, state, ours_unfinished, fits_beside)
-    writing = {"status": "writing", "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
+    writing = {"status": Status.WRITING, "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
                "pid": os.getpid(), "host": socket.gethostname()}
     report_path = f"{request.destination.rstrip('/')}/{layout.REPORT_NAME}"
     if beside:  # the old checkpoint stays complete, report and all, until the swap
@@ -197,7 +201,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     timer.add("write", timer.wall() - begin, begin)
     progress.close()
     report = {
-        "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
+        "tool": f"ckptconv {__version__}", "status": Status.PARTITION_COMPLETE, "skipped": False,
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
         "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer, nbytes), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
@@ -261,7 +265,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
             print_: str) -> dict:
     return {
         "tool": f"ckptconv {__version__}",
-        "status": "complete",
+        "status": Status.COMPLETE,
         "skipped": False,
         "source": {"uri": request.source, **source.provenance()},
         "destination": request.destination,

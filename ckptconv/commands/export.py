@@ -27,11 +27,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, layout
-
-from ckptconv.write import destination, lock
-
-from ckptconv.errors import BadInputError, DestinationExistsError
+from ckptconv import __version__, layout, settings, storage_failures
+from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -42,6 +39,8 @@ from ckptconv.read import open_source
 from ckptconv.read.remote_sources import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
+from ckptconv.settings import Status
+from ckptconv.write import destination, lock
 from ckptconv.write.produce import prefetch
 from ckptconv.write.safetensors import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
@@ -65,11 +64,11 @@ class ExportRequest:
     checkpoint: str
     destination: str
     like: str
-    dtype: str = "bfloat16"
-    shard_size: str = "5GB"
+    dtype: str = settings.DTYPE
+    shard_size: str = settings.SHARD_SIZE
     report: str | None = None
     overwrite: bool = False
-    progress: str = "bar"
+    progress: str = settings.PROGRESS
     hf_token_file: str | None = None
 
 
@@ -110,7 +109,13 @@ def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
 
 
 def export(request: ExportRequest) -> dict:
-    """Run one export; returns the report (also written into the destination)."""
+    """Run one export; returns the report (also written into the destination). A storage refusal
+    leaves as one :class:`StorageError` line, a damaged checkpoint as one naming it."""
+    with storage_failures.translated(INCOMPLETE):
+        return _export(request)
+
+
+def _export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=layout.absolute(request.destination))
     if "://" in request.destination and not layout.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
@@ -149,7 +154,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     copied = _read_copied_files(like)  # before anything at dst is cleared: --like may be dst itself
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
     report_path = os.path.join(dst, layout.REPORT_NAME)
-    writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
+    writing = {"status": Status.WRITING, "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
                "host": socket.gethostname()}
     destination.write_report(os.path.join(pending, layout.REPORT_NAME) if replacing else report_path, writing)
     tune_malloc()
@@ -193,7 +198,7 @@ def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request:
 # --- destination ---------------------------------------------------------------------------
 
 def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) -> bool:
-    return (report is not None and report.get("kind") == KIND and report.get("status") == "complete"
+    return (report is not None and report.get("kind") == KIND and report.get("status") == Status.COMPLETE
             and all(finished(dst, file_layout) for file_layout in layouts))
 
 
@@ -205,7 +210,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     does, when the disk has room for both; when it has not, it says so before deleting anything.
     """
     ours = previous is not None and previous.get("kind") == KIND
-    if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
+    if ours and previous.get("status") == Status.COMPLETE and previous.get("fingerprint") != print_ and not overwrite:
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     root = layout.path(dst)
@@ -218,7 +223,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     if not ours and not overwrite and pending != dst and _foreign_pending(pending):
         raise BadInputError(f"{pending}: not written by this export (no {layout.REPORT_NAME} of ours at "
                             f"{dst} or in it), so not removed; move it away or pass --overwrite")
-    if ours and previous.get("status") == "complete" and pending != dst:
+    if ours and previous.get("status") == Status.COMPLETE and pending != dst:
         beside = destination.read_report(layout.path(pending) / layout.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
             shutil.rmtree(pending, ignore_errors=True)
@@ -227,7 +232,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
             return True
         log.warning("ckptconv: %s: no room for the new export beside the old one; deleting the old one first "
                     "(a failure from here on leaves no complete export at DST)", dst)
-    resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
+    resuming = ours and previous.get("status") == Status.WRITING and previous.get("fingerprint") == print_
     if not resuming:
         _clear(dst, pending)
     layout.path(pending).mkdir(parents=True, exist_ok=True)
@@ -408,7 +413,7 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
     return {
         "tool": f"ckptconv {__version__}",
         "kind": KIND,
-        "status": "complete",
+        "status": Status.COMPLETE,
         "skipped": False,
         "checkpoint": items,
         "like": request.like,

@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
+from ckptconv.errors import BadInputError, UnfinishedError, stop_if_terminated
 from ckptconv.plan.conversion import ConversionPlan
 
 STAGING = "ckptconv-partitions"
@@ -156,14 +156,14 @@ def finished(destination: str, count: int, fingerprint: str) -> list[dict]:
         else:
             records.append(record)
     if missing:
-        raise CkptConvError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
+        raise UnfinishedError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
                             f"run `ckptconv convert SRC DST --partition I/{count}` for each")
     # a marker says the data was whole when written; only the data itself says it still is
     for index, record in enumerate(records):
         problems = damaged_files(destination, Partition(index, count), record)
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise CkptConvError(f"{destination}: cannot finalize: partition {index}/{count}'s staged data is not as "
+            raise UnfinishedError(f"{destination}: cannot finalize: partition {index}/{count}'s staged data is not as "
                                 f"written: {shown}; rerun `ckptconv convert SRC DST --partition {index}/{count}`")
     return records
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
 
-from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
+from ckptconv.errors import BadInputError, CkptConvError, RemoteError, stop_if_terminated
 from ckptconv.read.sources import check_regular
 from ckptconv.read.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
@@ -79,7 +79,7 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
         nonlocal done
         end = done + len(chunk)
         if end > length:
-            raise CkptConvError(f"{where}: server sent more than the {length} bytes asked for at offset {offset}")
+            raise RemoteError(f"{where}: server sent more than the {length} bytes asked for at offset {offset}")
         view[done:end] = chunk
         done = end
 
@@ -96,7 +96,7 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
             raise
         except Exception as err:  # classified just below; the non-transient ones fail at once, in one line
             if not is_transient(err):
-                raise CkptConvError(f"{where}: read failed at byte {offset + done}: {_one_line(err)}") from err
+                raise RemoteError(f"{where}: read failed at byte {offset + done}: {_one_line(err)}") from err
             error = err
         retries.failed(error, progressed=done > before, at=f" at byte {offset + done}")
 
@@ -118,7 +118,7 @@ class _Retries:
         wait = self.policy.wait(self.failures)
         stalled = now - self.stalled_since
         if self.failures >= self.policy.attempts or stalled + wait > self.deadlines.total_seconds:
-            raise CkptConvError(
+            raise RemoteError(
                 f"{self.where}: giving up on {self.endpoint} after {self.failures} failed attempts in {stalled:.0f}s "
                 f"({DEADLINE_ENV}={self.deadlines.total_seconds:g}s, {REQUEST_ENV}={self.deadlines.request_seconds:g}s)"
                 f"{at}: {_one_line(error)}")
@@ -181,7 +181,7 @@ class GcsSource:
                 raise BadInputError(f"{uri}: bucket not found") from None
             except Exception as err:
                 if not _should_retry(err):
-                    raise CkptConvError(f"{uri}: listing failed at {self.endpoint}: {_one_line(err)}") from None
+                    raise RemoteError(f"{uri}: listing failed at {self.endpoint}: {_one_line(err)}") from None
                 retries.failed(err)
 
     def _blob(self, name: str):
@@ -214,7 +214,7 @@ class GcsSource:
                 pinned.download_to_file(_SinkFile(sink), start=start, end=start + count - 1, raw_download=True,
                                         checksum=None, retry=None, timeout=(timeout, timeout))
             except gexc.NotFound:
-                raise CkptConvError(f"{where}: generation {listed.generation} is gone "
+                raise RemoteError(f"{where}: generation {listed.generation} is gone "
                                     "(the object changed during the conversion?)") from None
             except (gexc.Forbidden, gexc.Unauthorized) as err:
                 raise BadInputError(f"{where}: permission denied ({_one_line(err)}); "
@@ -272,7 +272,7 @@ class HubSource:
         info = self._model_info(HfApi(endpoint=self._endpoint), token)
         self.commit = info.sha
         if not self.commit:
-            raise CkptConvError(f"{self.uri}: the hub did not say which commit {self.revision!r} is")
+            raise RemoteError(f"{self.uri}: the hub did not say which commit {self.revision!r} is")
         self._sizes = {s.rfilename: s.size for s in info.siblings or [] if "/" not in s.rfilename}
         self._blob_ids = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []}
 
@@ -294,7 +294,7 @@ class HubSource:
             return cls(uri, token)
         except _Unreachable as err:
             return CachedHubSource.find(uri, repo, revision, why=f"cannot reach {err.endpoint} ({err.reason})",
-                                        missing=CkptConvError)
+                                        missing=RemoteError)
 
     def _model_info(self, api, token: str | None):
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
@@ -319,7 +319,7 @@ class HubSource:
                 if status in (401, 403):
                     raise BadInputError(f"{self.uri}: access denied (HTTP {status}); check the token") from None
                 if status not in self.transient_status:
-                    raise CkptConvError(f"{self.uri}: hub API error: {_one_line(err)}") from None
+                    raise RemoteError(f"{self.uri}: hub API error: {_one_line(err)}") from None
                 error: BaseException = err
             except Exception as err:
                 if not self._transient(err):
@@ -345,7 +345,7 @@ class HubSource:
             raise BadInputError(f"{self.uri}/{name}: file not found at commit {self.commit}")
         size = self._sizes[name]
         if size is None:
-            raise CkptConvError(f"{self.uri}/{name}: the hub did not report the file size")
+            raise RemoteError(f"{self.uri}/{name}: the hub did not report the file size")
         return size
 
     def read_range(self, name: str, offset: int, length: int) -> bytearray:
@@ -372,7 +372,7 @@ class HubSource:
                                         "(token missing or lacks access?)")
                 whole = status == 200 and start == 0 and count == size
                 if status != 206 and not whole:
-                    raise CkptConvError(f"{where}: expected 206 Partial Content for a range read, got HTTP {status}")
+                    raise RemoteError(f"{where}: expected 206 Partial Content for a range read, got HTTP {status}")
                 for chunk in response.iter_bytes():  # as it arrives: a cut keeps what came
                     sink(chunk)
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from etils import epath
 
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.errors import BadInputError, StorageError
 from ckptconv.layout import COMMIT_MARKER, REPORT_NAME, STEP, is_gcs, path
+from ckptconv.settings import Status
 
 # What Orbax's CheckpointManager deletes as an unfinished step when it opens a directory
 # (orbax step.TMP_DIR_STEP_PATTERN): such a name that is not provably ours must stop us first.
@@ -48,7 +49,7 @@ class DestinationState:
 
     @property
     def complete(self) -> bool:
-        return self.checkpoint and self.report is not None and self.report.get("status") == "complete"
+        return self.checkpoint and self.report is not None and self.report.get("status") == Status.COMPLETE
 
     @property
     def empty(self) -> bool:
@@ -104,7 +105,7 @@ def check_space(destination: str, needed: int) -> bool:
     reclaim = sum(os.path.getsize(os.path.join(top, f)) for name in names if name == STEP or ours(name)
                   for top, _, files in os.walk(os.path.join(destination, name)) for f in files)
     if free + reclaim < needed:
-        raise CkptConvError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
+        raise StorageError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
                             f"{free / 2**20:.1f} MiB free" + (f" + {reclaim / 2**20:.1f} MiB of the old step" if reclaim
                                                               else "") + "; nothing was deleted or written")
     return free >= needed

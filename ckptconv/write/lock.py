@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ckptconv.errors import CkptConvError
+from ckptconv.errors import BusyError, StorageError
 
 LOCK_NAME = "ckptconv.write.lock"
 
@@ -144,10 +144,10 @@ class _GcsLock:
             return False
         except gexc.GoogleAPICallError as err:  # no permission, out of quota: before anything is written
             message = " ".join(str(getattr(err, "message", err)).split())
-            raise CkptConvError(f"{self.name}: the bucket refused the lock object ({err.code} {message}); "
+            raise StorageError(f"{self.name}: the bucket refused the lock object ({err.code} {message}); "
                                 "nothing was written") from None
         except gexc.RetryError as err:  # refused again and again (429: out of quota, or too fast)
-            raise CkptConvError(f"{self.name}: the bucket refused the lock object for {deadlines.total_seconds:g}s "
+            raise StorageError(f"{self.name}: the bucket refused the lock object for {deadlines.total_seconds:g}s "
                                 f"(last: {_http_said(err.cause)}); nothing was written") from None
         return True
 
@@ -217,11 +217,11 @@ def hold(destination: str, *, break_foreign: bool = False, name: str = LOCK_NAME
         if holder is None or stale(holder) or (break_foreign and foreign):
             store.remove(version)  # only if it is still the lock we judged
             continue
-        raise CkptConvError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
+        raise BusyError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
                             "destination; wait for it, or if it is gone (another host), rerun with --overwrite "
                             "to break the lock")
     else:
-        raise CkptConvError(f"{store.name}: could not take the lock (it keeps changing hands)")
+        raise BusyError(f"{store.name}: could not take the lock (it keeps changing hands)")
     try:
         yield
     finally:

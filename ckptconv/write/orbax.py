@@ -37,6 +37,7 @@ from orbax.checkpoint._src.serialization import jax_array_handlers, ocdbt_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization import type_handler_registry, type_handlers
 
+from ckptconv import settings
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.tiles import Region, Tile
 
@@ -49,8 +50,6 @@ TARGET_FILE_BYTES = 2 * 1024**3
 ZSTD_LEVEL = 1
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
-# Two writes in flight overlap making a tile with writing one: ~15% faster, one tile of RAM.
-WRITES_IN_FLIGHT = 2
 
 
 
@@ -168,7 +167,7 @@ def _zstd_level(node: Any, level: int) -> Any:
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
                   process_id: str | None = None) -> list[Any]:
-    """Write the tile stream (``WRITES_IN_FLIGHT`` at most), opening each leaf at its first tile and
+    """Write the tile stream (``settings.IN_FLIGHT.writes`` at most), opening each leaf at its first tile and
     letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata."""
     by_index = {value.index: n for n, value in enumerate(values)}
     stores: dict[int, Any] = {}
@@ -193,7 +192,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         del data
         if written[n] == math.prod(value.shape):
             del stores[n]  # complete: the writes in flight keep what they need
-        while len(in_flight) >= WRITES_IN_FLIGHT:
+        while len(in_flight) >= settings.IN_FLIGHT.writes:
             await _settle(*in_flight.popleft(), on_tile)
     while in_flight:
         await _settle(*in_flight.popleft(), on_tile)
