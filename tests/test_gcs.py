@@ -172,14 +172,14 @@ def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
 
     dst = f"gs://{gcs.new_bucket('lock')}/models/locked"
     with lock.hold(dst):
-        assert gcs.objects(dst) == {"ckptconv.write.lock": gcs.objects(dst)["ckptconv.write.lock"]}
-        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.write.lock: another conversion \(pid \d+ on "):
+        assert gcs.objects(dst) == {"ckptconv.lock": gcs.objects(dst)["ckptconv.lock"]}
+        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.lock: another conversion \(pid \d+ on "):
             with lock.hold(dst):
                 pass
     assert gcs.objects(dst) == {}
 
     bucket, _, prefix = dst[len("gs://"):].partition("/")
-    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.write.lock")
+    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.lock")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     blob.upload_from_string(json.dumps({**lock._me(), "pid": dead.pid, "start_ticks": 1}))

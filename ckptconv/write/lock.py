@@ -1,6 +1,6 @@
 """Who is writing a destination: a lock file the filesystem itself arbitrates.
 
-``DST/ckptconv.write.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
+``DST/ckptconv.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
 filesystems make atomic across hosts, so two conversions into one directory cannot both own
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ckptconv.errors import BusyError, StorageError
 
-LOCK_NAME = "ckptconv.write.lock"
+LOCK_NAME = "ckptconv.lock"
 
 
 def _boot_id() -> str:
