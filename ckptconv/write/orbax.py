@@ -7,8 +7,7 @@ is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a cu
 
 Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
 of it) and no chunk spans two tiles (tensorstore would rebuild the chunk on every write
-and OCDBT would keep each old version; measured: a 2 GiB stacked leaf written one layer at a time
-in one transaction peaked at the leaf's size, in chunks that straddle tiles at several times it).
+and OCDBT would keep each old version of it).
 The chunk shapes come from the tile plan (:mod:`ckptconv.families.tiles`).
 
 Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and
