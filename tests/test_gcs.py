@@ -97,7 +97,8 @@ def test_gcs_source_memory_like_local(tmp_path, gcs, synth_dir):
 
 @pytest.fixture
 def gcs_source(gs_src):
-    from ckptconv.read.remote_sources import GcsSource, RetryPolicy
+    from ckptconv.read.gcs import GcsSource
+    from ckptconv.read.ranged import RetryPolicy
 
     source = GcsSource(gs_src[0])
     source.retry = RetryPolicy(attempts=3, first_wait=0.01, max_wait=0.02)

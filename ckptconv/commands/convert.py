@@ -23,7 +23,7 @@ from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_p
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.settings import Status
 from ckptconv.write import destination, partition

@@ -36,7 +36,7 @@ from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_p
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
 from ckptconv.settings import Status

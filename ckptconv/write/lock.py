@@ -121,7 +121,7 @@ class _GcsLock:
     with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
 
     def __init__(self, destination: str) -> None:
-        from ckptconv.read.remote_sources import gcs_client
+        from ckptconv.read.gcs import gcs_client
 
         bucket, _, prefix = destination[len("gs://"):].partition("/")
         self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"
