@@ -97,7 +97,8 @@ def test_gcs_source_memory_like_local(tmp_path, gcs, synth_dir):
 
 @pytest.fixture
 def gcs_source(gs_src):
-    from ckptconv.read.remote_sources import GcsSource, RetryPolicy
+    from ckptconv.read.gcs import GcsSource
+    from ckptconv.read.ranged import RetryPolicy
 
     source = GcsSource(gs_src[0])
     source.retry = RetryPolicy(attempts=3, first_wait=0.01, max_wait=0.02)
@@ -172,14 +173,14 @@ def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
 
     dst = f"gs://{gcs.new_bucket('lock')}/models/locked"
     with lock.hold(dst):
-        assert gcs.objects(dst) == {"ckptconv.write.lock": gcs.objects(dst)["ckptconv.write.lock"]}
-        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.write.lock: another conversion \(pid \d+ on "):
+        assert gcs.objects(dst) == {"ckptconv.lock": gcs.objects(dst)["ckptconv.lock"]}
+        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.lock: another conversion \(pid \d+ on "):
             with lock.hold(dst):
                 pass
     assert gcs.objects(dst) == {}
 
     bucket, _, prefix = dst[len("gs://"):].partition("/")
-    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.write.lock")
+    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.lock")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     blob.upload_from_string(json.dumps({**lock._me(), "pid": dead.pid, "start_ticks": 1}))

@@ -18,15 +18,16 @@ from ckptconv import __version__, layout, rssplot, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
-from ckptconv.plan import devices, estimate, partition
+from ckptconv.plan import devices, estimate
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.settings import Status
-from ckptconv.write import destination, lock
+from ckptconv.write import destination, partition
+from ckptconv.write.destination import Destination
 from ckptconv.write.produce import plan_tiles, prefetch
 
 
@@ -49,7 +50,7 @@ class ConvertRequest:
     progress: str = settings.PROGRESS
     compression: bool = True
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
-    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.plan.partition)
+    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
 
 
@@ -90,27 +91,26 @@ def _convert(request: ConvertRequest) -> dict:
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         partition.require_local(request.destination)
         part = partition.Partition.parse(request.partition)
-        with lock.hold(str(partition.staging_dir(request.destination)), break_foreign=request.overwrite,
-                       name=part.lock_name):
+        with Destination(request.destination).hold(overwrite=request.overwrite, part="partitions",
+                                                   name=part.lock_name):
             return _run(plan, source, request, timer, started, print_)
-    with lock.hold(request.destination, break_foreign=request.overwrite):
+    with Destination(request.destination).hold(overwrite=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
 
 
 def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
          print_: str) -> dict:
     """Decide about what is at the destination (skip, refuse, clean ours), then write and report."""
+    dst = Destination(request.destination)
     state = destination.inspect_state(request.destination)
     if request.partition or request.finalize:
         partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         _check_layout(plan, request.destination)
-        report = {**state.report, "status": Status.COMPLETE, "skipped": True}
         destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
-        destination.write_extra_report(request.report, report)
-        return report
+        return dst.skip({**state.report, "status": Status.COMPLETE}, request.report)
     # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit), and a
     # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
     # is still alive. Anything else there is refused unless asked to replace it.
@@ -134,53 +134,48 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     # a finalize only links the partitions' files: no space to check
     fits_beside = bool(request.finalize) or destination.check_space(request.destination, plan.output_bytes)
     beside = _replace_beside(request, state, ours_unfinished, fits_beside)
-    writing = {"status": Status.WRITING, "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
-               "pid": os.getpid(), "host": socket.gethostname()}
-    report_path = f"{request.destination.rstrip('/')}/{layout.REPORT_NAME}"
+    writing = destination.writing_report(print_, started, source={"uri": request.source})
     if beside:  # the old checkpoint stays complete, report and all, until the swap
         destination.drop_leftovers(request.destination)
     else:
         if not state.empty:
             destination.clear(request.destination)
-        destination.write_report(report_path, writing)
+        dst.begin(writing)
     devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
-    target = f"{request.destination.rstrip('/')}/{destination.REPLACEMENT}" if beside else request.destination
+    target = dst.staging("replacement") if beside else request.destination
     _write(plan, source, dataclasses.replace(request, destination=target), timer, progress, adopt)
     if request.finalize:  # no tiles to stop at: a signal during the commit stops it here, before the report
         stop_if_terminated()
     progress.close()
-    if beside:
-        destination.swap_in_replacement(request.destination, writing)
+    if beside:  # Orbax finalised the new step (its own commit): the old one leaves, the new one moves in
+        dst.swap_in(target, writing, retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan)
-    rssplot.save_beside(report_path, report)  # before the report: a complete report's plot is there
-    destination.write_report(report_path, report)
+    rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
+    dst.commit(report, request.report)
     if beside:
         destination.drop_leftovers(request.destination)
     if request.finalize:
         partition.remove_staging(request.destination)
-    destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
 
 def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer,
                        started: str, print_: str) -> dict:
-    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.plan.partition)."""
+    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.write.partition)."""
     from ckptconv.write import orbax as writer
 
     part = partition.Partition.parse(request.partition)
     done = partition.read_marker(request.destination, part)
     if (done is not None and done.get("fingerprint") == print_
             and not partition.damaged_files(request.destination, part, done)):  # else its data is redone
-        report = {**done, "skipped": True}
-        destination.write_extra_report(request.report, report)
-        return report
+        return Destination(request.destination).skip(done, request.report)
     owner = partition.assign(plan, part.count)
     jobs = {j for j, p in enumerate(owner) if p == part.index}
     with timer.stage("plan"):  # its own share only, before its earlier attempt is removed

@@ -1,6 +1,6 @@
 """Who is writing a destination: a lock file the filesystem itself arbitrates.
 
-``DST/ckptconv.write.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
+``DST/ckptconv.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
 filesystems make atomic across hosts, so two conversions into one directory cannot both own
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
@@ -23,7 +23,7 @@ from typing import Iterator
 
 from ckptconv.errors import BusyError, StorageError
 
-LOCK_NAME = "ckptconv.write.lock"
+LOCK_NAME = "ckptconv.lock"
 
 
 def _boot_id() -> str:
@@ -121,7 +121,7 @@ class _GcsLock:
     with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
 
     def __init__(self, destination: str) -> None:
-        from ckptconv.read.remote_sources import gcs_client
+        from ckptconv.read.gcs import gcs_client
 
         bucket, _, prefix = destination[len("gs://"):].partition("/")
         self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"

@@ -7,7 +7,7 @@ is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a cu
 
 Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
 of it) and no chunk spans two tiles (tensorstore would rebuild the chunk on every write
-and OCDBT would keep each old version): see FIELD-NOTES, "Writing a huge stacked leaf".
+and OCDBT would keep each old version of it).
 The chunk shapes come from the tile plan (:mod:`ckptconv.families.tiles`).
 
 Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and

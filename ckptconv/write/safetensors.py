@@ -22,8 +22,8 @@ from etils import epath
 
 from ckptconv import dtypes
 from ckptconv.plan.export import TensorEntry
+from ckptconv.write.destination import PARTIAL
 
-PARTIAL = ".partial"
 INDEX_NAME = "model.safetensors.index.json"
 
 

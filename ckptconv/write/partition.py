@@ -1,4 +1,6 @@
-"""One conversion split over N workers: which jobs each partition writes, and where.
+"""One conversion split over N workers: which jobs each partition writes, where its share waits,
+and how the finalize proves every share whole before it commits (the destination protocol's staging
+and proof for partitions, :mod:`ckptconv.write.destination`).
 
 Partition ``i`` of ``N`` writes the leaves of its share of the plan's jobs into
 ``DST/ckptconv-partitions/ocdbt.process_partition<i>`` (as host ``i`` of a multi-host Orbax save
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from ckptconv.errors import BadInputError, UnfinishedError, stop_if_terminated
 from ckptconv.plan.conversion import ConversionPlan
+from ckptconv.write.destination import STAGING, write_report
 
-STAGING = "ckptconv-partitions"
 READ_BYTES = 16 * 2**20  # checksums read files in pieces of this size (bounded memory)
 
 
@@ -72,7 +74,7 @@ def assign(plan: ConversionPlan, count: int) -> tuple[int, ...]:
 
 
 def staging_dir(destination: str) -> Path:
-    return Path(destination) / STAGING
+    return Path(destination) / STAGING["partitions"]
 
 
 def require_local(destination: str) -> None:
@@ -132,10 +134,7 @@ def damaged_files(destination: str, partition: Partition, record: dict) -> list[
 
 def write_marker(destination: str, partition: Partition, record: dict) -> None:
     """Written last, atomically: a marker means the partition's data is all on disk."""
-    path = staging_dir(destination) / partition.marker_name
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    write_report(str(staging_dir(destination) / partition.marker_name), record)
 
 
 def reset(destination: str, partition: Partition) -> None:
