@@ -151,7 +151,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         stop_if_terminated()
     progress.close()
     if beside:  # Orbax finalised the new step (its own commit): the old one leaves, the new one moves in
-        dst.swap_in(target, writing, retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
+        dst.swap_in(target, writing,
+                    retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
