@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _layout_flags(command: argparse.ArgumentParser) -> None:
     """The layout options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
-    command.add_argument("--devices", type=int, default=settings.DEVICES, help="simulated devices to shard across (1: unsharded)")
+    command.add_argument("--devices", type=int, default=settings.DEVICES,
+                         help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
                          help="stack layers on axis 1 (MaxText scan_layers=true)")
     command.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,

@@ -43,6 +43,7 @@ SAFETENSORS: dict[str, np.dtype] = {
 NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in SAFETENSORS.items()}
 BF16, F16, F32 = SAFETENSORS["BF16"], SAFETENSORS["F16"], SAFETENSORS["F32"]
 # --dtype -> the dtype of the written weights, for each name settings.OUTPUT_DTYPES allows.
-OUTPUT: dict[str, np.dtype] = {name: np.dtype(getattr(ml_dtypes, name, None) or name) for name in settings.OUTPUT_DTYPES}
+OUTPUT: dict[str, np.dtype] = {name: np.dtype(getattr(ml_dtypes, name, None) or name)
+                               for name in settings.OUTPUT_DTYPES}
 # The float dtypes a source's weights may have (anything else is refused or decoded by a quantised input).
 FLOAT_SOURCES = frozenset({BF16, F16, F32})

@@ -237,3 +237,15 @@ def test_export_from_gs_to_gs_gives_back_the_source(tmp_path, gcs, gs_src):
     gcs.client().bucket(foreign[5:].split("/")[0]).blob("notes/readme.txt").upload_from_string("mine")
     refused = run_cli("export", f"{zoo}/0/items", foreign, "--like", uri, "--progress", "none")
     assert refused.returncode == 2 and gcs.objects(foreign) == {"readme.txt": 4}
+
+
+def test_other_directories_under_a_gcs_destination_survive_a_conversion(gcs, gs_src):
+    """On GCS, Orbax's own clean-up takes every directory under DST without a commit_success.txt for
+    an unfinished step and deletes it; what is not ours must survive (as it does locally)."""
+    uri, _ = gs_src
+    dst = f"gs://{gcs.new_bucket('zoo')}/shared/prefix"
+    bucket, _, prefix = dst[len("gs://"):].partition("/")
+    gcs.client().bucket(bucket).blob(f"{prefix}/notes/readme.txt").upload_from_string(b"the team's notes")
+    done = run_cli("convert", uri, dst, "--devices", "2", "--progress", "none")
+    assert done.returncode == 0, done.stderr
+    assert gcs.read(f"{dst}/notes/readme.txt") == b"the team's notes"

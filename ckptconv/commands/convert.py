@@ -89,7 +89,6 @@ def _convert(request: ConvertRequest) -> dict:
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
-        partition.require_local(request.destination)
         part = partition.Partition.parse(request.partition)
         with Destination(request.destination).hold(overwrite=request.overwrite, part="partitions",
                                                    name=part.lock_name):
@@ -103,8 +102,6 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     """Decide about what is at the destination (skip, refuse, clean ours), then write and report."""
     dst = Destination(request.destination)
     state = destination.inspect_state(request.destination)
-    if request.partition or request.finalize:
-        partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         _check_layout(plan, request.destination)
         destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
@@ -151,7 +148,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         stop_if_terminated()
     progress.close()
     if beside:  # Orbax finalised the new step (its own commit): the old one leaves, the new one moves in
-        dst.swap_in(target, writing, retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
+        dst.swap_in(target, writing,
+                    retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]

@@ -164,7 +164,8 @@ class FP8Blocks(_Decoded):
     @property
     def decode_bytes(self) -> int:
         """Beside the bfloat16 result: the e4m3 codes (one byte per value) while they are decoded,
-        ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most 4 MiB more whatever the read's size."""
+        ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most 4 MiB more
+        whatever the read's size."""
         return 1
 
     def check(self, source: Source) -> None:
@@ -304,9 +305,9 @@ class INT4Groups(_Decoded):
     @property
     def decode_bytes(self) -> int:
         """Beside the bfloat16 result: the packed words (half a byte per value) while they are
-        decoded, ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most 4.5 MiB more whatever the
-        read's size (tracemalloc on a 2048 x 7168 read: 3.1 bytes per element at the peak, result
-        included)."""
+        decoded, ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most
+        4.5 MiB more whatever the read's size (tracemalloc on a 2048 x 7168 read: 3.1 bytes per
+        element at the peak, result included)."""
         return 1
 
     def read(self, source: Source, box: Box) -> np.ndarray:

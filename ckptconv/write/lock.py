@@ -120,13 +120,13 @@ class _GcsLock:
     """The lock as a GCS object: created with ``ifGenerationMatch=0`` (fails if it exists), removed
     with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
 
-    def __init__(self, destination: str) -> None:
+    def __init__(self, destination: str, name: str = LOCK_NAME) -> None:
         from ckptconv.read.gcs import gcs_client
 
         bucket, _, prefix = destination[len("gs://"):].partition("/")
-        self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"
+        self.name = f"{destination.rstrip('/')}/{name}"
         client = gcs_client(destination)  # no credentials: one line naming the fix, not a traceback
-        self._blob = client.bucket(bucket).blob(f"{prefix.strip('/')}/{LOCK_NAME}".lstrip("/"))
+        self._blob = client.bucket(bucket).blob(f"{prefix.strip('/')}/{name}".lstrip("/"))
 
     def create(self, text: str) -> bool:
         from google.api_core import exceptions as gexc
@@ -201,7 +201,7 @@ def hold(destination: str, *, break_foreign: bool = False, name: str = LOCK_NAME
     if "://" in destination and not destination.startswith("gs://"):
         yield
         return
-    store = _GcsLock(destination) if destination.startswith("gs://") else _LocalLock(destination, name)
+    store = _GcsLock(destination, name) if destination.startswith("gs://") else _LocalLock(destination, name)
     me = _me()
     mine = json.dumps(me)
     for _ in range(3):

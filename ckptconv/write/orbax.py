@@ -40,6 +40,7 @@ from orbax.checkpoint._src.serialization import type_handler_registry, type_hand
 from ckptconv import settings
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.tiles import Region, Tile
+from ckptconv.layout import is_gcs
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -354,8 +355,13 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True,
                                           use_compression=use_compression,
                                           type_handler_registry=registry)
+    # Orbax's clean-up of unfinished steps: locally it deletes ``*.orbax-checkpoint-tmp*`` names (the
+    # destination protocol has refused any that is not ours before this point); on GCS it would delete
+    # *every* directory under DST without a commit_success.txt, whoever wrote it (another team's files
+    # in a shared prefix, the partitions' staging before the finalize adopts it). There our protocol
+    # has already removed the leftovers that are ours, so Orbax's clean-up stays off.
     options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False,
-                                           cleanup_tmp_directories=True)
+                                           cleanup_tmp_directories=not is_gcs(destination))
     with ocp.CheckpointManager(destination, item_names=("items",), options=options,
                                item_handlers={"items": handler}) as manager:
         if 0 in manager.all_steps():
