@@ -4,7 +4,6 @@ counts it, so a change to one limit moves both (the estimate and the run cannot 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 from ckptconv import settings
@@ -15,8 +14,9 @@ from ckptconv.read.sources import LocalSource
 from ckptconv.write.produce import prefetch
 
 
-def _produced_ahead(limit_seconds: float = 0.5) -> int:
-    """How many items the prefetch thread makes while its consumer holds the first one and waits."""
+def _produced_ahead(expected: int) -> int:
+    """How many items the prefetch thread makes while its consumer holds the first one: waits (up to
+    10 s, for a loaded machine) until ``expected`` are made, then a moment more for any beyond them."""
     made = []
 
     def produce():
@@ -25,10 +25,11 @@ def _produced_ahead(limit_seconds: float = 0.5) -> int:
             yield n
 
     stream = prefetch(produce)
-    next(stream)  # the consumer holds one...
-    deadline = time.monotonic() + limit_seconds
-    while time.monotonic() < deadline and threading.active_count() > 1:
-        time.sleep(0.01)  # ...and the producer fills what it may, then blocks on the full queue
+    next(stream)  # the consumer holds one; the producer fills what it may, then blocks on the full queue
+    deadline = time.monotonic() + 10
+    while len(made) < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # one more would show up now if the queue let it
     ahead = len(made)
     stream.close()
     return ahead
@@ -38,7 +39,7 @@ def test_the_prefetch_thread_holds_what_the_setting_allows(monkeypatch):
     for depth in (1, 2, 4):
         monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, prefetch=depth))
         # the one the consumer took, `depth` queued, and the one the producer holds while the queue is full
-        assert _produced_ahead() == 1 + depth + 1
+        assert _produced_ahead(1 + depth + 1) == 1 + depth + 1
 
 
 def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeypatch):
