@@ -5,8 +5,10 @@ their own axis, queries of Llama/Mistral/Mixtral/Gemma 2 arrive pre-scaled in th
 while Qwen and Gemma 3 scale at run time, Llama 3.1+ rotates *interleaved* pairs while the
 others rotate halves, norm scales are used as stored (Gemma's ``1 + w`` is in the weights),
 Gemma's embedding carries sqrt(hidden) and its tied logits are divided by it again, experts
-are stacked on a leading axis, and tied models take logits from the embedding. If a
-conversion gets any of that wrong, logits differ from the HF model's.
+are stacked on a leading axis, and tied models take logits from the embedding. OLMo 3's blocks
+are post-norm (each branch's output normalised before the residual add) and its q/k norms span
+all heads (a ``(heads * head_dim,)`` scale). If a conversion gets any of that wrong, logits
+differ from the HF model's.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ class Semantics:
     gemma: bool = False  # four norms, GELU, embedding scaled, logits divided by sqrt(hidden)
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss (blocks of 2)
+    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss, olmo3 (blocks of 2, 4)
+    post_norm: bool = False  # OLMo 3: no pre-norms; attention and MLP outputs normalised before the residual add
+    sliding_window: int | None = None  # tokens a sliding layer sees (itself included)
+    sliding_layers: tuple[bool, ...] = ()  # per position in the layer pattern, repeated: is that layer sliding
     extra: dict = field(default_factory=dict)
 
 
@@ -82,7 +87,7 @@ def layer_params(params: dict, i: int, sem: Semantics, scan: bool) -> dict:
         half = "local" if i % 2 == 0 else "global"
         node = _take(decoder["layers"], i // 2, 1) if scan else decoder[f"layers_{i // 2}"]
         return {k[: -len(half) - 1]: v for k, v in node.items() if k.endswith("_" + half)}
-    period = {"gemma3": 6, "gpt_oss": 2}.get(sem.layout)
+    period = {"gemma3": 6, "gpt_oss": 2, "olmo3": 4}.get(sem.layout)
     if period and scan:  # MaxText scans whole blocks: block position i % period, block i // period
         blocks = sem.num_layers // period
         if i < blocks * period:
@@ -159,7 +164,14 @@ def _gpt_oss_moe(h, block, sem: Semantics):
     return out
 
 
-def _attention(h, att, positions, sem: Semantics):
+def _qk_norm(x, scale, eps):
+    """Per head (scale (head_dim,)), or over all heads at once (OLMo 3: scale (heads * head_dim,))."""
+    if scale.shape[-1] == x.shape[-1]:
+        return rms_norm(x, scale, eps)
+    return rms_norm(x.reshape(x.shape[0], -1), scale, eps).reshape(x.shape)
+
+
+def _attention(h, att, positions, sem: Semantics, window: int | None = None):
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
     k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
@@ -167,7 +179,7 @@ def _attention(h, att, positions, sem: Semantics):
     if "bias" in att["query"]:
         q, k, v = q + f32(att["query"]["bias"]), k + f32(att["key"]["bias"]), v + f32(att["value"]["bias"])
     if "query_norm" in att:
-        q, k = rms_norm(q, att["query_norm"]["scale"], sem.eps), rms_norm(k, att["key_norm"]["scale"], sem.eps)
+        q, k = _qk_norm(q, att["query_norm"]["scale"], sem.eps), _qk_norm(k, att["key_norm"]["scale"], sem.eps)
     head_dim = q.shape[-1]
     inv_freq = rope_frequencies(head_dim, sem.theta, sem.rope_scaling)
     q, k = apply_rope(q, positions, inv_freq, sem.interleaved), apply_rope(k, positions, inv_freq, sem.interleaved)
@@ -179,6 +191,8 @@ def _attention(h, att, positions, sem: Semantics):
     if sem.attn_softcap:
         scores = np.tanh(scores / sem.attn_softcap) * sem.attn_softcap
     scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
+    if window:  # a sliding layer: query t sees keys t - window + 1 .. t
+        scores = scores + np.tril(np.full(scores.shape[-2:], -np.inf), -window)
     if "sinks" in att:  # gpt-oss: a per-head logit that takes part in the softmax, then is dropped
         sinks = np.broadcast_to(f32(att["sinks"])[:, None, None], (*scores.shape[:2], 1))
         scores = np.concatenate([scores, sinks], axis=-1)
@@ -199,6 +213,12 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
     positions = np.arange(len(tokens), dtype=np.float64)
     for i in range(sem.num_layers):
         p = layer_params(params, i, sem, scan)
+        if sem.post_norm:
+            sliding = sem.sliding_layers and sem.sliding_layers[i % len(sem.sliding_layers)]
+            h = _attention(x, p["attention"], positions, sem, sem.sliding_window if sliding else None)
+            x = x + rms_norm(h, p["post_self_attention_layer_norm"]["scale"], sem.eps)
+            x = x + rms_norm(_mlp(x, p["mlp"], _silu), p["post_mlp_layer_norm"]["scale"], sem.eps)
+            continue
         if sem.gemma:
             h = rms_norm(x, p["pre_self_attention_norm"]["scale"], sem.eps)
             h = _attention(h, p["self_attention"], positions, sem)

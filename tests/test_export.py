@@ -40,6 +40,8 @@ MODELS = {
     "gemma3": synth.SynthModel(model_type="gemma3", num_layers=8, vocab_size=96),  # a 6-layer block + 2 remainder
     "deepseek_v3": synth.SynthModel(model_type="deepseek_v3", num_layers=3, **MOE),  # 1 dense, 2 MoE layers
     "gpt_oss": synth.SynthModel(model_type="gpt_oss", num_layers=4, num_experts=4),
+    "olmo3": synth.SynthModel(model_type="olmo3", num_layers=8, num_kv_heads=1,
+                              config_overrides={"rope_scaling": synth.OLMO3_YARN}),
 }
 NORM_ROUNDED = ("gemma2", "gemma3")  # 1 + w rounded to bfloat16 in the checkpoint
 

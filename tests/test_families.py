@@ -16,7 +16,7 @@ from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 
 MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text",
-               "deepseek_v3", "kimi_k2", "gpt_oss"]
+               "deepseek_v3", "kimi_k2", "gpt_oss", "olmo3"]
 
 
 def layer_tree(mt: str, m: synth.SynthModel) -> dict[str, tuple]:
@@ -119,7 +119,30 @@ def gpt_oss_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     return leaves
 
 
+def olmo3_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's olmo3 tree (its Olmo3DecoderLayer): post-norm, module ``attention``, q/k norms over all heads;
+    scanned as blocks of (3 sliding, 1 full) layers, ``layers_0..3``, with no remainder."""
+    emb, nq, nkv, hd, mlp = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size
+    layer = {"attention/query/kernel": (emb, nq, hd), "attention/key/kernel": (emb, nkv, hd),
+             "attention/value/kernel": (emb, nkv, hd), "attention/out/kernel": (nq, hd, emb),
+             "attention/query_norm/scale": (nq * hd,), "attention/key_norm/scale": (nkv * hd,),
+             "post_self_attention_layer_norm/scale": (emb,), "post_mlp_layer_norm/scale": (emb,),
+             "mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
+    leaves = {"params/params/token_embedder/embedding": (m.vocab_size, emb),
+              "params/params/decoder/decoder_norm/scale": (emb,),
+              "params/params/decoder/logits_dense/kernel": (emb, m.vocab_size)}
+    for name, shape in layer.items():
+        if scan:
+            leaves |= {f"params/params/decoder/layers/layers_{b}/{name}": stacked(shape, m.num_layers // 4)
+                       for b in range(4)}
+        else:
+            leaves |= {f"params/params/decoder/layers_{i}/{name}": shape for i in range(m.num_layers)}
+    return leaves
+
+
 def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    if mt == "olmo3":
+        return olmo3_leaves(m, scan)
     if mt in ("deepseek_v3", "kimi_k2"):
         return deepseek_leaves(m, scan)
     if mt == "gpt_oss":
@@ -161,6 +184,9 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
                                 quantization="fp8" if tied else None)
     if mt == "gpt_oss":
         return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
+    if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
+        return synth.SynthModel(model_type=mt, num_layers=8, num_kv_heads=1,
+                                config_overrides={"rope_scaling": synth.OLMO3_YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,
@@ -204,15 +230,15 @@ def test_registry_is_consistent():
 TRANSFORMERS_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
                         "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
                         "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "gpt_oss": "GptOssConfig",
-                        "deepseek_v3": "DeepseekV3Config"}
+                        "deepseek_v3": "DeepseekV3Config", "olmo3": "Olmo3Config"}
 
 
 @pytest.mark.parametrize("model_type", TRANSFORMERS_CONFIGS)
 def test_configs_written_by_transformers_parse(model_type):
     transformers = pytest.importorskip("transformers")
-    config = getattr(transformers, TRANSFORMERS_CONFIGS[model_type])(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16)
+    config = getattr(transformers, TRANSFORMERS_CONFIGS[model_type])(  # OLMo 3: whole blocks of 4 layers
+        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=4 if model_type == "olmo3" else 2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     data = json.loads(config.to_json_string())
     if model_type == "deepseek_v3":  # multi-head latent attention: as many KV heads as query heads
         data |= {"num_key_value_heads": 4, "first_k_dense_replace": 1}
@@ -268,6 +294,12 @@ def test_llama3_rope_scaling_turns_on_interleave():
     ("mixtral", "num_experts", 3, r"expert counts disagree"),
     ("gemma3", "sliding_window_pattern", 4, "'sliding_window_pattern' = 4 is not supported"),
     ("gemma3", "rms_norm_eps", float("nan"), None),
+    ("olmo3", "num_hidden_layers", 6, "num_hidden_layers=6 is not a multiple of 4"),
+    ("olmo3", "layer_types", ["sliding_attention", "full_attention"] * 2, "not the pattern MaxText runs"),
+    ("olmo3", "tie_word_embeddings", True, "'tie_word_embeddings' = True is not supported"),
+    ("olmo3", "attention_bias", True, "'attention_bias' = True is not supported"),
+    ("olmo3", "hidden_act", "gelu", "'hidden_act' = 'gelu' is not supported"),
+    ("olmo3", "sliding_window", 4096, None),
 ])
 def test_config_errors_name_the_field(model_type, field, value, message):
     model = synth.SynthModel(model_type=model_type, num_layers=4, config_overrides={field: value})

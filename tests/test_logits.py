@@ -44,6 +44,9 @@ def semantics(model: synth.SynthModel) -> Semantics:
                          extra={"norm_topk_prob": text["norm_topk_prob"]})
     if mt == "mixtral":
         return Semantics(**base, moe="topk_softmax", top_k=text["num_experts_per_tok"])
+    if mt == "olmo3":
+        return Semantics(**base, runtime_query_scale=True, layout="olmo3", post_norm=True,
+                         sliding_window=text["sliding_window"], sliding_layers=(True, True, True, False))
     if mt == "gemma2":
         return Semantics(**base, gemma=True, attn_softcap=text["attn_logit_softcapping"],
                          final_softcap=text["final_logit_softcapping"], layout="gemma2")
@@ -74,6 +77,12 @@ CASES = {  # name: (model, scan)
                                      config_overrides=GEMMA3_ROPE), True),
     "gemma3_text-noscan": (synth.SynthModel(model_type="gemma3_text", num_layers=7, vocab_size=96,
                                             config_overrides=GEMMA3_ROPE), False),
+    # OLMo 3: post-norm, q/k norms over all heads, two blocks of 3 sliding + 1 full layers; a window shorter
+    # than the 12 tokens, so the sliding layers really mask
+    "olmo3": (synth.SynthModel(model_type="olmo3", num_layers=8, num_kv_heads=2,
+                               config_overrides={"sliding_window": 5}), True),
+    "olmo3-noscan": (synth.SynthModel(model_type="olmo3", num_layers=4, num_heads=8, num_kv_heads=2, head_dim=8,
+                                      config_overrides={"sliding_window": 3}), False),
 }
 
 

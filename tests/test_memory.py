@@ -129,3 +129,31 @@ def _wide_source(tmp_path_factory):
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, fast=True)
         _WIDE["src"] = src
     return _WIDE["src"]
+
+
+@pytest.mark.slow
+def test_olmo3_32b_widths_peak_is_bounded_and_the_full_model_is_predicted_alike(synth_dir, tmp_path):
+    """One block of OLMo 3 32B (hidden 5120, MLP 27648, 40 query / 8 KV heads, vocab 100278: 4 layers, 6 GB)
+    converts with 1 and 16 devices under 1.5 GiB, the prediction bounding it; the plan of the whole
+    64-layer model (its published config.json, header-only files) predicts what the block does with 16 devices
+    (the widths set the tiles; only the OCDBT node cache grows with the chunk count, and it is full by then)."""
+    from tests.published_configs import OLMO3_32B_INSTRUCT
+
+    block = {**OLMO3_32B_INSTRUCT, "num_hidden_layers": 4, "layer_types": OLMO3_32B_INSTRUCT["layer_types"][:4]}
+    src = synth_dir(synth.SynthModel(model_type="olmo3", config_overrides=block), name="olmo3-32b-block",
+                    max_shard_bytes=5 * 10**9, fast=True)
+    predictions = []
+    for devices in (16, 1):
+        measured, predicted, source_bytes = convert_peak(src, tmp_path / f"olmo3-out{devices}", devices)
+        assert source_bytes > 5.5 * GiB
+        assert measured <= 1.5 * GiB
+        predictions.append(predicted)
+    full = tmp_path / "olmo3-32b-full"
+    synth.write_checkpoint(synth.SynthModel(model_type="olmo3", config_overrides=dict(OLMO3_32B_INSTRUCT)), str(full),
+                           max_shard_bytes=5 * 10**9, header_only=True)
+    for devices in (16, 1):
+        planned = json.loads(run_cli("plan", str(full), "--devices", str(devices), "--json").stdout)
+        print(f"Olmo-3.1-32B on {devices} devices: source {planned['source_bytes'] / GiB:.1f} GiB, predicted peak "
+              f"{planned['predicted_peak_rss_bytes'] / MiB:.0f} MiB, {planned['predicted_seconds'] / 60:.0f} min")
+        assert 55 * GiB < planned["source_bytes"] < 70 * GiB  # 32B parameters in bfloat16
+        assert planned["predicted_peak_rss_bytes"] <= max(predictions) + 64 * MiB <= 1.5 * GiB

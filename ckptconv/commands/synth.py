@@ -165,6 +165,22 @@ def _gpt_oss(m: SynthModel) -> dict:
     return config
 
 
+# OLMo 3's YaRN as the Instruct releases' config.json holds it (on the full-attention layers); base
+# releases of the early pretraining stages have none.
+OLMO3_YARN = {"attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0, "factor": 8.0,
+              "original_max_position_embeddings": 8192, "rope_type": "yarn"}
+
+
+def _olmo3(m: SynthModel) -> dict:
+    """Olmo-3's config.json with small sizes: post-norm, 3 sliding + 1 full layers, untied; no ``head_dim``
+    field unless it differs from hidden / heads (the releases have none). YaRN via ``config_overrides``."""
+    head_dim = None if m.head_dim * m.num_heads == m.hidden_size else m.head_dim
+    return _decoder(m, "Olmo3ForCausalLM", head_dim=head_dim, attention_bias=False, sliding_window=4096,
+                    rope_theta=500000.0, tie_word_embeddings=False,
+                    layer_types=[("full_attention" if i % 4 == 3 else "sliding_attention")
+                                 for i in range(m.num_layers)])
+
+
 _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
     "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
@@ -178,6 +194,7 @@ _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "deepseek_v3": _deepseek,
     "kimi_k2": _deepseek,
     "gpt_oss": _gpt_oss,
+    "olmo3": _olmo3,
 }
 # Stored-name prefixes of hub checkpoints whose decoder is not at the root.
 _HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
