@@ -268,3 +268,23 @@ def test_export_peak_rss_does_not_grow_with_layers(tmp_path):
               f"{report['wall_seconds']:.1f} s")
         assert report["output_bytes"] > (layers * 30 * MiB)
     assert peaks[12] <= peaks[3] + 64 * MiB, {k: v / MiB for k, v in peaks.items()}
+
+
+def test_olmo3_saved_by_transformers_round_trips_bit_identical(tmp_path):
+    """An OLMo 3 made by transformers' own Olmo3ForCausalLM and save_pretrained (its transformers-5 config.json:
+    ``rope_parameters`` per layer type, YaRN on the full layers) converts and exports back bit for bit."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Olmo3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+                                      max_position_embeddings=65536, rope_theta=500000.0,
+                                      rope_scaling=dict(synth.OLMO3_YARN))
+    src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
+    transformers.Olmo3ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(src))
+    assert "full_attention" in json.loads((src / "config.json").read_text())["rope_parameters"]
+    for scan in (True, False):
+        convert(ConvertRequest(str(src), str(mt), devices=16 if scan else 1, scan_layers=scan, progress="none",
+                               overwrite=True))
+        export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", overwrite=True))
+        assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
