@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
+from ckptconv.families import olmo3  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "h
                 "original_max_position_embeddings": 64}
 OLMO3 = synth.SynthModel(model_type="olmo3", num_layers=8, num_kv_heads=2, vocab_size=300)
 OLMO3_YARN = synth.SynthModel(model_type="olmo3", num_layers=4, num_heads=5, num_kv_heads=1, hidden_size=80,
-                              vocab_size=300, config_overrides={"rope_scaling": synth.OLMO3_YARN,
+                              vocab_size=300, config_overrides={"rope_scaling": olmo3.YARN,
                                                                 "max_position_embeddings": 65536})
 CASES = [
     Case("qwen3", synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), "qwen3-0.6b"),

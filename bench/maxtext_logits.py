@@ -55,11 +55,12 @@ CASES += [Case(f"olmo3-yarn-every-layer-{'scan' if scan else 'noscan'}", "olmo3"
 
 def hf_config(case: Case) -> dict:
     from ckptconv.commands import synth
+    from ckptconv.families import olmo3
 
     sizes = dict(case.sizes)
     overrides = dict(sizes.pop("config_overrides", {}))
     if case.yarn:
-        overrides |= {"rope_scaling": synth.OLMO3_YARN, "max_position_embeddings": 65536}
+        overrides |= {"rope_scaling": olmo3.YARN, "max_position_embeddings": 65536}
     return synth.SynthModel(model_type=case.model_type, config_overrides=overrides, **sizes).config()
 
 

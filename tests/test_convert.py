@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckptconv.commands import synth
+from ckptconv.families import olmo3
 from tests.conftest import run_cli
 
 AXIS = "checkpoint_sharding_axis"
@@ -112,7 +113,7 @@ CASES = [  # model_type, tied, scan, devices, dtype, extra config
     ("mistral", False, False, 1, "float32", {}),
     ("qwen2", False, True, 1, "bfloat16", {}),
     ("qwen3", False, False, 16, "float32", {}),
-    ("olmo3", False, True, 16, "bfloat16", {"rope_scaling": synth.OLMO3_YARN}),
+    ("olmo3", False, True, 16, "bfloat16", {"rope_scaling": olmo3.YARN}),
     ("olmo3", False, False, 1, "float32", {}),
 ]
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from ckptconv.commands import synth
+from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
 from ckptconv.families.base import always
@@ -186,7 +187,7 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
         return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
     if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
         return synth.SynthModel(model_type=mt, num_layers=8, num_kv_heads=1,
-                                config_overrides={"rope_scaling": synth.OLMO3_YARN} if tied else {})
+                                config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,

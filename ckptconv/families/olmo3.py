@@ -14,9 +14,10 @@ count that is not a multiple of 4 is refused. YaRN (the Instruct releases) or pl
 is a run-time setting: no weight changes.
 """
 
-from ckptconv.families.base import Family, block_layout, rule
+from ckptconv.families.base import Example, Family, MemoryExample, Sizes, Synthetic, block_layout, rule
 from ckptconv.families.decoder import (
-    GLOBAL_ROWS, KV_KERNEL, L, MLP_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
+    GLOBAL_ROWS, KV_KERNEL, L, MLP_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
+    read_dense_dims,
 )
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.read.spec import ConfigReader, ModelSpec
@@ -46,11 +47,42 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     return make_spec(cfg, "olmo3", dims, decoder_values(cfg), layers)
 
 
+def synthetic_config(m: Sizes) -> dict:
+    """Olmo-3's config.json with small sizes: 3 sliding + 1 full layers, untied; no ``head_dim`` field unless it
+    differs from hidden / heads (the releases have none). The Instruct releases' YaRN: ``YARN`` as an override."""
+    head_dim = None if m.head_dim * m.num_heads == m.hidden_size else m.head_dim
+    return decoder_config(m, "Olmo3ForCausalLM", head_dim=head_dim, attention_bias=False, sliding_window=4096,
+                          rope_theta=500000.0, tie_word_embeddings=False,
+                          layer_types=[PATTERN[i % PERIOD] for i in range(m.num_layers)])
+
+
+# The Instruct releases' rope_scaling (on the full-attention layers); base releases of the early stages have none.
+YARN = {"attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0, "factor": 8.0,
+        "original_max_position_embeddings": 8192, "rope_type": "yarn"}
+# Olmo-3.1-32B: hidden 5120, MLP 27648, 40 query / 8 KV heads, vocab 100278, 64 layers
+WIDTHS_32B = {"vocab_size": 100278, "hidden_size": 5120, "intermediate_size": 27648, "num_heads": 40,
+              "num_kv_heads": 8, "head_dim": 128,
+              "config_overrides": {"rope_scaling": YARN, "max_position_embeddings": 65536, "rms_norm_eps": 1e-6}}
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("olmo3", {"num_layers": 8, "num_kv_heads": 1, "config_overrides": {"rope_scaling": YARN}}),),
+    # two blocks of 3 sliding + 1 full layers; a window shorter than the test's 12 tokens, so sliding layers mask
+    logits=(Example("olmo3", {"num_layers": 8, "num_kv_heads": 2, "config_overrides": {"sliding_window": 5}},
+                    devices=4),
+            Example("olmo3-noscan", {"num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "head_dim": 8,
+                                     "config_overrides": {"sliding_window": 3}}, scan=False, devices=4)),
+    # one block at 32B widths (6 GB); the whole 64-layer model planned from header-only files
+    memory=(MemoryExample("olmo3-32b-block", {**WIDTHS_32B, "num_layers": 4}, devices=(16, 1), bound=3 * 2**29,
+                          source_bytes=int(5.5 * 2**30), full={**WIDTHS_32B, "num_layers": 64},
+                          max_shard_bytes=5 * 10**9),),
+)
+
 FAMILY = Family(
     name="olmo3",
     model_types=("olmo3",),
     decoder_block="olmo3",
     rules=ROWS,
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=block_layout(PERIOD),
 )
