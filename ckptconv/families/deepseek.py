@@ -187,7 +187,8 @@ SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("deepseek_v3", {"num_layers": 3, **MOE}),),  # 1 dense, 2 MoE layers
     logits=(Example("deepseek_v3", {"num_layers": 3, **MOE}, devices=4),
-            Example("kimi_k2-noscan", {"model_type": "kimi_k2", "num_layers": 3, **MOE}, scan=False, devices=4)),
+            Example("deepseek_v3-noscan", {"num_layers": 4, "num_experts": 8, "moe_intermediate_size": 32},
+                    scan=False, devices=4)),
     # 8 vs 32 routed experts: the FP8 release's experts decoded read unit by read unit (FP8 bytes: 24 more
     # experts x 3 kernels x 2 layers x 2 MiB); Kimi-K2-Thinking's INT4 experts likewise (1.1 MiB each)
     memory=(MemoryExample("fp8-experts", _release_widths("deepseek_v3", "fp8", 32),
