@@ -5,6 +5,8 @@ tree, printed by building the model for each decoder block), not from ckptconv's
 """
 
 import json
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -16,8 +18,7 @@ from ckptconv.families.base import always
 from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text",
-               "deepseek_v3", "kimi_k2", "gpt_oss", "olmo3"]
+MODEL_TYPES = [model_type for family in FAMILIES for model_type in family.model_types]  # every registered one
 
 
 def layer_tree(mt: str, m: synth.SynthModel) -> dict[str, tuple]:
@@ -141,13 +142,8 @@ def olmo3_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     return leaves
 
 
-def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
-    if mt == "olmo3":
-        return olmo3_leaves(m, scan)
-    if mt in ("deepseek_v3", "kimi_k2"):
-        return deepseek_leaves(m, scan)
-    if mt == "gpt_oss":
-        return gpt_oss_leaves(m, scan)
+def decoder_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """The Llama-style decoders' trees (Llama, Mistral, Qwen, Mixtral, Gemma 2 and 3)."""
     layer, L = layer_tree(mt, m), m.num_layers
     vocab = {"gemma2": 256128, "gemma3": 262144, "gemma3_text": 262144}.get(mt, m.vocab_size)
     leaves = {"params/params/token_embedder/embedding": (vocab, m.hidden_size),
@@ -179,6 +175,19 @@ def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]
     return leaves
 
 
+# MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
+MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
+    "deepseek": lambda mt, m, scan: deepseek_leaves(m, scan),
+    "gpt_oss": lambda mt, m, scan: gpt_oss_leaves(m, scan),
+    "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
+}
+
+
+def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    return MAXTEXT_TREES[BY_MODEL_TYPE[mt].name](mt, m, scan)
+
+
 def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
     if mt in ("deepseek_v3", "kimi_k2"):
         return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
@@ -205,6 +214,58 @@ def test_plan_matches_maxtext_tree(tmp_path, model_type, tied, scan):
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
     assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_leaves(model_type, model, scan)
     assert plan.tensor_count == len(synth.tensor_shapes(model))
+
+
+# Every example a family declares (its round-trip, logit and memory models, and the whole releases those stand
+# for), planned from header-only files: the same tree as MaxText's, scanned and not.
+EXAMPLES = {f"{kind}-{example.name}" + suffix: (family, fields)
+            for family in FAMILIES
+            for kind, examples in (("round_trip", family.synthetic.round_trip), ("logits", family.synthetic.logits),
+                                   ("memory", family.synthetic.memory))
+            for example in examples
+            for suffix, fields in (("", example.model), ("-fewer", getattr(example, "fewer", None)),
+                                   ("-full", getattr(example, "full", None)))
+            if fields}
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_plans_maxtexts_tree(tmp_path, name, scan):
+    family, fields = EXAMPLES[name]
+    model = synth.for_family(family, fields)
+    synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
+    plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=16)
+    assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_leaves(model.model_type, model, scan)
+
+
+def test_every_registered_family_is_complete():
+    """What a family's tests are derived from is there for every registered family: its synthetic config.json
+    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind),
+    MaxText's run-time semantics for the reference forward pass, MaxText's tree restated here, and a row in the
+    README's table of supported families."""
+    from tests.test_logits import SEMANTICS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    missing = []
+    for family in FAMILIES:
+        for kind in ("round_trip", "logits", "memory"):
+            if not getattr(family.synthetic, kind):
+                missing.append(f"{family.name}: no {kind} example")
+        for mt in family.model_types:
+            config = synth.SynthModel(model_type=mt).config()
+            if config["model_type"] != mt:
+                missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
+            if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
+                missing.append(f"{family.name}: no README row for {mt!r}")
+        if family.name not in SEMANTICS:
+            missing.append(f"{family.name}: no entry in tests/test_logits.py SEMANTICS")
+        if family.name not in MAXTEXT_TREES:
+            missing.append(f"{family.name}: no MaxText tree in tests/test_families.py MAXTEXT_TREES")
+    for kind in ("round_trip", "logits", "memory"):
+        names = [example.name for family in FAMILIES for example in getattr(family.synthetic, kind)]
+        missing += [f"{kind} example {name!r} named twice" for name in sorted(set(names)) if names.count(name) > 1]
+    assert missing == []
 
 
 def test_gemma3_scan_with_fewer_layers_than_a_block(tmp_path):

@@ -1,7 +1,9 @@
 """What each family's tensors become: the family registry (one entry per family module, looked up by
 ``config.json``'s ``model_type``), and the transforms, inputs, tiles and sharding that carry it out.
 
-Adding a family is one small module defining ``FAMILY`` plus a line here and a test.
+Adding a family is one small module defining ``FAMILY`` (with its ``synthetic`` config and examples) plus a
+line here: the tests are derived from this registry, and ``tests/test_families.py`` checks that every
+registered family brings what they need.
 """
 
 from __future__ import annotations
