@@ -106,22 +106,21 @@ def maxtext_partition(shape, devices):
     return [None]
 
 
-CASES = [  # model_type, tied, scan, devices, dtype, extra config
-    ("qwen3", True, True, 16, "bfloat16", {}),
-    ("llama", False, True, 16, "bfloat16", {"rope_scaling": LLAMA31_ROPE}),
-    ("llama", True, False, 16, "float32", {}),
-    ("mistral", False, False, 1, "float32", {}),
-    ("qwen2", False, True, 1, "bfloat16", {}),
-    ("qwen3", False, False, 16, "float32", {}),
-    ("olmo3", False, True, 16, "bfloat16", {"rope_scaling": olmo3.YARN}),
-    ("olmo3", False, False, 1, "float32", {}),
+CASES = [  # model_type, tied, scan, devices, dtype, extra config, layers
+    ("qwen3", True, True, 16, "bfloat16", {}, 2),
+    ("llama", False, True, 16, "bfloat16", {"rope_scaling": LLAMA31_ROPE}, 2),
+    ("llama", True, False, 16, "float32", {}, 2),
+    ("mistral", False, False, 1, "float32", {}, 2),
+    ("qwen2", False, True, 1, "bfloat16", {}, 2),
+    ("qwen3", False, False, 16, "float32", {}, 2),
+    ("olmo3", False, True, 16, "bfloat16", {"rope_scaling": olmo3.YARN}, 8),  # OLMo 3: whole blocks of 4
+    ("olmo3", False, False, 1, "float32", {}, 8),
 ]
 
 
-@pytest.mark.parametrize("model_type, tied, scan, devices, dtype, extra", CASES,
+@pytest.mark.parametrize("model_type, tied, scan, devices, dtype, extra, layers", CASES,
                          ids=[f"{c[0]}-{'scan' if c[2] else 'noscan'}-{c[3]}dev-{c[4]}" for c in CASES])
-def test_convert_layout_sharding_and_values(tmp_path, synth_dir, model_type, tied, scan, devices, dtype, extra):
-    layers = 8 if model_type == "olmo3" else 2  # OLMo 3: whole blocks of 4
+def test_convert_layout_sharding_and_values(tmp_path, synth_dir, model_type, tied, scan, devices, dtype, extra, layers):
     model = synth.SynthModel(model_type=model_type, tie_word_embeddings=tied, num_layers=layers,
                              config_overrides=extra)
     src, dst = synth_dir(model), tmp_path / "dst"

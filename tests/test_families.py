@@ -412,6 +412,20 @@ def test_published_giant_configs_parse(name):
     assert spec.value("quantization") == ("int4-group-32" if name == "Kimi-K2-Thinking" else expected)
 
 
+@pytest.mark.parametrize("name, hidden, heads, kv_heads, layers", [
+    ("Olmo-3-7B-Instruct", 4096, 32, 32, 32), ("Olmo-3.1-32B-Instruct", 5120, 40, 8, 64)])
+def test_olmo3_published_configs_parse(name, hidden, heads, kv_heads, layers):
+    """The releases' config.json (transformers 4.57's form: rope_scaling YaRN, layer_types, no head_dim)."""
+    from tests.published_configs import PUBLISHED
+
+    spec = read_spec(BY_MODEL_TYPE["olmo3"], PUBLISHED[name], "config.json")
+    assert spec.num_layers == layers
+    assert {k: spec.dim(k) for k in ("emb", "heads", "kv_heads", "hd", "q", "kv", "mlp", "vocab")} == {
+        "emb": hidden, "heads": heads, "kv_heads": kv_heads, "hd": 128, "q": heads * 128, "kv": kv_heads * 128,
+        "mlp": PUBLISHED[name]["intermediate_size"], "vocab": 100278}
+    assert spec.runtime["rope_scaling"]["rope_type"] == "yarn" and spec.runtime["sliding_window"] == 4096
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("rope_interleave", False, "'rope_interleave' = False is not supported"),
     ("num_nextn_predict_layers", "1", "must be an integer >= 0"),
