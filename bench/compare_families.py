@@ -235,8 +235,8 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
                                 f"| {r['dtype']} | {r['maxtext_layout']} | - | - | {result} | - |")
             continue
         result = "**identical**" if r["identical"] else f"DIFFERENT: {r['value_mismatches'] or r['only_in_maxtext']}"
-        fresh[r["case"]] = (f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} | {r['dtype']} "
-                            f"| {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
+        fresh[r["case"]] = (f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} "
+                            f"| {r['dtype']} | {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
                             f"{', '.join(r['metadata_differences']) or 'none'} |")
     if kept:
         lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from the earlier run (`--merge`)."]

@@ -2,8 +2,9 @@
 
 The ``config.json`` looks like the hub's for that family (each family writes its own:
 ``Family.synthetic.config``; Gemma 3 nests its decoder in ``text_config`` and names tensors
-``language_model.model.*``, as ``Gemma3ForConditionalGeneration`` checkpoints ship). Tensor names and shapes come from the family's own rules through the
-planner, so a synthetic checkpoint is exactly what the planner expects. Weights are random but
+``language_model.model.*``, as ``Gemma3ForConditionalGeneration`` checkpoints ship). Tensor
+names and shapes come from the family's own rules through the planner, so a synthetic
+checkpoint is exactly what the planner expects. Weights are random but
 bf16-representable, so a float32 reference forward pass and the bf16 checkpoint agree. Files
 are written tensor by tensor, never holding the model, so benchmark-sized checkpoints (16 GB)
 can be made here too. ``header_only`` writes headers with sparse (unallocated) data, for

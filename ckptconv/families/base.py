@@ -176,6 +176,9 @@ class Example:
     rounded: tuple[str, ...] = ()
 
 
+MIB, GIB = 2**20, 2**30  # for the examples' byte counts
+
+
 @dataclass(frozen=True)
 class MemoryExample:
     """A peak-memory case: ``model`` converted (a fresh process per device count in ``devices``) peaks no
@@ -205,8 +208,8 @@ class Synthetic:
 
     ``config``: sizes -> ``config.json`` as the hub ships it (unset fields None, dropped by the writer);
     ``hub_prefixes``: model_type -> (prefix the rules use, prefix the hub stores) where the hub nests the
-    decoder (Gemma 3's ``Gemma3ForConditionalGeneration``: ``language_model.model.``). Every family has at least one example of each kind (a
-    registry test checks it).
+    decoder (Gemma 3's ``Gemma3ForConditionalGeneration``: ``language_model.model.``). Every family has at
+    least one example of each kind (a registry test checks it).
     """
 
     config: Callable[[Sizes], dict]

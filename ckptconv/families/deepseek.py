@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 
-from ckptconv.families.base import Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, rule
+from ckptconv.families.base import (
+    MIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
+)
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
@@ -192,9 +194,9 @@ SYNTHETIC = Synthetic(
     # 8 vs 32 routed experts: the FP8 release's experts decoded read unit by read unit (FP8 bytes: 24 more
     # experts x 3 kernels x 2 layers x 2 MiB); Kimi-K2-Thinking's INT4 experts likewise (1.1 MiB each)
     memory=(MemoryExample("fp8-experts", _release_widths("deepseek_v3", "fp8", 32),
-                          fewer=_release_widths("deepseek_v3", "fp8", 8), more_bytes=250 * 2**20),
+                          fewer=_release_widths("deepseek_v3", "fp8", 8), more_bytes=250 * MIB),
             MemoryExample("int4-experts", _release_widths("kimi_k2", "int4", 32),
-                          fewer=_release_widths("kimi_k2", "int4", 8), more_bytes=140 * 2**20)),
+                          fewer=_release_widths("kimi_k2", "int4", 8), more_bytes=140 * MIB)),
 )
 
 FAMILY = Family(

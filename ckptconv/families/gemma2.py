@@ -14,7 +14,7 @@ adds none at run time). For 2B and 9B that is 1/sqrt(head_dim), bit for bit what
 
 import numpy as np
 
-from ckptconv.families.base import Example, Family, LayerStack, MemoryExample, Synthetic
+from ckptconv.families.base import GIB, Example, Family, LayerStack, MemoryExample, Synthetic
 from ckptconv.families.decoder import Q_KERNEL, make_spec
 from ckptconv.families.gemma import (
     GEMMA2_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims, synthetic_text_config,
@@ -62,7 +62,7 @@ SYNTHETIC = Synthetic(
     # Gemma 2 2B widths (hidden 2304, MLP 9216, head_dim 256, vocab 256000 padded and scaled in float32)
     memory=(MemoryExample("gemma2-2b-widths", {
         "vocab_size": 256000, "hidden_size": 2304, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,
-        "head_dim": 256, "intermediate_size": 9216}, bound=2**30, source_bytes=2**30),),
+        "head_dim": 256, "intermediate_size": 9216}, bound=GIB, source_bytes=GIB),),
 )
 
 FAMILY = Family(

@@ -15,7 +15,7 @@ tower and projector are not part of MaxText's text decoder and are named in the 
 
 import ml_dtypes
 
-from ckptconv.families.base import Example, Family, MemoryExample, Sizes, Synthetic, block_layout
+from ckptconv.families.base import GIB, Example, Family, MemoryExample, Sizes, Synthetic, block_layout
 from ckptconv.families.decoder import Q_KERNEL, make_spec
 from ckptconv.families.gemma import (
     GEMMA3_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims, synthetic_text_config,
@@ -81,7 +81,7 @@ SYNTHETIC = Synthetic(
     # Gemma 3 4B widths in the hub's form (hidden 2560, MLP 10240, head_dim 256, vocab 262208 scaled and cut)
     memory=(MemoryExample("gemma3-4b-widths", {
         "vocab_size": 262208, "hidden_size": 2560, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,
-        "head_dim": 256, "intermediate_size": 10240}, bound=2**30, source_bytes=2**30),),
+        "head_dim": 256, "intermediate_size": 10240}, bound=GIB, source_bytes=GIB),),
     hub_prefixes={"gemma3": ("model.", "language_model.model.")},
 )
 

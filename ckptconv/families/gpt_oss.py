@@ -9,7 +9,9 @@ interleaved column by column, so one read feeds two leaves (even columns -> ``wi
 unit as MaxText's ``dequantize_mxfp4.py`` does; a bfloat16 copy converts the same.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Output, Rule, Sizes, Synthetic, block_layout, rule
+from ckptconv.families.base import (
+    GIB, Example, Family, MemoryExample, Output, Rule, Sizes, Synthetic, block_layout, rule,
+)
 from ckptconv.families.decoder import (
     KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, Q_KERNEL, decoder_config, make_spec, read_attention,
 )
@@ -92,7 +94,7 @@ SYNTHETIC = Synthetic(
     memory=(MemoryExample("gpt-oss-20b-widths", {
         "quantization": "mxfp4", "vocab_size": 201088, "hidden_size": 2880, "num_layers": 2, "num_heads": 64,
         "num_kv_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_experts": 8,
-        "config_overrides": {"rope_theta": 150000.0}}, bound=2**30, source_bytes=2**30),),
+        "config_overrides": {"rope_theta": 150000.0}}, bound=GIB, source_bytes=GIB),),
 )
 
 FAMILY = Family(

@@ -5,7 +5,7 @@ the query kernel. Llama 3.1+ (``rope_type: llama3``) runs MaxText's interleaved-
 so q and k are permuted from HF's half-split layout; older Llamas keep HF's layout.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Synthetic
+from ckptconv.families.base import GIB, Example, Family, MemoryExample, Synthetic
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
     read_dense_dims,
@@ -38,7 +38,7 @@ SYNTHETIC = Synthetic(
     memory=(MemoryExample("llama-70b-widths", {
         "vocab_size": 128256, "hidden_size": 8192, "num_layers": 2, "num_heads": 64, "num_kv_heads": 8,
         "head_dim": 128, "intermediate_size": 28672, "tie_word_embeddings": True,
-        "config_overrides": {"rope_theta": 500000.0}}, devices=(1, 16), bound=2**30, source_bytes=int(4.5 * 2**30),
+        "config_overrides": {"rope_theta": 500000.0}}, devices=(1, 16), bound=GIB, source_bytes=int(4.5 * GIB),
         max_shard_bytes=5 * 10**9),),
 )
 

@@ -5,7 +5,7 @@ query kernel is pre-scaled by 1/sqrt(head_dim), nothing is permuted. The sliding
 an inference setting (recorded in the report), not a weight.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Synthetic
+from ckptconv.families.base import GIB, Example, Family, MemoryExample, Synthetic
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
     read_dense_dims,
@@ -27,8 +27,8 @@ SYNTHETIC = Synthetic(
     # Mistral-7B widths (hidden 4096, MLP 14336, 32 query / 8 KV heads, vocab 32768), two layers
     memory=(MemoryExample("mistral-7b-widths", {
         "vocab_size": 32768, "hidden_size": 4096, "num_layers": 2, "num_heads": 32, "num_kv_heads": 8,
-        "head_dim": 128, "intermediate_size": 14336, "tie_word_embeddings": False}, bound=2**30,
-        source_bytes=2**30),),
+        "head_dim": 128, "intermediate_size": 14336, "tie_word_embeddings": False}, bound=GIB,
+        source_bytes=GIB),),
 )
 
 FAMILY = Family(

@@ -6,7 +6,7 @@ MaxText 0.2.5's converter writes it) with a sparse MoE block: router
 MaxText names ``MoeBlock_0/{gate, wi_0, wi_1, wo}``.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Synthetic
+from ckptconv.families.base import GIB, Example, Family, MemoryExample, Synthetic
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
     read_dense_dims,
@@ -34,7 +34,7 @@ SYNTHETIC = Synthetic(
     memory=(MemoryExample("mixtral-8x7b-widths", {
         "vocab_size": 32000, "hidden_size": 4096, "num_layers": 1, "num_heads": 32, "num_kv_heads": 8,
         "head_dim": 128, "intermediate_size": 14336, "num_experts": 2, "tie_word_embeddings": False},
-        bound=2**30, source_bytes=2**30),),
+        bound=GIB, source_bytes=GIB),),
 )
 
 FAMILY = Family(

@@ -14,7 +14,7 @@ count that is not a multiple of 4 is refused. YaRN (the Instruct releases) or pl
 is a run-time setting: no weight changes.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Sizes, Synthetic, block_layout, rule
+from ckptconv.families.base import GIB, Example, Family, MemoryExample, Sizes, Synthetic, block_layout, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, L, MLP_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
     read_dense_dims,
@@ -72,8 +72,8 @@ SYNTHETIC = Synthetic(
             Example("olmo3-noscan", {"num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "head_dim": 8,
                                      "config_overrides": {"sliding_window": 3}}, scan=False, devices=4)),
     # one block at 32B widths (6 GB); the whole 64-layer model planned from header-only files
-    memory=(MemoryExample("olmo3-32b-block", {**WIDTHS_32B, "num_layers": 4}, devices=(16, 1), bound=3 * 2**29,
-                          source_bytes=int(5.5 * 2**30), full={**WIDTHS_32B, "num_layers": 64},
+    memory=(MemoryExample("olmo3-32b-block", {**WIDTHS_32B, "num_layers": 4}, devices=(16, 1), bound=int(1.5 * GIB),
+                          source_bytes=int(5.5 * GIB), full={**WIDTHS_32B, "num_layers": 64},
                           max_shard_bytes=5 * 10**9),),
 )
 

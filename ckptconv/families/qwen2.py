@@ -4,7 +4,7 @@ Qwen2 has q/k/v biases (reshaped to (heads, head_dim)) and no output bias. MaxTe
 queries at run time and uses HF's half-split RoPE, so q/k kernels are only reshaped.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Synthetic, rule
+from ckptconv.families.base import GIB, MIB, Example, Family, MemoryExample, Synthetic, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, L, NORM_AND_MLP_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values, make_spec,
     read_dense_dims,
@@ -31,8 +31,8 @@ SYNTHETIC = Synthetic(
     # Qwen2.5-1.5B widths (hidden 1536, MLP 8960, 12 query / 2 KV heads, q/k/v biases, tied vocab 151936)
     memory=(MemoryExample("qwen2.5-1.5b-widths", {
         "vocab_size": 151936, "hidden_size": 1536, "num_layers": 2, "num_heads": 12, "num_kv_heads": 2,
-        "head_dim": 128, "intermediate_size": 8960, "tie_word_embeddings": True}, bound=2**30,
-        source_bytes=500 * 2**20),),
+        "head_dim": 128, "intermediate_size": 8960, "tie_word_embeddings": True}, bound=GIB,
+        source_bytes=500 * MIB),),
 )
 
 FAMILY = Family(

@@ -4,7 +4,7 @@ Qwen3 adds per-head RMSNorms on q and k (``query_norm``/``key_norm``, shape (hea
 MaxText scales queries at run time and uses HF's half-split RoPE: kernels are only reshaped.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Synthetic
+from ckptconv.families.base import MIB, Example, Family, MemoryExample, Synthetic
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, NORM_AND_MLP_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_config, decoder_values,
     make_spec, read_dense_dims,
@@ -27,7 +27,7 @@ SYNTHETIC = Synthetic(
         "vocab_size": 8192, "hidden_size": 1024, "num_layers": 24, "num_heads": 8, "num_kv_heads": 4,
         "head_dim": 128, "intermediate_size": 4096}, fewer={
         "vocab_size": 8192, "hidden_size": 1024, "num_layers": 6, "num_heads": 8, "num_kv_heads": 4,
-        "head_dim": 128, "intermediate_size": 4096}, more_bytes=500 * 2**20),),
+        "head_dim": 128, "intermediate_size": 4096}, more_bytes=500 * MIB),),
 )
 
 FAMILY = Family(

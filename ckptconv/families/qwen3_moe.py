@@ -6,7 +6,7 @@ qwen3_moe decoder makes every layer sparse, so configs with dense layers
 (``mlp_only_layers``, ``decoder_sparse_step`` != 1) are refused rather than converted wrong.
 """
 
-from ckptconv.families.base import Example, Family, MemoryExample, Sizes, Synthetic
+from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_config, decoder_values,
     make_spec, read_dense_dims,
@@ -51,7 +51,7 @@ SYNTHETIC = Synthetic(
             Example("qwen3_moe-noscan", {"tie_word_embeddings": True, "num_experts": 4, "moe_intermediate_size": 32},
                     scan=False, devices=4)),
     # 4x the experts at the same widths: the same peak, with 16 devices and with 1
-    memory=(MemoryExample("experts", _widths(32), devices=(16, 1), fewer=_widths(8), more_bytes=400 * 2**20),),
+    memory=(MemoryExample("experts", _widths(32), devices=(16, 1), fewer=_widths(8), more_bytes=400 * MIB),),
 )
 
 FAMILY = Family(
