@@ -239,7 +239,7 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
                             f"| {r['dtype']} | {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
                             f"{', '.join(r['metadata_differences']) or 'none'} |")
     if kept:
-        lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from the earlier run (`--merge`)."]
+        lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from earlier runs (`--merge`)."]
     table = {**(kept or {}), **fresh}
     lines += [table[case.name] for case in CASES if case.name in table]
     lines += ["", "Raw rows: `bench/work/families/results.json`.", ""]
