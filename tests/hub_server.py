@@ -638,6 +638,7 @@ def hub(fake_hub, tmp_path, monkeypatch):
     fake_hub.clear_log()
     fake_hub.faults.clear()
     fake_hub.write_faults.clear()
+    fake_hub.blobs.clear()  # each test uploads its blobs itself (the files of earlier commits stay)
     home = tmp_path / "hf-home"
     home.mkdir()
     fake_hub.client_env = fake_hub.env(home)
