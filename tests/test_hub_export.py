@@ -86,6 +86,7 @@ def test_export_creates_the_repo_and_commits_once_then_a_rerun_skips(tmp_path, h
     assert not any(call.method == "POST" for call in hub.requests())
 
 
+@pytest.mark.fault
 def test_a_cut_upload_and_a_5xx_are_retried_in_the_run(tmp_path, hub, checkpoint):
     """A connection dropped half way through a part and a 503 on a whole-file PUT: huggingface_hub
     sends them again; the one commit holds the export."""
@@ -99,6 +100,7 @@ def test_a_cut_upload_and_a_5xx_are_retried_in_the_run(tmp_path, hub, checkpoint
     assert_holds_the_export(hub, "org/faults", checkpoint["local"])
 
 
+@pytest.mark.fault
 @pytest.mark.parametrize("fault", ["503", "lost"])
 def test_a_failed_commit_leaves_the_branch_as_it_was_and_a_rerun_finishes(tmp_path, hub, checkpoint, fault):
     """The commit answered 503 (nothing committed) or its answer was lost after it landed: the run
