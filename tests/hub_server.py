@@ -25,7 +25,7 @@ The write side, as ``HfApi.create_repo``, ``list_repo_refs``, ``auth_check`` and
   ``.gitattributes``, as on the hub);
 - ``POST /api/models/{repo}/preupload/{rev}``: ``lfs`` for ``*.safetensors`` and files over 10 MB,
   else ``regular``, with the oid the branch holds at that path (sha256 for LFS, git sha1 else);
-- ``POST /{repo}.git/info/lfs/objects/batch``: no ``actions`` for a blob already stored (what a
+- ``POST /{repo}.git/info/lfs/objects/batch``: no ``actions`` for a blob that repo already stores (what a
   rerun after a failure finds), a single PUT URL on the storage server below ``multipart_bytes``,
   else multipart (``chunk_size`` and one URL per part; completion POSTed back to the hub). Every
   stored blob's sha256 and size are checked against what was announced;
@@ -106,7 +106,7 @@ class FakeHub:
         self.multipart_bytes = 64 * 1024  # LFS uploads from this size on are multipart
         self.part_bytes = 32 * 1024  # the chunk_size of a multipart upload
         self.storage = Path(tempfile.mkdtemp(prefix="fake-hub-blobs-"))  # uploaded blobs, by sha256
-        self.blobs: dict[str, Path] = {}  # sha256 -> blob whose content was checked
+        self.blobs: dict[tuple[str, str], Path] = {}  # (repo, sha256) -> blob whose content was checked
 
     def add_commit(self, repo_id: str, directory: Path | str, *, branch: str = "main", tags: tuple[str, ...] = (),
                    private: bool = False) -> str:
@@ -228,11 +228,11 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
         def do_PUT(self) -> None:
             entry = self._record()
             path = unquote(urlsplit(self.path).path)
-            match = re.fullmatch(r"/upload/([0-9a-f]{64})(?:/part/(\d+))?", path)
+            match = re.fullmatch(r"/upload/([^/]+/[^/]+)/([0-9a-f]{64})(?:/part/(\d+))?", path)
             if role != "cdn" or not match:
                 self._drain()
                 return self._error(entry, 404, None)
-            self._put(entry, match[1], int(match[2]) if match[2] else None)
+            self._put(entry, match[1], match[2], int(match[3]) if match[3] else None)
 
         # --- the write side -------------------------------------------------------------
 
@@ -339,26 +339,28 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             for item in payload.get("objects", []):
                 oid, size = item["oid"], item["size"]
                 answer: dict = {"oid": oid, "size": size, "authenticated": True}
-                if oid not in hub.blobs:
+                if (repo_id, oid) not in hub.blobs:
                     if size < hub.multipart_bytes:
-                        answer["actions"] = {"upload": {"href": f"{hub.cdn}/upload/{oid}"}}
+                        answer["actions"] = {"upload": {"href": f"{hub.cdn}/upload/{repo_id}/{oid}"}}
                     else:
                         parts = -(-size // hub.part_bytes)
                         header = {"chunk_size": str(hub.part_bytes)}
-                        header.update({f"{n:05d}": f"{hub.cdn}/upload/{oid}/part/{n}" for n in range(1, parts + 1)})
+                        header.update({f"{n:05d}": f"{hub.cdn}/upload/{repo_id}/{oid}/part/{n}"
+                                       for n in range(1, parts + 1)})
                         answer["actions"] = {"upload": {
                             "href": f"{hub.endpoint}/{repo_id}.git/info/lfs/complete_multipart/{oid}?size={size}",
                             "header": header}}
                 objects.append(answer)
             self._json(entry, {"transfer": "basic", "objects": objects})
 
-        def _put(self, entry: Logged, oid: str, part: int | None) -> None:
+        def _put(self, entry: Logged, repo_id: str, oid: str, part: int | None) -> None:
             fault = hub.write_fault("part" if part else "put")
             entry.fault = fault
             if fault == "503":
                 self._drain()
                 return self._error(entry, 503, None, message="injected fault")
-            where = hub.storage / "incoming" / (f"{oid}.part{part}" if part else f"{oid}.{threading.get_ident()}")
+            incoming = f"{repo_id.replace('/', '--')}-{oid}"
+            where = hub.storage / "incoming" / (f"{incoming}.part{part}" if part else f"{incoming}.{threading.get_ident()}")
             where.parent.mkdir(exist_ok=True)
             expected = int(self.headers.get("Content-Length") or 0)
             taken = 0
@@ -378,14 +380,14 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            if not self._store(entry, oid, where):
+            if not self._store(entry, repo_id, oid, where):
                 return
             entry.status = 200
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def _store(self, entry: Logged, oid: str, where: Path) -> bool:
+        def _store(self, entry: Logged, repo_id: str, oid: str, where: Path) -> bool:
             """Keep an uploaded blob if its content is what its oid says (as the hub checks)."""
             if file_sha256(where) != oid:
                 where.unlink()
@@ -394,21 +396,22 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             final = hub.storage / oid
             os.replace(where, final)
             with hub.lock:
-                hub.blobs[oid] = final
+                hub.blobs[(repo_id, oid)] = final
             return True
 
         def _complete_multipart(self, entry: Logged, repo_id: str, oid: str) -> None:
             payload = self._json_body()  # no token: the URL the batch handed out is the authority (signed on the hub)
             parts = sorted(payload.get("parts", []), key=lambda p: p["partNumber"])
-            where = hub.storage / "incoming" / f"{oid}.whole"
+            incoming = f"{repo_id.replace('/', '--')}-{oid}"
+            where = hub.storage / "incoming" / f"{incoming}.whole"
             with open(where, "wb") as out:
                 for n, part in enumerate(parts, 1):
-                    piece = hub.storage / "incoming" / f"{oid}.part{n}"
+                    piece = hub.storage / "incoming" / f"{incoming}.part{n}"
                     if part["partNumber"] != n or not piece.exists() or \
                             f'"{hashlib.md5(piece.read_bytes()).hexdigest()}"' != part["etag"]:
                         return self._error(entry, 400, None, message=f"part {n} missing or its etag differs")
                     out.write(piece.read_bytes())
-            if self._store(entry, oid, where):
+            if self._store(entry, repo_id, oid, where):
                 self._json(entry, {})
 
         def _commit(self, entry: Logged, repo_id: str, rev: str) -> None:
@@ -438,7 +441,7 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                     blob.write_bytes(data)
                     files[name], oids[name] = blob, git_sha1(data)
                 elif line["key"] == "lfsFile":
-                    blob = hub.blobs.get(value["oid"])
+                    blob = hub.blobs.get((repo_id, value["oid"]))
                     if blob is None or blob.stat().st_size != value.get("size", blob.stat().st_size):
                         return self._error(entry, 422, None, message=f"LFS object {value['oid']} not uploaded")
                     files[name], oids[name] = blob, value["oid"]
@@ -638,7 +641,6 @@ def hub(fake_hub, tmp_path, monkeypatch):
     fake_hub.clear_log()
     fake_hub.faults.clear()
     fake_hub.write_faults.clear()
-    fake_hub.blobs.clear()  # each test uploads its blobs itself (the files of earlier commits stay)
     home = tmp_path / "hf-home"
     home.mkdir()
     fake_hub.client_env = fake_hub.env(home)

@@ -32,7 +32,7 @@ from ckptconv import __version__, layout, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
-from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
@@ -197,7 +197,12 @@ def _export_to_hub(request: ExportRequest) -> dict:
             shutil.rmtree(staging, ignore_errors=True)  # ours: staging of another export to this repo
         local = _export_planned(dataclasses.replace(request, destination=staging, report=None, overwrite=False),
                                 planned)
+        if request.progress != "bar":  # huggingface_hub's bars would break a program's jsonl or a log
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
         started = time.monotonic()
+        log.info("ckptconv: %s: staged in %s; hashing and uploading, then one commit", request.destination, staging)
         staged = [stage_file(name, os.path.join(staging, name)) for name in sorted(os.listdir(staging))
                   if _export_file(name) and not name.endswith(PARTIAL)]
         facts = {key: local[key] for key in RECORDED if key in local}
@@ -208,7 +213,8 @@ def _export_to_hub(request: ExportRequest) -> dict:
         shutil.rmtree(staging)
     report = {**local, "skipped": False, "destination": request.destination, "hub": hub_figures,
               "stage_seconds": {**local["stage_seconds"], "upload": round(upload_seconds, 3)},
-              "wall_seconds": round(local["wall_seconds"] + upload_seconds, 3), "finished_at": destination.now()}
+              "wall_seconds": round(local["wall_seconds"] + upload_seconds, 3), "finished_at": destination.now(),
+              "peak_rss_bytes": peak_rss_bytes()}  # the upload's too
     destination.write_extra_report(request.report, report)
     return report
 
