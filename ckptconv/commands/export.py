@@ -188,7 +188,7 @@ def _export_to_hub(request: ExportRequest) -> dict:
                   "hub": {"repo": target.repo, "branch": target.branch, "commit": target.head}}
         destination.write_extra_report(request.report, report)
         return report
-    target.check_replaceable(planned.fingerprint, request.overwrite, _export_file)
+    target.check_replaceable(planned.fingerprint, request.overwrite)
     staging = hub_staging(target.repo, target.branch)
     os.makedirs(os.path.dirname(staging), exist_ok=True)
     with lock.hold(os.path.dirname(staging), name=f"{os.path.basename(staging)}.lock"):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ckptconv import __version__
-from ckptconv.errors import BadInputError, DestinationExistsError, RemoteError
+from ckptconv.errors import BadInputError, DestinationExistsError, RemoteError, stop_if_terminated
 from ckptconv.read.hub import hub_token, parse_hub_uri
 from ckptconv.read.ranged import one_line
 
@@ -44,6 +44,7 @@ RECORD_NAME = "ckptconv-export.json"  # committed with the export: its fingerpri
 NEVER_IN_THE_WAY = (".gitattributes", "README.md")  # what a new repo holds, and a model card: kept, never refused
 COMMIT_OID = re.compile(r"[0-9a-f]{7,40}")
 HASH_BLOCK = 8 << 20  # bytes read at a time while hashing a staged file
+UPLOAD_BATCH = 5  # files uploaded together (huggingface_hub's threads); SIGTERM is heard between batches
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class HubDestination:
         lfs = getattr(sibling, "lfs", None)
         return lfs.sha256 == facts.get("sha256") if lfs else sibling.blob_id == facts.get("git_sha1")
 
-    def check_replaceable(self, fingerprint: str, overwrite: bool, exported: Callable[[str], bool]) -> None:
+    def check_replaceable(self, fingerprint: str, overwrite: bool) -> None:
         """Refuse (one line, nothing uploaded) to commit over what is not ours, or over another
         export of ours, unless ``--overwrite``."""
         if overwrite:
@@ -215,7 +216,13 @@ class HubDestination:
         stale = sorted(name for name in self.files if exported(name) and name not in names)
         operations += [CommitOperationDelete(path_in_repo=name) for name in stale]
         started = time.monotonic()
+        additions = operations[:len(staged)]
         with self._translated("uploading"):
+            for first in range(0, len(additions), UPLOAD_BATCH):  # a stop request is heard between batches
+                stop_if_terminated()
+                self._api.preupload_lfs_files(self.repo, additions=additions[first:first + UPLOAD_BATCH],
+                                              revision=self.branch, free_memory=False)
+            stop_if_terminated()  # the last moment a stop leaves the branch as it was
             info = self._api.create_commit(self.repo, operations, commit_message=message,
                                            commit_description=f"fingerprint {record['fingerprint']}",
                                            revision=self.branch, parent_commit=self.head)
@@ -257,8 +264,9 @@ class _HubFailures:
             raise RemoteError(f"{self.uri}: the branch moved while uploading (another commit landed); nothing was "
                               "committed; rerun to look again") from None
         if isinstance(cause, HfHubHTTPError) or _network_failure(cause):
-            raise RemoteError(f"{self.uri}: {self.doing}: {_unsigned(one_line(cause))}; nothing was committed, a rerun "
-                              "resumes (blobs already uploaded are not sent again)") from None
+            then = ("nothing was committed, a rerun resumes (blobs already uploaded are not sent again)"
+                    if self.doing == "uploading" else "nothing was uploaded")
+            raise RemoteError(f"{self.uri}: {self.doing}: {_unsigned(one_line(cause))}; {then}") from None
         return False
 
 
