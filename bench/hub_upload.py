@@ -115,7 +115,8 @@ def run(argv: list[str] | None = None) -> int:
     ]
     for row in rows:
         lines.append(f"| {row['shard']} | {row['files']} | {row['bytes'] / MiB:.0f} | {row['export']:.1f} s | "
-                     f"{row['upload']:.1f} s | {row['mib_s']:.0f} | {row['wall']:.1f} s | {row['peak'] / 2**30:.2f} GiB |")
+                     f"{row['upload']:.1f} s | {row['mib_s']:.0f} | {row['wall']:.1f} s | "
+                     f"{row['peak'] / 2**30:.2f} GiB |")
     lines += ["", "Loopback, with the server verifying every blob's sha256 on the same 2 cores: this is ckptconv's and",
               "huggingface_hub's own cost per byte (hashing, reading, HTTP), a ceiling, not a network's figure."]
     Path(args.out).write_text("\n".join(lines) + "\n")

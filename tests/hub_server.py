@@ -360,7 +360,8 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                 self._drain()
                 return self._error(entry, 503, None, message="injected fault")
             incoming = f"{repo_id.replace('/', '--')}-{oid}"
-            where = hub.storage / "incoming" / (f"{incoming}.part{part}" if part else f"{incoming}.{threading.get_ident()}")
+            name = f"{incoming}.part{part}" if part else f"{incoming}.{threading.get_ident()}"
+            where = hub.storage / "incoming" / name
             where.parent.mkdir(exist_ok=True)
             expected = int(self.headers.get("Content-Length") or 0)
             taken = 0
@@ -427,7 +428,8 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                 return self._error(entry, 503, None, message="injected fault")
             header = lines[0]["value"] if lines and lines[0]["key"] == "header" else {}
             if header.get("parentCommit") not in (None, head.sha):
-                return self._error(entry, 412, None, message="A commit has happened since. Please refresh and try again.")
+                return self._error(entry, 412, None,
+                                   message="A commit has happened since. Please refresh and try again.")
             files, oids = dict(head.files), dict(head.oids)
             for line in lines[1:]:
                 value = line["value"]

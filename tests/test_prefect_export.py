@@ -47,7 +47,8 @@ def test_export_model_to_the_hub_commits_once_and_links_the_branch(tmp_path, mem
     from tests.hub_server import TOKEN
 
     memory_limit(8)
-    for key, value in {**hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}.items():
+    env = {**hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     src, maxtext = tmp_path / "src", tmp_path / "maxtext"
     synth.write_checkpoint(synth.SynthModel(), str(src))
