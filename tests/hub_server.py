@@ -35,7 +35,8 @@ The write side, as ``HfApi.create_repo``, ``list_repo_refs``, ``auth_check`` and
 ``write_faults`` holds ``(where, kind)`` pairs, each used once by the next request to ``where``:
 ``"put"`` (a single-part upload), ``"part"`` (a multipart part), ``"batch"``, ``"commit"``;
 ``kind`` ``"503"`` answers 503, ``"cut"`` takes half the body then drops the connection, and for
-``"commit"`` ``"lost"`` commits and then drops the connection before answering.
+``"commit"`` ``"lost"`` commits and then drops the connection before answering, ``"moved"`` lands
+another writer's commit (a README) on the branch first.
 """
 
 from __future__ import annotations
@@ -426,6 +427,15 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             entry.fault = fault
             if fault == "503":
                 return self._error(entry, 503, None, message="injected fault")
+            if fault == "moved":  # another writer's commit lands first
+                readme = hub.storage / "git-someone-elses-readme"
+                readme.write_text("# someone else's model card\n")
+                moved = Commit(hashlib.sha1(f"{head.sha}-moved".encode()).hexdigest(),
+                               {**head.files, "README.md": readme}, {**head.oids}, parent=head.sha)
+                with hub.lock:
+                    hub.repos[repo_id].commits[moved.sha] = moved
+                    hub.repos[repo_id].refs[rev] = moved.sha
+                head = moved
             header = lines[0]["value"] if lines and lines[0]["key"] == "header" else {}
             if header.get("parentCommit") not in (None, head.sha):
                 return self._error(entry, 412, None,

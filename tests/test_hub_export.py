@@ -78,6 +78,8 @@ def test_export_creates_the_repo_and_commits_once_then_a_rerun_skips(tmp_path, h
     assert all(call.auth == "valid" for call in hub.requests("hub") if "complete_multipart" not in call.path)
     assert not (tmp_path / "staging" / "org--exported@main").exists()  # removed once committed
     assert TOKEN not in result.stdout + result.stderr
+    assert not any(TOKEN.encode() in path.read_bytes() for path in tmp_path.rglob("*") if path.is_file())
+    assert all(TOKEN.encode() not in blob.read_bytes() for blob in hub.head("org/exported").files.values())
 
     hub.clear_log()
     again = export_to(hub, tmp_path, checkpoint, "hf://org/exported")
@@ -126,6 +128,21 @@ def test_a_failed_commit_leaves_the_branch_as_it_was_and_a_rerun_finishes(tmp_pa
     assert_holds_the_export(hub, repo_id, checkpoint["local"])
 
 
+@pytest.mark.fault
+def test_a_branch_that_moved_refuses_the_commit_and_a_rerun_commits_on_the_new_head(tmp_path, hub, checkpoint):
+    """Another writer commits between our look and our commit: the Hub refuses ours (its parent is
+    no longer the head), one line, exit 1; the rerun looks again and commits on top, theirs kept."""
+    hub.create_repo("org/moved")
+    hub.write_faults.append(("commit", "moved"))
+    failed = export_to(hub, tmp_path, checkpoint, "hf://org/moved")
+    assert failed.returncode == 1 and "the branch moved" in failed.stderr, failed.stderr
+    assert "ckptconv-export.json" not in hub.head("org/moved").files
+    rerun = export_to(hub, tmp_path, checkpoint, "hf://org/moved")
+    assert rerun.returncode == 0, rerun.stderr
+    assert_holds_the_export(hub, "org/moved", checkpoint["local"], extra=(".gitattributes", "README.md"))
+    assert len(hub.repos["org/moved"].commits) == 3  # creation, theirs, ours
+
+
 def test_bad_input_is_one_line_and_uploads_nothing(tmp_path, hub, checkpoint, synth_dir):
     hub.add_commit("org/tagged", synth_dir(MODEL, name="tagged"), tags=("v1",))
     cases = {
@@ -150,11 +167,15 @@ def test_bad_input_is_one_line_and_uploads_nothing(tmp_path, hub, checkpoint, sy
 
 def test_overwrite_replaces_foreign_files_and_another_export(tmp_path, hub, checkpoint, synth_dir):
     """--overwrite commits over a repo not ours (its weights deleted in the same commit, the model
-    card kept); an export with other options is refused, then replaces ours, stale shards deleted."""
+    card kept; the token from --hf-token-file); an export with other options is refused, then replaces ours, stale shards deleted."""
     theirs = synth_dir(MODEL, name="theirs")
     (theirs / "README.md").write_text("# a model card\n")
     hub.add_commit("org/theirs", theirs)
-    result = export_to(hub, tmp_path, checkpoint, "hf://org/theirs", "--overwrite")
+    tokens = tmp_path / "secrets" / "hf-token"
+    tokens.parent.mkdir()
+    tokens.write_text(TOKEN + "\n")
+    result = export_to(hub, tmp_path, checkpoint, "hf://org/theirs", "--overwrite", "--hf-token-file", str(tokens),
+                       token=None)
     assert result.returncode == 0, result.stderr
     assert_holds_the_export(hub, "org/theirs", checkpoint["local"], extra=("README.md",))
 
