@@ -155,12 +155,15 @@ def test_bad_input_is_one_line_and_uploads_nothing(tmp_path, hub, checkpoint, sy
         "no-branch": (export_to(hub, tmp_path, checkpoint, "hf://org/tagged@dev"), "is no branch"),
         "foreign": (export_to(hub, tmp_path, checkpoint, "hf://org/tagged"), "not exported by ckptconv"),
         "bad-uri": (export_to(hub, tmp_path, checkpoint, "hf://org"), "expected hf://ORG/REPO"),
+        "bad-like": (run_cli("export", str(checkpoint["maxtext"]), "hf://org/never", "--like",
+                             str(synth_dir(synth.SynthModel(num_layers=3), name="other")), "--progress", "none",
+                             env={**hub.client_env, "HF_TOKEN": TOKEN}), "layers"),
     }
     for name, (result, said) in cases.items():
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and said in lines[0], (name, result.stderr)
         assert READ_TOKEN not in result.stderr and TOKEN not in result.stderr
-    assert not uploads(hub) and "org/any" not in hub.repos
+    assert not uploads(hub) and "org/any" not in hub.repos and "org/never" not in hub.repos
     assert not any(call.method == "POST" for call in hub.requests())  # no repo made, nothing uploaded or committed
     assert len(hub.repos["org/tagged"].commits) == 1
 

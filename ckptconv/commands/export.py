@@ -180,9 +180,9 @@ def _export_to_hub(request: ExportRequest) -> dict:
     from ckptconv.write.hub import HubDestination, export_record, stage_file
 
     destination.check_report_path(request.report, {"checkpoint": request.checkpoint, "--like model": request.like})
-    target = HubDestination(request.destination, request.hf_token_file)
-    target.look()
-    planned = _plan(request)
+    target = HubDestination(request.destination, request.hf_token_file)  # no token: refused before any work
+    planned = _plan(request)  # a checkpoint or --like that cannot be exported: refused before the Hub is touched
+    target.look()  # creates a missing repo: only once the export is known to be possible
     if target.holds(planned.fingerprint) and not request.overwrite:
         report = {**target.record, "destination": request.destination, "skipped": True,
                   "hub": {"repo": target.repo, "branch": target.branch, "commit": target.head}}
