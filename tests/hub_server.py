@@ -34,7 +34,8 @@ The write side, as ``HfApi.create_repo``, ``list_repo_refs``, ``auth_check`` and
 
 ``write_faults`` holds ``(where, kind)`` pairs, each used once by the next request to ``where``:
 ``"put"`` (a single-part upload), ``"part"`` (a multipart part), ``"batch"``, ``"commit"``;
-``kind`` ``"503"`` answers 503, ``"cut"`` takes half the body then drops the connection, and for
+``kind`` ``"503"`` answers 503, ``"cut"`` takes half the body then drops the connection, ``"stall"``
+takes half the body then waits ``stall_seconds`` before taking the rest, and for
 ``"commit"`` ``"lost"`` commits and then drops the connection before answering, ``"moved"`` lands
 another writer's commit (a README) on the branch first.
 """
@@ -374,6 +375,10 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                         self.close_connection = True  # half the body taken, then the connection drops
                         self.connection.shutdown(2)
                         return
+                    if fault == "stall" and taken >= max(1, expected // 2):
+                        entry.status = -1  # seen by tests: the upload is under way and now stalled
+                        time.sleep(hub.stall_seconds)
+                        fault = None
             if part:
                 etag = hashlib.md5(where.read_bytes()).hexdigest()
                 entry.status = 200

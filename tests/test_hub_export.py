@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ckptconv.commands import synth
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from tests.hub_server import READ_TOKEN, TOKEN
 
 MODEL = synth.SynthModel(num_layers=4)
@@ -143,6 +147,32 @@ def test_a_branch_that_moved_refuses_the_commit_and_a_rerun_commits_on_the_new_h
     assert len(hub.repos["org/moved"].commits) == 3  # creation, theirs, ours
 
 
+@pytest.mark.fault
+def test_sigterm_during_the_upload_commits_nothing_and_a_rerun_finishes(tmp_path, hub, checkpoint, monkeypatch):
+    """A stop request while a file is uploading: the run ends at the next batch boundary with one
+    line (143), before the commit; the branch is as it was; the rerun commits."""
+    hub.create_repo("org/stopped")
+    before = hub.head("org/stopped").sha
+    monkeypatch.setattr(hub, "stall_seconds", 3.0)
+    hub.write_faults.append(("part", "stall"))
+    env = {**os.environ, **hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
+    env.pop("XLA_FLAGS", None)
+    child = subprocess.Popen([sys.executable, "-m", "ckptconv", "export", str(checkpoint["maxtext"]),
+                              "hf://org/stopped", "--like", str(checkpoint["src"]), "--shard-size", SHARD,
+                              "--progress", "none"],
+                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # only bounds a busy machine
+    while not any(call.status == -1 for call in uploads(hub)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 143 and "ckptconv: terminated (SIGTERM)" in stderr, stderr
+    assert hub.head("org/stopped").sha == before
+    rerun = export_to(hub, tmp_path, checkpoint, "hf://org/stopped")
+    assert rerun.returncode == 0, rerun.stderr
+    assert_holds_the_export(hub, "org/stopped", checkpoint["local"])
+
+
 def test_bad_input_is_one_line_and_uploads_nothing(tmp_path, hub, checkpoint, synth_dir):
     hub.add_commit("org/tagged", synth_dir(MODEL, name="tagged"), tags=("v1",))
     cases = {
@@ -170,7 +200,8 @@ def test_bad_input_is_one_line_and_uploads_nothing(tmp_path, hub, checkpoint, sy
 
 def test_overwrite_replaces_foreign_files_and_another_export(tmp_path, hub, checkpoint, synth_dir):
     """--overwrite commits over a repo not ours (its weights deleted in the same commit, the model
-    card kept; the token from --hf-token-file); an export with other options is refused, then replaces ours, stale shards deleted."""
+    card kept; the token from --hf-token-file); an export with other options is refused, then
+    replaces ours, stale shards deleted."""
     theirs = synth_dir(MODEL, name="theirs")
     (theirs / "README.md").write_text("# a model card\n")
     hub.add_commit("org/theirs", theirs)
