@@ -30,8 +30,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ckptconv import __version__
 from ckptconv.errors import BadInputError, DestinationExistsError, RemoteError, stop_if_terminated
