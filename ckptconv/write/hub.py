@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -63,8 +64,6 @@ class StagedFile:
 
 def stage_file(name: str, path: str) -> StagedFile:
     """Hash ``path`` in one pass (blocks of :data:`HASH_BLOCK`): its sha256 and its git blob id."""
-    import os
-
     size = os.path.getsize(path)
     sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
     with open(path, "rb") as f:
