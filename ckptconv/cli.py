@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)",
                                  formatter_class=_DefaultsHelp)
     export.add_argument("checkpoint", help="MaxText checkpoint: its items directory (DST/0/items) or a convert DST")
-    export.add_argument("destination", help="output directory (or gs://BUCKET/DIR) for the HF model")
+    export.add_argument("destination", help="output directory, gs://BUCKET/DIR, or hf://ORG/REPO[@BRANCH] (staged "
+                        f"under ${settings.HUB_STAGING_ENV} or {settings.HUB_STAGING}, uploaded, committed once)")
     export.add_argument("--like", required=True, help="the HF model it is (config.json, tokenizer files; "
                         "weights not needed): a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     export.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
@@ -123,7 +124,8 @@ def _progress_flag(command: argparse.ArgumentParser) -> None:
 
 def _hf_token_flag(command: argparse.ArgumentParser) -> None:
     command.add_argument("--hf-token-file", metavar="PATH",
-                         help="file holding a Hugging Face token for hf:// sources (default: HF_TOKEN or a saved login)")
+                         help="file holding a Hugging Face token for hf:// sources and destinations (default: "
+                         "HF_TOKEN or a saved login)")
 
 
 def _on_stop_signal(signum, frame) -> None:
@@ -287,10 +289,16 @@ def _export(args: argparse.Namespace) -> int:
         shard_size=args.shard_size, report=args.report, overwrite=args.overwrite, progress=args.progress,
         hf_token_file=args.hf_token_file,
     ))
+    hub = report.get("hub")
     if report.get("skipped"):
-        print(f"{args.destination}: already exported from this checkpoint with these options; nothing to do")
+        where = f" (commit {hub['commit']})" if hub else ""
+        print(f"{args.destination}: already exported from this checkpoint with these options{where}; nothing to do")
         return 0
     print(_done_line("exported", args.destination, report))
+    if hub:
+        rate = f" at {hub['upload_mib_per_s']} MiB/s" if hub["upload_mib_per_s"] else ""
+        print(f"  committed {hub['commit']} on {hub['branch']} ({hub['files']} files, {hub['bytes'] / 2**20:.1f} MiB "
+              f"hashed and uploaded in {hub['upload_seconds']:.1f}s{rate})")
     for note in report["not_exported"]:
         print(f"  note: {note['what']}")
     return 0
@@ -364,7 +372,8 @@ COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify
 # Each command's path arguments and what they must be, checked before the command opens any of them.
 LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
     "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT)),
-    "export": (("checkpoint", locations.CHECKPOINT), ("destination", locations.OUTPUT), ("like", locations.SOURCE)),
+    "export": (("checkpoint", locations.CHECKPOINT), ("destination", locations.EXPORT_OUTPUT),
+               ("like", locations.SOURCE)),
     "inspect": (("destination", locations.CHECKPOINT),),
     "verify": (("source", locations.SOURCE), ("destination", locations.CHECKPOINT)),
     "plan": (("source", locations.SOURCE),),

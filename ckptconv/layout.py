@@ -17,6 +17,10 @@ def is_gcs(location: str) -> bool:
     return location.startswith("gs://")
 
 
+def is_hub(location: str) -> bool:
+    return location.startswith("hf://")
+
+
 def absolute(location: str) -> str:
     """``location`` as Orbax needs it: URIs unchanged, local paths made absolute."""
     return location if "://" in location else os.path.abspath(location)

@@ -38,6 +38,8 @@ SOURCE = Role("source", "config.json and *.safetensors", ("gs://BUCKET/DIR", "hf
               must_exist=True)
 CHECKPOINT = Role("checkpoint", "what `ckptconv convert` wrote", ("gs://BUCKET/DIR",), must_exist=True)
 OUTPUT = Role("destination", "what this command writes", ("gs://BUCKET/DIR",), must_exist=False)
+EXPORT_OUTPUT = Role("destination", "what this command writes", ("gs://BUCKET/DIR", "hf://ORG/REPO[@BRANCH]"),
+                     must_exist=False)
 
 
 def check(location: str, role: Role) -> None:

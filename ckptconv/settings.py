@@ -18,6 +18,8 @@ DTYPE = "bfloat16"  # dtype of the written weights
 OUTPUT_DTYPES = ("bfloat16", "float32")  # what --dtype may be (numpy dtypes: ckptconv.dtypes.OUTPUT)
 SHARD_SIZE = "5GB"  # largest safetensors file an export writes
 PROGRESS = "bar"  # on a terminal a bar, else a line every few seconds
+HUB_STAGING = "~/.cache/ckptconv/hub-export"  # where an export to hf:// is staged before its upload
+HUB_STAGING_ENV = "CKPTCONV_HUB_STAGING"  # ... unless this environment variable names another directory
 
 # --- the pipeline's stages, in order (timings, reports, artifacts) ---
 STAGES = ("plan", "read", "transform", "write", "commit")

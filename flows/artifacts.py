@@ -119,9 +119,14 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
 
 
 def output_link(destination: str) -> str:
-    """A clickable address for the output: the GCS console for ``gs://``, ``file://`` for local paths."""
+    """A clickable address for the output: the GCS console for ``gs://``, the repo's branch for ``hf://``,
+    ``file://`` for local paths."""
     if destination.startswith("gs://"):
         return "https://console.cloud.google.com/storage/browser/" + destination.removeprefix("gs://")
+    if destination.startswith("hf://"):  # the repo's files on the branch, on the hub the export used
+        repo, _, branch = destination.removeprefix("hf://").rstrip("/").partition("@")
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+        return f"{endpoint}/{repo}/tree/{branch or 'main'}"
     if "://" in destination:
         return destination
     return "file://" + os.path.abspath(destination)

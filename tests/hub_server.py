@@ -16,15 +16,42 @@ was the right token) so tests can assert reads were ranged and the token never l
 ``faults`` injects failures into CDN range reads of at least ``fault_min_bytes``: ``"503"``
 answers 503, ``"cut"`` sends the headers and half the body, then drops the connection;
 ``"stall"`` sends the headers and half the body, then nothing for ``stall_seconds``.
+
+The write side, as ``HfApi.create_repo``, ``list_repo_refs``, ``auth_check`` and ``create_commit``
+(git LFS path, ``HF_HUB_DISABLE_XET=1``) call it:
+
+- ``GET /api/models/{repo}/refs``, ``GET /api/models/{repo}/auth-check/write`` (403 for the
+  read-only :data:`READ_TOKEN`), ``POST /api/repos/create`` (a new repo's ``main`` holds
+  ``.gitattributes``, as on the hub);
+- ``POST /api/models/{repo}/preupload/{rev}``: ``lfs`` for ``*.safetensors`` and files over 10 MB,
+  else ``regular``, with the oid the branch holds at that path (sha256 for LFS, git sha1 else);
+- ``POST /{repo}.git/info/lfs/objects/batch``: no ``actions`` for a blob that repo already stores (what a
+  rerun after a failure finds), a single PUT URL on the storage server below ``multipart_bytes``,
+  else multipart (``chunk_size`` and one URL per part; completion POSTed back to the hub). Every
+  stored blob's sha256 and size are checked against what was announced;
+- ``POST /api/models/{repo}/commit/{rev}`` (NDJSON: header, ``file``, ``lfsFile``, ``deletedFile``):
+  refused with 412 unless ``parentCommit`` is the branch head, 422 if an LFS blob is missing.
+
+``write_faults`` holds ``(where, kind)`` pairs, each used once by the next request to ``where``:
+``"put"`` (a single-part upload), ``"part"`` (a multipart part), ``"batch"``, ``"commit"``;
+``kind`` ``"503"`` answers 503, ``"cut"`` takes half the body then drops the connection, ``"stall"``
+takes half the body then waits ``stall_seconds`` before taking the rest, and for
+``"commit"`` ``"lost"`` commits and then drops the connection before answering, ``"moved"`` lands
+another writer's commit (a README) on the branch first.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import re
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,13 +59,18 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-TOKEN = "hf_TestSecretToken_0123456789abcdefXYZ"  # what the fake hub accepts for private repos
+TOKEN = "hf_TestSecretToken_0123456789abcdefXYZ"  # what the fake hub accepts for private repos, and writes
+READ_TOKEN = "hf_TestReadOnlyToken_0123456789abcdef"  # reads what TOKEN reads; every write is refused (403)
+LFS_THRESHOLD = 10 * 1000 * 1000  # files over this go to LFS whatever their name, as on the hub
 
 
 @dataclass
 class Commit:
     sha: str
     files: dict[str, Path]  # name -> file on disk (served by range, never loaded whole)
+    oids: dict[str, str] = field(default_factory=dict)  # name -> sha256 (LFS) or git sha1, for committed uploads
+    parent: str | None = None
+    message: str = ""
 
 
 @dataclass
@@ -46,6 +78,7 @@ class Repo:
     private: bool = False
     commits: dict[str, Commit] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)  # branch or tag -> sha
+    tags: set[str] = field(default_factory=set)  # which refs are tags
 
 
 @dataclass
@@ -54,7 +87,7 @@ class Logged:
     method: str
     path: str
     range: str | None
-    auth: str  # "none", "valid" or "invalid"
+    auth: str  # "none", "valid", "read" (READ_TOKEN) or "invalid"
     status: int = 0
     fault: str | None = None
 
@@ -71,6 +104,11 @@ class FakeHub:
         self.lock = threading.Lock()
         self.endpoint = self.cdn = ""
         self.client_env: dict[str, str] = {}  # set per test by the ``hub`` fixture
+        self.write_faults: list[tuple[str, str]] = []
+        self.multipart_bytes = 64 * 1024  # LFS uploads from this size on are multipart
+        self.part_bytes = 32 * 1024  # the chunk_size of a multipart upload
+        self.storage = Path(tempfile.mkdtemp(prefix="fake-hub-blobs-"))  # uploaded blobs, by sha256
+        self.blobs: dict[tuple[str, str], Path] = {}  # (repo, sha256) -> blob whose content was checked
 
     def add_commit(self, repo_id: str, directory: Path | str, *, branch: str = "main", tags: tuple[str, ...] = (),
                    private: bool = False) -> str:
@@ -87,7 +125,26 @@ class FakeHub:
         repo.commits[sha] = Commit(sha, files)
         for ref in (branch, *tags):
             repo.refs[ref] = sha
+        repo.tags.update(tags)
         return sha
+
+    def head(self, repo_id: str, branch: str = "main") -> Commit:
+        repo = self.repos[repo_id]
+        return repo.commits[repo.refs[branch]]
+
+    def create_repo(self, repo_id: str, private: bool = False) -> str:
+        """A new repo as the hub makes it: ``main`` holding ``.gitattributes``."""
+        directory = Path(tempfile.mkdtemp(prefix="fake-hub-new-", dir=self.storage))
+        (directory / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+        return self.add_commit(repo_id, directory, private=private)
+
+    def write_fault(self, where: str) -> str | None:
+        with self.lock:
+            for n, (place, kind) in enumerate(self.write_faults):
+                if place == where:
+                    del self.write_faults[n]
+                    return kind
+        return None
 
     def clear_log(self) -> None:
         with self.lock:
@@ -100,15 +157,38 @@ class FakeHub:
     def env(self, home: Path) -> dict[str, str]:
         """Environment for a client process: this hub, no saved token, no telemetry."""
         return {"HF_ENDPOINT": self.endpoint, "HF_HOME": str(home), "HF_HUB_DISABLE_TELEMETRY": "1",
-                "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+                "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_XET": "1"}
+
+
+def git_sha1(data: bytes) -> str:
+    """The git blob id of ``data`` (what the hub reports for a regular file)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _blob_id(path: Path) -> str:
     return hashlib.sha256(f"{path.stat().st_size}:{path.stat().st_mtime_ns}:{path}".encode()).hexdigest()
 
 
-def _is_lfs(name: str) -> bool:
-    return name.endswith(".safetensors")
+def _is_lfs(name: str, size: int = 0) -> bool:
+    return name.endswith(".safetensors") or size > LFS_THRESHOLD
+
+
+REPO = r"([^/]+/[^/]+)"
+WRITE_ROUTES = {  # path pattern -> handler method, tried before the read side's routes
+    "GET": ((rf"/api/models/{REPO}/refs", "_refs"), (rf"/api/models/{REPO}/auth-check/write", "_auth_check")),
+    "POST": ((r"/api/repos/create", "_create_repo"), (rf"/api/models/{REPO}/preupload/(.+)", "_preupload"),
+             (rf"/{REPO}\.git/info/lfs/objects/batch", "_lfs_batch"),
+             (rf"/{REPO}\.git/info/lfs/complete_multipart/([0-9a-f]{{64}})", "_complete_multipart"),
+             (rf"/api/models/{REPO}/commit/(.+)", "_commit")),
+}
 
 
 def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
@@ -122,7 +202,7 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             header = self.headers.get("Authorization")
             if header is None:
                 return "none"
-            return "valid" if header == f"Bearer {TOKEN}" else "invalid"
+            return {f"Bearer {TOKEN}": "valid", f"Bearer {READ_TOKEN}": "read"}.get(header, "invalid")
 
         def _record(self) -> Logged:
             entry = Logged(role, self.command, urlsplit(self.path).path, self.headers.get("Range"), self._auth())
@@ -136,9 +216,275 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
         def do_HEAD(self) -> None:
             self._serve(body=False)
 
+        def do_POST(self) -> None:
+            entry = self._record()
+            path = unquote(urlsplit(self.path).path)
+            if role == "hub":
+                for pattern, method in WRITE_ROUTES["POST"]:
+                    match = re.fullmatch(pattern, path)
+                    if match:
+                        return getattr(self, method)(entry, *match.groups())
+            self._drain()
+            self._error(entry, 404, None)
+
+        def do_PUT(self) -> None:
+            entry = self._record()
+            path = unquote(urlsplit(self.path).path)
+            match = re.fullmatch(r"/upload/([^/]+/[^/]+)/([0-9a-f]{64})(?:/part/(\d+))?", path)
+            if role != "cdn" or not match:
+                self._drain()
+                return self._error(entry, 404, None)
+            self._put(entry, match[1], match[2], int(match[3]) if match[3] else None)
+
+        # --- the write side -------------------------------------------------------------
+
+        def _body(self) -> Iterator[bytes]:
+            """The request body as it arrives (Content-Length or chunked), never whole in memory."""
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass
+                        return
+                    left = size
+                    while left:
+                        chunk = self.rfile.read(min(left, 1 << 20))
+                        if not chunk:
+                            return
+                        left -= len(chunk)
+                        yield chunk
+                    self.rfile.readline()
+            else:
+                left = int(self.headers.get("Content-Length") or 0)
+                while left:
+                    chunk = self.rfile.read(min(left, 1 << 20))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+                    yield chunk
+
+        def _drain(self) -> None:
+            for _ in self._body():
+                pass
+
+        def _json_body(self) -> dict:
+            return json.loads(b"".join(self._body()) or b"{}")
+
+        def _writer(self, entry: Logged, repo_id: str | None = None) -> bool:
+            """Whether the request may write (``repo_id``, if given, must exist); else answers it."""
+            if entry.auth in ("none", "invalid"):
+                self._error(entry, 401, None, message="Invalid credentials in Authorization header")
+                return False
+            if repo_id is not None and repo_id not in hub.repos:
+                self._error(entry, 404, "RepoNotFound")
+                return False
+            if entry.auth == "read":
+                self._error(entry, 403, None, message="You don't have the rights to write to this repo")
+                return False
+            return True
+
+        def _refs(self, entry: Logged, repo_id: str) -> None:
+            repo = hub.repos.get(repo_id)
+            if repo is None or (repo.private and entry.auth == "none") or entry.auth == "invalid":
+                return self._error(entry, 404 if entry.auth in ("valid", "read") else 401, "RepoNotFound")
+            branches, tags = [], []
+            for name, sha in repo.refs.items():
+                kind = "tags" if name in repo.tags else "heads"
+                (tags if kind == "tags" else branches).append(
+                    {"name": name, "ref": f"refs/{kind}/{name}", "targetCommit": sha})
+            self._json(entry, {"branches": branches, "tags": tags, "converts": [], "pullRequests": []})
+
+        def _auth_check(self, entry: Logged, repo_id: str) -> None:
+            if self._writer(entry, repo_id):
+                self._json(entry, {})
+
+        def _create_repo(self, entry: Logged) -> None:
+            payload = self._json_body()
+            if not self._writer(entry):
+                return
+            repo_id = f"{payload.get('organization')}/{payload.get('name')}"
+            if repo_id in hub.repos:
+                return self._error(entry, 409, None, message="You already created this model repo")
+            hub.create_repo(repo_id, private=payload.get("visibility") == "private")
+            self._json(entry, {"url": f"{hub.endpoint}/{repo_id}", "name": repo_id})
+
+        def _branch_head(self, entry: Logged, repo_id: str, rev: str) -> Commit | None:
+            repo = hub.repos[repo_id]
+            if rev not in repo.refs or rev in repo.tags:
+                self._error(entry, 404, "RevisionNotFound")
+                return None
+            return repo.commits[repo.refs[rev]]
+
+        def _preupload(self, entry: Logged, repo_id: str, rev: str) -> None:
+            payload = self._json_body()
+            if not self._writer(entry, repo_id):
+                return
+            head = self._branch_head(entry, repo_id, rev)
+            if head is None:
+                return
+            files = []
+            for item in payload.get("files", []):
+                lfs = _is_lfs(item["path"], item["size"])
+                files.append({"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                              "oid": head.oids.get(item["path"])})
+            self._json(entry, {"files": files, "commitOid": head.sha})
+
+        def _lfs_batch(self, entry: Logged, repo_id: str) -> None:
+            payload = self._json_body()
+            if not self._writer(entry, repo_id):
+                return
+            fault = hub.write_fault("batch")
+            if fault:
+                return self._error(entry, 503, None, message="injected fault")
+            objects = []
+            for item in payload.get("objects", []):
+                oid, size = item["oid"], item["size"]
+                answer: dict = {"oid": oid, "size": size, "authenticated": True}
+                if (repo_id, oid) not in hub.blobs:
+                    if size < hub.multipart_bytes:
+                        answer["actions"] = {"upload": {"href": f"{hub.cdn}/upload/{repo_id}/{oid}"}}
+                    else:
+                        parts = -(-size // hub.part_bytes)
+                        header = {"chunk_size": str(hub.part_bytes)}
+                        header.update({f"{n:05d}": f"{hub.cdn}/upload/{repo_id}/{oid}/part/{n}"
+                                       for n in range(1, parts + 1)})
+                        answer["actions"] = {"upload": {
+                            "href": f"{hub.endpoint}/{repo_id}.git/info/lfs/complete_multipart/{oid}?size={size}",
+                            "header": header}}
+                objects.append(answer)
+            self._json(entry, {"transfer": "basic", "objects": objects})
+
+        def _put(self, entry: Logged, repo_id: str, oid: str, part: int | None) -> None:
+            fault = hub.write_fault("part" if part else "put")
+            entry.fault = fault
+            if fault == "503":
+                self._drain()
+                return self._error(entry, 503, None, message="injected fault")
+            incoming = f"{repo_id.replace('/', '--')}-{oid}"
+            name = f"{incoming}.part{part}" if part else f"{incoming}.{threading.get_ident()}"
+            where = hub.storage / "incoming" / name
+            where.parent.mkdir(exist_ok=True)
+            expected = int(self.headers.get("Content-Length") or 0)
+            taken = 0
+            with open(where, "wb") as f:
+                for chunk in self._body():
+                    f.write(chunk)
+                    taken += len(chunk)
+                    if fault == "cut" and taken >= max(1, expected // 2):
+                        self.close_connection = True  # half the body taken, then the connection drops
+                        self.connection.shutdown(2)
+                        return
+                    if fault == "stall" and taken >= max(1, expected // 2):
+                        entry.status = -1  # seen by tests: the upload is under way and now stalled
+                        time.sleep(hub.stall_seconds)
+                        fault = None
+            if part:
+                etag = hashlib.md5(where.read_bytes()).hexdigest()
+                entry.status = 200
+                self.send_response(200)
+                self.send_header("ETag", f'"{etag}"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            if not self._store(entry, repo_id, oid, where):
+                return
+            entry.status = 200
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def _store(self, entry: Logged, repo_id: str, oid: str, where: Path) -> bool:
+            """Keep an uploaded blob if its content is what its oid says (as the hub checks)."""
+            if file_sha256(where) != oid:
+                where.unlink()
+                self._error(entry, 400, None, message="sha256 of the uploaded content does not match its oid")
+                return False
+            final = hub.storage / oid
+            os.replace(where, final)
+            with hub.lock:
+                hub.blobs[(repo_id, oid)] = final
+            return True
+
+        def _complete_multipart(self, entry: Logged, repo_id: str, oid: str) -> None:
+            payload = self._json_body()  # no token: the URL the batch handed out is the authority (signed on the hub)
+            parts = sorted(payload.get("parts", []), key=lambda p: p["partNumber"])
+            incoming = f"{repo_id.replace('/', '--')}-{oid}"
+            where = hub.storage / "incoming" / f"{incoming}.whole"
+            with open(where, "wb") as out:
+                for n, part in enumerate(parts, 1):
+                    piece = hub.storage / "incoming" / f"{incoming}.part{n}"
+                    if part["partNumber"] != n or not piece.exists() or \
+                            f'"{hashlib.md5(piece.read_bytes()).hexdigest()}"' != part["etag"]:
+                        return self._error(entry, 400, None, message=f"part {n} missing or its etag differs")
+                    out.write(piece.read_bytes())
+            if self._store(entry, repo_id, oid, where):
+                self._json(entry, {})
+
+        def _commit(self, entry: Logged, repo_id: str, rev: str) -> None:
+            lines = [json.loads(line) for line in b"".join(self._body()).splitlines() if line.strip()]
+            if not self._writer(entry, repo_id):
+                return
+            head = self._branch_head(entry, repo_id, rev)
+            if head is None:
+                return
+            fault = hub.write_fault("commit")
+            entry.fault = fault
+            if fault == "503":
+                return self._error(entry, 503, None, message="injected fault")
+            if fault == "moved":  # another writer's commit lands first
+                readme = hub.storage / "git-someone-elses-readme"
+                readme.write_text("# someone else's model card\n")
+                moved = Commit(hashlib.sha1(f"{head.sha}-moved".encode()).hexdigest(),
+                               {**head.files, "README.md": readme}, {**head.oids}, parent=head.sha)
+                with hub.lock:
+                    hub.repos[repo_id].commits[moved.sha] = moved
+                    hub.repos[repo_id].refs[rev] = moved.sha
+                head = moved
+            header = lines[0]["value"] if lines and lines[0]["key"] == "header" else {}
+            if header.get("parentCommit") not in (None, head.sha):
+                return self._error(entry, 412, None,
+                                   message="A commit has happened since. Please refresh and try again.")
+            files, oids = dict(head.files), dict(head.oids)
+            for line in lines[1:]:
+                value = line["value"]
+                name = value["path"]
+                if line["key"] == "deletedFile":
+                    files.pop(name, None)
+                    oids.pop(name, None)
+                elif line["key"] == "file":
+                    data = base64.b64decode(value["content"])
+                    blob = hub.storage / f"git-{git_sha1(data)}"
+                    blob.write_bytes(data)
+                    files[name], oids[name] = blob, git_sha1(data)
+                elif line["key"] == "lfsFile":
+                    blob = hub.blobs.get((repo_id, value["oid"]))
+                    if blob is None or blob.stat().st_size != value.get("size", blob.stat().st_size):
+                        return self._error(entry, 422, None, message=f"LFS object {value['oid']} not uploaded")
+                    files[name], oids[name] = blob, value["oid"]
+            repo = hub.repos[repo_id]
+            digest = hashlib.sha1(f"{head.sha}{len(repo.commits)}".encode())
+            for name in sorted(files):
+                digest.update(name.encode() + oids.get(name, _blob_id(files[name])).encode())
+            sha = digest.hexdigest()
+            with hub.lock:
+                repo.commits[sha] = Commit(sha, files, oids, parent=head.sha, message=header.get("summary", ""))
+                repo.refs[rev] = sha
+            if fault == "lost":  # committed, but the answer never arrives
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return
+            self._json(entry, {"commitUrl": f"{hub.endpoint}/{repo_id}/commit/{sha}", "commitOid": sha,
+                               "pullRequestUrl": None})
+
         def _serve(self, body: bool) -> None:
             entry = self._record()
             path = unquote(urlsplit(self.path).path)
+            if role == "hub":
+                for pattern, method in WRITE_ROUTES["GET"]:
+                    match = re.fullmatch(pattern, path)
+                    if match:
+                        return getattr(self, method)(entry, *match.groups())
             if role == "cdn":
                 match = re.fullmatch(r"/blobs/([^/]+/[^/]+)/([0-9a-f]{40})/(.+)", path)
                 if not match:
@@ -178,9 +524,11 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
             siblings = []
             for name, path in commit.files.items():
                 size = path.stat().st_size
-                sibling = {"rfilename": name, "size": size, "blobId": _blob_id(path)[:40]}
-                if _is_lfs(name):
-                    sibling["lfs"] = {"sha256": _blob_id(path), "size": size, "pointerSize": 134}
+                oid = commit.oids.get(name)
+                sibling = {"rfilename": name, "size": size, "blobId": (oid or _blob_id(path))[:40]}
+                if _is_lfs(name, size):
+                    sibling["lfs"] = {"sha256": oid or _blob_id(path), "size": size, "pointerSize": 134}
+                    sibling["blobId"] = git_sha1(f"oid sha256:{sibling['lfs']['sha256']}".encode())
                 siblings.append(sibling)
             self._json(entry, {"_id": "x", "id": repo_id, "modelId": repo_id, "sha": commit.sha,
                                "private": repo.private, "siblings": siblings, "tags": []})
@@ -297,6 +645,7 @@ def fake_hub():
         for server in servers:
             server.shutdown()
             server.server_close()
+        shutil.rmtree(hub.storage, ignore_errors=True)
 
 
 @pytest.fixture
@@ -308,6 +657,7 @@ def hub(fake_hub, tmp_path, monkeypatch):
     """
     fake_hub.clear_log()
     fake_hub.faults.clear()
+    fake_hub.write_faults.clear()
     home = tmp_path / "hf-home"
     home.mkdir()
     fake_hub.client_env = fake_hub.env(home)

@@ -39,3 +39,27 @@ def test_export_deployment_sits_beside_convert_model():
     export = deployments["export-model-cpu"]
     assert export["entrypoint"] == "flows/export.py:export_model"
     assert export["work_pool"] == deployments["convert-model-cpu"]["work_pool"]
+
+
+def test_export_model_to_the_hub_commits_once_and_links_the_branch(tmp_path, memory_limit, hub, monkeypatch):
+    """An ``hf://`` destination goes through the same flow: the child uploads and commits, the
+    artifacts say the upload's seconds and link the repo's branch."""
+    from tests.hub_server import TOKEN
+
+    memory_limit(8)
+    env = {**hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    src, maxtext = tmp_path / "src", tmp_path / "maxtext"
+    synth.write_checkpoint(synth.SynthModel(), str(src))
+    converted = run_cli("convert", str(src), str(maxtext), "--devices", "1", "--progress", "none")
+    assert converted.returncode == 0, converted.stderr
+
+    report = export_model(checkpoint=str(maxtext), destination="hf://org/flow-export", like=str(src))
+    assert (report["status"], report["skipped"], report["attempts"]) == ("complete", False, 1)
+    head = hub.head("org/flow-export")
+    assert report["hub"]["commit"] == head.sha and "ckptconv-export.json" in head.files
+    rows = latest_artifact("export-flow-export").data
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    assert [r["stage"] for r in rows] == ["plan", "read", "transform", "write", "commit", "upload", "total (wall)"]
+    assert latest_artifact("export-flow-export-output").data.endswith(f"({hub.endpoint}/org/flow-export/tree/main)")

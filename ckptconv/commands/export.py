@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -31,7 +32,7 @@ from ckptconv import __version__, layout, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
-from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
@@ -118,13 +119,32 @@ def export(request: ExportRequest) -> dict:
 
 def _export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=layout.absolute(request.destination))
+    if layout.is_hub(request.destination):
+        return _export_to_hub(request)
     if "://" in request.destination and not layout.is_gcs(request.destination):
-        raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
+        raise BadInputError(f"{request.destination}: export writes local directories, gs:// and hf:// only")
     if "://" not in request.destination and os.path.exists(request.destination) and not os.path.isdir(
             request.destination):
         raise BadInputError(f"{request.destination}: not a directory; HF_DST must be a directory (new or ours)")
     destination.check_report_path(request.report, {"destination": request.destination,
                                                    "checkpoint": request.checkpoint, "--like model": request.like})
+    return _export_planned(request, _plan(request))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """An export planned and fingerprinted, before anything is written anywhere."""
+
+    items: str
+    plan: ExportPlan
+    like: Source
+    layouts: tuple[FileLayout, ...]
+    fingerprint: str
+    timer: StageTimer
+    started: str
+
+
+def _plan(request: ExportRequest) -> _Planned:
     timer, started = StageTimer(), destination.now()
     with timer.stage("plan"):
         items = items_dir(request.checkpoint)
@@ -134,12 +154,81 @@ def _export(request: ExportRequest) -> dict:
         _check_like_against_report(items, plan, request.like)
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
+    return _Planned(items, plan, like, layouts, print_, timer, started)
+
+
+def _export_planned(request: ExportRequest, planned: _Planned) -> dict:
+    """The export into a local directory or gs://: skipped if done, else written under the lock."""
     dst = Destination(request.destination)
     previous = dst.report()
-    if _complete(dst.uri, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
+    if (_complete(dst.uri, previous, planned.layouts) and previous.get("fingerprint") == planned.fingerprint
+            and not request.overwrite):
         return dst.skip(previous, request.report)
     with dst.hold(overwrite=request.overwrite):  # as convert: one writer per directory, across hosts
-        return _write(request, plan, like, items, layouts, print_, timer, started)
+        return _write(request, planned.plan, planned.like, planned.items, planned.layouts, planned.fingerprint,
+                      planned.timer, planned.started)
+
+
+def _export_to_hub(request: ExportRequest) -> dict:
+    """``hf://org/repo[@branch]``: the export staged in a local directory of ours (resumable like
+    any export), then uploaded file by file and committed once (:mod:`ckptconv.write.hub`).
+
+    Bad input (no token, a repo the token may not write, a tag or commit for a branch, files not
+    ours without ``--overwrite``) is refused before anything is exported or uploaded. The staging
+    directory is removed once the commit has landed.
+    """
+    from ckptconv.write.hub import HubDestination, export_record, stage_file
+
+    destination.check_report_path(request.report, {"checkpoint": request.checkpoint, "--like model": request.like})
+    target = HubDestination(request.destination, request.hf_token_file)  # no token: refused before any work
+    planned = _plan(request)  # a checkpoint or --like that cannot be exported: refused before the Hub is touched
+    target.look()  # creates a missing repo: only once the export is known to be possible
+    if target.holds(planned.fingerprint) and not request.overwrite:
+        report = {**target.record, "destination": request.destination, "skipped": True,
+                  "hub": {"repo": target.repo, "branch": target.branch, "commit": target.head}}
+        destination.write_extra_report(request.report, report)
+        return report
+    target.check_replaceable(planned.fingerprint, request.overwrite)
+    staging = hub_staging(target.repo, target.branch)
+    os.makedirs(os.path.dirname(staging), exist_ok=True)
+    with lock.hold(os.path.dirname(staging), name=f"{os.path.basename(staging)}.lock"):
+        staged_report = destination.read_report(layout.path(staging) / layout.REPORT_NAME)
+        if staged_report is None or staged_report.get("fingerprint") != planned.fingerprint:
+            shutil.rmtree(staging, ignore_errors=True)  # ours: staging of another export to this repo
+        local = _export_planned(dataclasses.replace(request, destination=staging, report=None, overwrite=False),
+                                planned)
+        if request.progress != "bar":  # huggingface_hub's bars would break a program's jsonl or a log
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        started = time.monotonic()
+        log.info("ckptconv: %s: staged in %s; hashing and uploading, then one commit", request.destination, staging)
+        staged = [stage_file(name, os.path.join(staging, name)) for name in sorted(os.listdir(staging))
+                  if _export_file(name) and not name.endswith(PARTIAL)]
+        facts = {key: local[key] for key in RECORDED if key in local}
+        record = export_record(planned.fingerprint, staged, facts)
+        message = f"ckptconv export: {local['family']}, {local['tensors']} tensors, {local['dtype']}"
+        hub_figures = target.commit(staged, record, _export_file, message)
+        upload_seconds = time.monotonic() - started
+        shutil.rmtree(staging)
+    report = {**local, "skipped": False, "destination": request.destination, "hub": hub_figures,
+              "stage_seconds": {**local["stage_seconds"], "upload": round(upload_seconds, 3)},
+              "wall_seconds": round(local["wall_seconds"] + upload_seconds, 3), "finished_at": destination.now(),
+              "peak_rss_bytes": peak_rss_bytes()}  # the upload's too
+    destination.write_extra_report(request.report, report)
+    return report
+
+
+# What the Hub's record keeps of the export's report: the model and the figures, no local path or host.
+RECORDED = ("family", "model", "scan_layers", "dtype", "shard_size", "tensors", "output_bytes", "not_exported",
+            "stage_seconds", "wall_seconds", "cpu_seconds", "peak_rss_bytes", "finished_at")
+
+
+def hub_staging(repo: str, branch: str) -> str:
+    """Where an export to ``repo@branch`` is staged: one directory per repo and branch, so a rerun
+    after a failure finds (and resumes) its own files."""
+    root = os.path.expanduser(os.environ.get(settings.HUB_STAGING_ENV) or settings.HUB_STAGING)
+    return os.path.join(os.path.abspath(root), f"{repo}@{branch}".replace("/", "--"))
 
 
 def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, layouts: tuple[FileLayout, ...],

@@ -62,7 +62,7 @@ class HubSource:
         repo, revision = parse_hub_uri(uri.rstrip("/"))
         if constants.HF_HUB_OFFLINE:
             return CachedHubSource.find(uri, repo, revision, why="HF_HUB_OFFLINE is set", missing=BadInputError)
-        token = read_token_file(hf_token_file) if hf_token_file else _ambient_token()
+        token = hub_token(hf_token_file)
         try:
             return cls(uri, token)
         except _Unreachable as err:
@@ -259,6 +259,11 @@ def parse_hub_uri(uri: str) -> tuple[str, str]:
     if len(parts) != 2 or not all(parts):
         raise BadInputError(f"{uri}: expected hf://ORG/REPO or hf://ORG/REPO@REVISION")
     return repo, revision or "main"
+
+
+def hub_token(hf_token_file: str | None) -> str | None:
+    """The token of ``--hf-token-file`` if given, else huggingface_hub's own (None if there is none)."""
+    return read_token_file(hf_token_file) if hf_token_file else _ambient_token()
 
 
 def _ambient_token() -> str | None:

@@ -1,0 +1,127 @@
+"""Upload throughput of ``ckptconv export ... hf://`` against the fake hub on loopback.
+
+A synthetic Qwen3 (~0.4 GiB in bfloat16) is converted once; each run exports it to a fresh repo
+of the fake hub (tests/hub_server.py, in its own process, on 127.0.0.1) through huggingface_hub's
+LFS path (``HF_HUB_DISABLE_XET=1``): the local staging export, then hashing and upload (single PUT
+below the multipart size, else parts of ``--part-mib``), then the one commit. The figures are
+the export's own report: the upload stage (hash + upload + commit), its MiB/s, and the process's
+peak RSS (VmHWM, upload included). Loopback and a server sharing the 2 cores: this measures
+ckptconv + huggingface_hub's overhead, not a network.
+
+    python bench/hub_upload.py            # writes bench/HUB.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+MiB = 2**20
+
+
+def serve(multipart_mib: int, part_mib: int) -> None:
+    """Run the fake hub until stdin closes; print its endpoint first."""
+    from http.server import ThreadingHTTPServer
+
+    from tests import hub_server
+
+    hub = hub_server.FakeHub()
+    hub.multipart_bytes, hub.part_bytes = multipart_mib * MiB, part_mib * MiB
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), hub_server._handler(hub, role)) for role in ("hub", "cdn")]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub.endpoint = f"http://127.0.0.1:{servers[0].server_port}"
+    hub.cdn = f"http://127.0.0.1:{servers[1].server_port}"
+    print(hub.endpoint, flush=True)
+    sys.stdin.read()
+
+
+def run(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--multipart-mib", type=int, default=32)
+    parser.add_argument("--part-mib", type=int, default=16)
+    parser.add_argument("--out", default=str(BENCH / "HUB.md"))
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.multipart_mib, args.part_mib)
+        return 0
+
+    from ckptconv.commands import synth
+    from tests.hub_server import TOKEN
+
+    model = synth.SynthModel(vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8,
+                             head_dim=64, intermediate_size=4096, tie_word_embeddings=False)
+    work = Path(tempfile.mkdtemp(prefix="ckptconv-hub-bench-"))
+    src, mt = work / "src", work / "maxtext"
+    synth.write_checkpoint(model, str(src))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("XLA_FLAGS", None)
+    cli = [sys.executable, "-m", "ckptconv"]
+    subprocess.run([*cli, "convert", str(src), str(mt), "--devices", "1", "--progress", "none"], env=env, check=True)
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--multipart-mib", str(args.multipart_mib),
+                               "--part-mib", str(args.part_mib)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env, cwd=REPO)
+    rows = []
+    try:
+        endpoint = server.stdout.readline().strip()
+        hub_env = {**env, "HF_ENDPOINT": endpoint, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1",
+                   "HF_HOME": str(work / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                   "CKPTCONV_HUB_STAGING": str(work / "staging")}
+        for n, shard in enumerate(("5GB", "100MB", "5GB")):
+            report_path = work / f"report-{n}.json"
+            started = time.monotonic()
+            subprocess.run([*cli, "export", str(mt), f"hf://bench/upload-{n}", "--like", str(src), "--shard-size",
+                            shard, "--progress", "none", "--report", str(report_path)], env=hub_env, check=True)
+            wall = time.monotonic() - started
+            report = json.loads(report_path.read_text())
+            hub = report["hub"]
+            rows.append({"shard": shard, "files": hub["files"], "bytes": hub["bytes"], "wall": wall,
+                         "export": report["wall_seconds"] - report["stage_seconds"]["upload"],
+                         "upload": report["stage_seconds"]["upload"],
+                         "mib_s": hub["bytes"] / MiB / report["stage_seconds"]["upload"],
+                         "peak": report["peak_rss_bytes"]})
+            print(rows[-1], flush=True)
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    code = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, check=False).stdout
+    lines = [
+        "# Upload throughput: `ckptconv export CKPT hf://...` against the fake hub on loopback",
+        "",
+        "Generated by `bench/hub_upload.py`. A synthetic Qwen3 (8 layers, hidden 1024, vocab 32000, bfloat16,",
+        f"{rows[0]['bytes'] / MiB:.0f} MiB exported) converted once, then exported to a fresh repo of the fake",
+        "hub (tests/hub_server.py, its own process on 127.0.0.1) through huggingface_hub's LFS path",
+        f"(HF_HUB_DISABLE_XET=1): single PUT below {args.multipart_mib} MiB, else {args.part_mib} MiB parts.",
+        "`upload` is the stage after the local staging export: hash every file (sha256, one read),",
+        "upload, commit. Peak RSS is the export process's VmHWM, upload included.",
+        "",
+        f"Machine: {os.cpu_count()} cores; code: {code.strip()}",
+        "",
+        "| shards | files | MiB | staging export | upload (hash + upload + commit) | upload MiB/s | wall | peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['shard']} | {row['files']} | {row['bytes'] / MiB:.0f} | {row['export']:.1f} s | "
+                     f"{row['upload']:.1f} s | {row['mib_s']:.0f} | {row['wall']:.1f} s | "
+                     f"{row['peak'] / 2**30:.2f} GiB |")
+    lines += ["", "Loopback, with the server verifying every blob's sha256 on the same 2 cores: this is ckptconv's and",
+              "huggingface_hub's own cost per byte (hashing, reading, HTTP), a ceiling, not a network's figure."]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run())
