@@ -26,6 +26,10 @@ LAYER = "{layer}"
 EXPERT = "{expert}"
 
 
+class LayoutError(ValueError):
+    """A model MaxText cannot hold in the asked layout (the planner names config.json and refuses)."""
+
+
 def always(spec: ModelSpec) -> bool:
     return True
 
@@ -95,7 +99,9 @@ class LayerStack:
     ``stacked``: one leaf per rule output with the layers on MaxText's scan axis (axis 1), in
     the order given; otherwise exactly one layer with plain leaves. ``suffix`` is appended to
     the first component of every rule path (Gemma 2: ``self_attention`` -> ``self_attention_local``).
-    ``kind`` selects the rules (see :attr:`Rule.kinds`).
+    ``kind`` selects the rules (see :attr:`Rule.kinds`). ``grid``: the layers fill several
+    consecutive scan axes instead of one, row-major (MaxText's nested scans: Qwen3-Next's
+    ``local_layers`` are (blocks, linear layers per block) on axes (1, 2)).
     """
 
     prefix: tuple[str, ...]
@@ -103,6 +109,26 @@ class LayerStack:
     stacked: bool
     suffix: str = ""
     kind: str = "decoder"
+    grid: tuple[int, ...] = ()
+
+    @property
+    def stack_shape(self) -> tuple[int, ...]:
+        """The scan axes the layers fill (empty when not stacked)."""
+        if not self.stacked:
+            return ()
+        return self.grid or (len(self.layers),)
+
+    def position(self, j: int) -> tuple[int, ...]:
+        """The ``j``-th layer's index on the scan axes."""
+        if not self.stacked:
+            return ()
+        if not self.grid:
+            return (j,)
+        index = []
+        for size in reversed(self.grid):
+            j, i = divmod(j, size)
+            index.append(i)
+        return tuple(reversed(index))
 
     def path(self, rule_path: tuple[str, ...]) -> tuple[str, ...]:
         head = rule_path[0] + self.suffix
@@ -117,11 +143,11 @@ def uniform_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False) for i in layers)
 
 
-def block_layout(period: int) -> Callable[[ModelSpec, bool], tuple[LayerStack, ...]]:
+def block_layout(period: int, name: str = "layers") -> Callable[[ModelSpec, bool], tuple[LayerStack, ...]]:
     """Layers in repeating blocks of ``period`` (Gemma 3: 5 local + 1 global; gpt-oss: 2).
 
     Scanned, MaxText scans whole blocks: block position ``b`` is the stack
-    ``decoder/layers/layers_{b}`` over HF layers ``b, b + period, ...``; the layers after the
+    ``decoder/layers/{name}_{b}`` over HF layers ``b, b + period, ...``; the layers after the
     last whole block are ``decoder/layers_remainder/layers_{r}``, unscanned.
     """
 
@@ -129,7 +155,7 @@ def block_layout(period: int) -> Callable[[ModelSpec, bool], tuple[LayerStack, .
         if not scan:
             return uniform_layout(spec, scan)
         whole = spec.num_layers - spec.num_layers % period
-        stacks = [LayerStack(("decoder", "layers", f"layers_{b}"), tuple(range(b, whole, period)), True)
+        stacks = [LayerStack(("decoder", "layers", f"{name}_{b}"), tuple(range(b, whole, period)), True)
                   for b in range(period) if whole]
         stacks += [LayerStack(("decoder", "layers_remainder", f"layers_{r}"), (whole + r,), False)
                    for r in range(spec.num_layers - whole)]

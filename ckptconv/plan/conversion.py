@@ -20,7 +20,7 @@ import numpy as np
 
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family, LayerStack, Rule
+from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
 from ckptconv.families.inputs import Input, resolve
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
@@ -170,7 +170,10 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     stored = index_checkpoint(source)
     _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
-    stacks = family.layout(spec, scan_layers)
+    try:
+        stacks = family.layout(spec, scan_layers)
+    except LayoutError as err:
+        raise BadInputError(f"{where}: {err}") from None
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
@@ -294,7 +297,7 @@ def _instance(r: Rule, stack: LayerStack | None, spec: ModelSpec) -> _Instance:
     for e in experts:
         for j, layer in enumerate(layers):
             names.append(r.hf.format(layer=layer, expert=e))
-            positions.append(((e,) if e is not None else ()) + ((j,) if stacked else ()))
+            positions.append(((e,) if e is not None else ()) + (stack.position(j) if stacked else ()))
     return _Instance(r, stack, tuple(names), tuple(positions))
 
 
@@ -374,8 +377,8 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         raise BadInputError(f"{pieces[0].file}: tensors of {r.hf!r} are stored in different ways "
                             f"({', '.join(sorted({k[0] for k in kinds}))} with shapes {sorted({k[1] for k in kinds})})")
     source_shape = pieces[0].shape
-    layers = len(stack.layers) if inst.stacked else None
-    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((layers,) if layers else ())
+    layers = stack.stack_shape if inst.stacked else ()
+    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + layers
     shapes = []
     for output in r.outputs:
         piece = output_shape(source_shape, output.steps, spec)
@@ -393,17 +396,17 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
     return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 
-def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, layer_axis: int,
+def _stacked_shape(piece: Shape, per_expert: bool, layers: tuple[int, ...], layer_axis: int,
                    spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:
     """Experts stack on a new leading axis; scanned layers on ``layer_axis`` (MaxText's scan axis 1
-    for parameters) after that."""
+    for parameters) after that, on as many consecutive axes as the stack has (nested scans)."""
     shape, axes = piece, ()
     if per_expert:
         shape, axes = (spec.dim("experts"), *shape), (0,)
-    if layers is not None:
+    if layers:
         axis = min(layer_axis, len(shape))
-        shape = (*shape[:axis], layers, *shape[axis:])
-        axes = tuple(a + (a >= axis) for a in axes) + (axis,)
+        shape = (*shape[:axis], *layers, *shape[axis:])
+        axes = tuple(a + len(layers) * (a >= axis) for a in axes) + tuple(range(axis, axis + len(layers)))
     return shape, axes
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family
+from ckptconv.families.base import Family, LayoutError
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -112,7 +112,10 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
     devices = _device_count(next(iter(params.values())))
     candidates = []
     for scan in (True, False):
-        stacks = family.layout(spec, scan)
+        try:
+            stacks = family.layout(spec, scan)
+        except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
+            continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
         targets = {name: Target(name, shape, out_dtype) for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
