@@ -68,6 +68,15 @@ def overrides(case: Case) -> list[str]:
               "scan_layers": str(case.scan).lower()}
     if not m.model_type.startswith("gemma"):
         values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)
+    if m.model_type in ("qwen3_next", "qwen3_5_moe"):  # the hybrid stack: all layers MoE, one shared expert
+        moe = text["moe_intermediate_size"]
+        values |= {"num_experts": text["num_experts"], "num_experts_per_tok": 2, "base_moe_mlp_dim": moe,
+                   "base_mlp_dim": moe, "shared_experts": 1,
+                   "inhomogeneous_layer_cycle_interval": text.get("full_attention_interval", 4),
+                   "gdn_num_key_heads": text["linear_num_key_heads"],
+                   "gdn_num_value_heads": text["linear_num_value_heads"],
+                   "gdn_key_head_dim": text["linear_key_head_dim"], "gdn_value_head_dim": text["linear_value_head_dim"],
+                   "gdn_conv_kernel_dim": text["linear_conv_kernel_dim"]}
     if m.model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
@@ -117,6 +126,11 @@ CASES = [
         model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
         moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
         dequantize="fp8", maxtext_unscanned=True),
+    Case("qwen3-next", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4, moe_intermediate_size=32,
+                                        tie_word_embeddings=False), "qwen3-next-80b-a3b"),
+    Case("qwen3-next-noscan-1dev", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4,
+                                                    moe_intermediate_size=32, tie_word_embeddings=False),
+         "qwen3-next-80b-a3b", scan=False, devices=1, loader="safetensors"),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),

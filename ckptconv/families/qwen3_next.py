@@ -5,7 +5,7 @@ DeltaNet linear attention (``linear_attn``: the fused projections ``in_proj_qkvz
 key head as [q|k|v|z], and ``in_proj_ba``; a depthwise ``conv1d``; ``A_log``, ``dt_bias``; a
 gated RMSNorm over the value head dim; ``out_proj``) and the last is full attention whose
 ``q_proj`` also carries the output gate (per head [query|gate]: MaxText's query kernel is
-(emb, heads, 2 * head_dim)) with q/k norms. Every layer has a sparse MoE with one shared
+(emb, heads, 2 * head_dim); its output kernel stays flat, (heads * head_dim, emb)) with q/k norms. Every layer has a sparse MoE with one shared
 expert scaled by a sigmoid gate (``shared_expert_gate``, a (1, emb) linear).
 
 MaxText keeps HF's layouts (its converter only transposes kernels, turns the conv kernel
@@ -24,7 +24,7 @@ hub files carry (``mtp.*``) are not part of MaxText's decoder and are named in t
 from __future__ import annotations
 
 from ckptconv.families.base import EXPERT, Family, LayerStack, Rule, rule, untied
-from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
 from ckptconv.families.transforms import Permute
@@ -62,7 +62,8 @@ def layer_rows(prefix: str, experts: tuple[Rule, ...]) -> tuple[Rule, ...]:
              kinds=FULL),
         rule(p + "self_attn.v_proj.weight", ("attention", "attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL,
              kinds=FULL),
-        rule(p + "self_attn.o_proj.weight", ("attention", "attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL,
+        # MaxText's hybrid attention keeps its output kernel flat: (heads * head_dim, emb)
+        rule(p + "self_attn.o_proj.weight", ("attention", "attention", "out", "kernel"), ("emb", "q"), KERNEL,
              kinds=FULL),
         rule(p + "self_attn.q_norm.weight", ("attention", "attention", "query_norm", "scale"), ("hd",), kinds=FULL),
         rule(p + "self_attn.k_norm.weight", ("attention", "attention", "key_norm", "scale"), ("hd",), kinds=FULL),
@@ -122,13 +123,16 @@ def read_hybrid(cfg: ConfigReader) -> tuple[dict[str, int], int, int]:
     k_hd, v_hd = cfg.int("linear_key_head_dim"), cfg.int("linear_value_head_dim")
     if v_heads % k_heads:
         cfg.fail(f"linear_num_value_heads={v_heads} is not a multiple of linear_num_key_heads={k_heads}")
+    moe_mlp, shared_mlp = cfg.int("moe_intermediate_size"), cfg.int("shared_expert_intermediate_size")
+    if shared_mlp != moe_mlp:  # MaxText builds the shared expert with moe_mlp_dim
+        cfg.fail(f"shared_expert_intermediate_size={shared_mlp} differs from moe_intermediate_size={moe_mlp}: "
+                 "MaxText's shared expert has the routed experts' width")
     dims |= {"vocab": cfg.int("vocab_size"), "q_gate": 2 * dims["q"], "one": 1,
              "k_heads": k_heads, "v_heads": v_heads, "k_hd": k_hd, "v_hd": v_hd,
              "k_dim": k_heads * k_hd, "v_dim": v_heads * v_hd,
              "qkvz": 2 * k_heads * k_hd + 2 * v_heads * v_hd, "ba": 2 * v_heads,
              "conv_dim": 2 * k_heads * k_hd + v_heads * v_hd, "conv_taps": cfg.int("linear_conv_kernel_dim"),
-             "experts": read_experts(cfg, ("num_experts",)), "moe_mlp": cfg.int("moe_intermediate_size"),
-             "shared_mlp": cfg.int("shared_expert_intermediate_size")}
+             "experts": read_experts(cfg, ("num_experts",)), "moe_mlp": moe_mlp, "shared_mlp": shared_mlp}
     return dims, layers, period
 
 
