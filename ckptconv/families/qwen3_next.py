@@ -30,7 +30,8 @@ from ckptconv.families.moe import read_experts
 from ckptconv.families.transforms import Permute
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
-LINEAR, FULL = frozenset({"linear"}), frozenset({"full"})
+LINEAR_KIND, FULL_KIND = "linear attention", "full attention"
+LINEAR, FULL = frozenset({LINEAR_KIND}), frozenset({FULL_KIND})
 LINEAR_TYPE, FULL_TYPE = "linear_attention", "full_attention"
 CONV_KERNEL = (Permute("conv_taps_first", (2, 1, 0)),)  # HF (channels, 1, taps) -> MaxText (taps, 1, channels)
 MTP_NOTE = "multi-token prediction (MTP) layer"
@@ -164,11 +165,11 @@ def hybrid_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     blocks = layers // period
     local = tuple(b * period + p for b in range(blocks) for p in range(period - 1))
     stacks = (
-        LayerStack(("decoder", "layers", "local_layers"), local, True, kind="linear", grid=(blocks, period - 1)),
+        LayerStack(("decoder", "layers", "local_layers"), local, True, kind=LINEAR_KIND, grid=(blocks, period - 1)),
         LayerStack(("decoder", "layers", "global_layer"), tuple(range(period - 1, blocks * period, period)), True,
-                   kind="full"),
+                   kind=FULL_KIND),
         LayerStack(("decoder", "layers_remainder", "local_layers"), tuple(range(blocks * period, layers)), True,
-                   kind="linear"),
+                   kind=LINEAR_KIND),
     )
     return tuple(s for s in stacks if s.layers)
 
@@ -176,7 +177,8 @@ def hybrid_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
 def unscanned_layout(spec: ModelSpec) -> tuple[LayerStack, ...]:
     """``decoder/layers_{i}``, each of the kind its place in the period gives it."""
     period = spec.value("period")
-    return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False, kind="full" if (i + 1) % period == 0 else "linear")
+    return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False,
+                            kind=FULL_KIND if (i + 1) % period == 0 else LINEAR_KIND)
                  for i in range(spec.num_layers))
 
 

@@ -175,6 +175,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     except LayoutError as err:
         raise BadInputError(f"{where}: {err}") from None
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
+    _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
@@ -231,6 +232,21 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
         claims = f"{spec.num_layers} layers" + (f", {experts} experts" if experts else "")
         raise BadInputError(f"{where}: implies {needed} tensors ({claims}), but the safetensors headers hold "
                             f"only {stored} tensors")
+
+
+def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...],
+                       tensors: dict[str, TensorInfo]) -> None:
+    """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
+    linear one) is named as such, not as the tensors it then lacks."""
+    kinded = [r for r in rules if r.per_layer and r.kinds is not None]
+    for stack in stacks:
+        for r in (r for r in kinded if stack.kind not in r.kinds):
+            for layer in stack.layers:
+                info = tensors.get(r.hf.format(layer=layer, expert=0))
+                if info is not None:
+                    raise BadInputError(f"{source.uri}/{info.file}: layer {layer} holds {info.name!r}, a tensor of a "
+                                        f"{' or '.join(sorted(r.kinds))} layer, but config.json makes layer {layer} "
+                                        f"a {stack.kind} layer")
 
 
 def _short(value: int) -> str:

@@ -1,0 +1,191 @@
+"""Qwen3-Next (and Qwen3.5-MoE's text decoder): the hybrid Gated DeltaNet / gated-attention stack.
+
+Checkpoints are made with transformers' own classes and stored as the hub ships them
+(``tests/hub_checkpoints.py``: per-expert or fused experts, separate or fused linear-attention
+projections, ``mtp.*``, an index over several files). Each is converted with the CLI and:
+
+- its leaves are MaxText 0.2.5's tree (names and shapes restated from MaxText's model: nested
+  ``local_layers`` scans, a flat output kernel, a remainder block);
+- MaxText's run-time semantics (``tests/maxtext_forward.hybrid_forward``) on the converted tree
+  reproduce transformers' float32 logits;
+- ``export`` gives the hub's files back bit for bit;
+- bad input (a fused projection of the wrong width, a layer of the wrong kind) is one line, exit 2,
+  and nothing is written.
+
+Bit-for-bit equality with MaxText's own converter is measured by ``bench/compare_families.py``
+(bench/FAMILIES.md), which needs MaxText's venv.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
+from tests import hub_checkpoints, maxtext_forward
+from tests.conftest import run_cli
+from tests.maxtext_forward import Semantics
+from tests.test_export import hf_tensors
+from tests.test_logits import unflatten
+from tests.test_convert import restore
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+TOKENS = np.array([3, 17, 101, 42, 7, 90, 9, 64, 5, 77, 120, 33])
+
+
+def semantics(config: dict) -> Semantics:
+    text = config.get("text_config", config)
+    rope = text.get("rope_parameters", {})
+    return Semantics(family=config["model_type"], num_layers=text["num_hidden_layers"], eps=text["rms_norm_eps"],
+                     theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+                     top_k=text["num_experts_per_tok"], moe="softmax_topk",
+                     layout="qwen3_5" if config["model_type"] == "qwen3_5_moe" else "qwen3_next",
+                     extra={"norm_topk_prob": True, "period": text["full_attention_interval"],
+                            "partial_rotary_factor": rope.get("partial_rotary_factor",
+                                                              text.get("partial_rotary_factor")),
+                            "k_heads": text["linear_num_key_heads"], "v_heads": text["linear_num_value_heads"],
+                            "k_hd": text["linear_key_head_dim"], "v_hd": text["linear_value_head_dim"]})
+
+
+def convert(src, dst, scan: bool, devices: int, dtype: str = "float32"):
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", str(devices), "--dtype", dtype,
+                     "--scan-layers" if scan else "--no-scan-layers")
+    assert result.returncode == 0, result.stderr
+    return json.loads((dst / "ckptconv-report.json").read_text())
+
+
+CASES = {  # name: (config, scan, devices)
+    "qwen3_next": (hub_checkpoints.qwen3_next_config(), True, 4),
+    "qwen3_next-remainder": (hub_checkpoints.qwen3_next_config(num_hidden_layers=6), True, 4),
+    "qwen3_next-noscan": (hub_checkpoints.qwen3_next_config(num_hidden_layers=6), False, 1),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_match_transformers(tmp_path, case):
+    config, scan, devices = CASES[case]
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    expected = hub_checkpoints.make(str(src), config, TOKENS)
+    report = convert(src, dst, scan, devices)
+    assert [(e["what"], e["tensors"]) for e in report["not_converted"]] == [
+        ("multi-token prediction (MTP) layer", len(hub_checkpoints.MTP_TENSORS))]
+    params = unflatten(restore(dst))["params"]["params"]
+    got = maxtext_forward.hybrid_forward(params, TOKENS, semantics(config), scan=scan)
+    assert np.abs(expected).max() > 0.1  # a real signal
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def maxtext_tree(config: dict, scan: bool) -> dict[str, tuple]:
+    """MaxText 0.2.5's qwen3_next parameter tree (Qwen3NextDecoderLayer, Qwen3NextScannableBlock), restated."""
+    t = config.get("text_config", config)
+    emb, heads, kv, hd = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    kh, vh, kd, vd = (t[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim"))
+    experts, moe, taps, period = t["num_experts"], t["moe_intermediate_size"], t["linear_conv_kernel_dim"], 4
+    common = {"input_layernorm/scale": (emb,), "post_attention_layernorm/scale": (emb,),
+              "mlp/routed_experts/gate/kernel": (emb, experts), "mlp/shared_expert/wi_0/kernel": (emb, moe),
+              "mlp/shared_expert/wi_1/kernel": (emb, moe), "mlp/shared_expert/wo/kernel": (moe, emb),
+              "mlp/shared_expert_gate/kernel": (emb, 1)}
+    experts_tree = {"mlp/routed_experts/wi_0": (experts, emb, moe), "mlp/routed_experts/wi_1": (experts, emb, moe),
+                    "mlp/routed_experts/wo": (experts, moe, emb)}
+    linear = common | {"attention/in_proj_qkvz/kernel": (emb, 2 * kh * kd + 2 * vh * vd),
+                       "attention/in_proj_ba/kernel": (emb, 2 * vh),
+                       "attention/conv1d/kernel": (taps, 1, 2 * kh * kd + vh * vd), "attention/A_log": (vh,),
+                       "attention/dt_bias": (vh,), "attention/norm/rms_norm/scale": (vd,),
+                       "attention/out_proj/kernel": (vh * vd, emb)}
+    full = common | {"attention/attention/query/kernel": (emb, heads, 2 * hd),
+                     "attention/attention/key/kernel": (emb, kv, hd), "attention/attention/value/kernel": (emb, kv, hd),
+                     "attention/attention/out/kernel": (heads * hd, emb),
+                     "attention/attention/query_norm/scale": (hd,), "attention/attention/key_norm/scale": (hd,)}
+    layers = t["num_hidden_layers"]
+    tree = {"token_embedder/embedding": (t["vocab_size"], emb), "decoder/decoder_norm/scale": (emb,),
+            "decoder/logits_dense/kernel": (emb, t["vocab_size"])}
+
+    def stacked(shape: tuple, axes: tuple, expert: bool) -> tuple:  # expert leaves keep the expert axis first
+        return (shape[0], *axes, *shape[1:]) if expert or len(shape) > 1 else (*shape, *axes)
+
+    if not scan:
+        for i in range(layers):
+            kind = full if (i + 1) % period == 0 else linear
+            tree |= {f"decoder/layers_{i}/{k}": v for k, v in (kind | experts_tree).items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
+    blocks, rest = divmod(layers, period)
+    for prefix, kind, axes in (("decoder/layers/local_layers", linear, (blocks, period - 1)),
+                               ("decoder/layers/global_layer", full, (blocks,)),
+                               ("decoder/layers_remainder/local_layers", linear, (rest,))):
+        if all(axes):
+            tree |= {f"{prefix}/{k}": stacked(v, axes, False) for k, v in kind.items()}
+            tree |= {f"{prefix}/{k}": stacked(v, axes, True) for k, v in experts_tree.items()}
+    return {f"params/params/{k}": v for k, v in tree.items()}
+
+
+@pytest.mark.parametrize("layers, scan", [(8, True), (6, True), (5, False)])
+def test_plan_is_maxtexts_tree(tmp_path, layers, scan):
+    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=layers)
+    hub_checkpoints.write_hub(str(tmp_path), hub_checkpoints.hub_tensors(hub_checkpoints.build(config), config), config)
+    plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
+    assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_tree(config, scan)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_export_gives_the_hub_files_back_bit_for_bit(tmp_path, scan):
+    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=6 if scan else 4)
+    src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
+    hub_checkpoints.make(str(src), config)
+    convert(src, dst, scan, 4, dtype="bfloat16")
+    result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    source = {k: v for k, v in hf_tensors(src).items() if not k.startswith("mtp.")}
+    exported = hf_tensors(back)
+    assert sorted(exported) == sorted(source)
+    for name, want in source.items():
+        assert exported[name].dtype == want.dtype and exported[name].tobytes() == want.tobytes(), name
+    report = json.loads((back / "ckptconv-report.json").read_text())
+    assert any("multi-token prediction" in note["what"] for note in report["not_exported"])
+
+
+def bad_checkpoint(tmp_path, change) -> tuple:
+    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=4)
+    tensors = hub_checkpoints.hub_tensors(hub_checkpoints.build(config), config)
+    change(config, tensors)
+    src = tmp_path / "hf"
+    hub_checkpoints.write_hub(str(src), tensors, config)
+    return src, tmp_path / "dst"
+
+
+def _narrow_qkvz(config, tensors):
+    name = "model.layers.1.linear_attn.in_proj_qkvz.weight"
+    tensors[name] = tensors[name][:-16]
+
+
+def _full_attention_at_layer_2(config, tensors):
+    for name in [n for n in tensors if n.startswith("model.layers.3.self_attn.")]:
+        tensors[name.replace("layers.3.", "layers.2.")] = tensors[name]
+    for name in [n for n in tensors if n.startswith("model.layers.2.linear_attn.")]:
+        del tensors[name]
+
+
+def _layer_types_out_of_pattern(config, tensors):
+    config["layer_types"] = ["linear_attention", "linear_attention", "full_attention", "full_attention"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (_narrow_qkvz, "tensor 'model.layers.1.linear_attn.in_proj_qkvz.weight' has shape [176, 64], config.json implies "
+                   "[192, 64]"),
+    (_full_attention_at_layer_2, "layer 2 holds 'model.layers.2.self_attn.q_proj.weight', a tensor of a full "
+                                 "attention layer, but config.json makes layer 2 a linear attention layer"),
+    (_layer_types_out_of_pattern, "field 'layer_types' = ['linear_attention', 'linear_attention', 'full_attention', "
+                                  "'full_attention'] is not the pattern MaxText runs"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, change, message):
+    src, dst = bad_checkpoint(tmp_path, change)
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not dst.exists()
