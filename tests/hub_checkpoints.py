@@ -79,6 +79,7 @@ def build(config: dict, seed: int = 0):
         model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**config))
     else:
         model = transformers.Qwen3_5MoeForConditionalGeneration(transformers.Qwen3_5MoeConfig(**config))
+    model = model.to(torch.float32)  # text_config's "dtype": "bfloat16" builds the decoder in bfloat16
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("A_log"):

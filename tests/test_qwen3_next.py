@@ -64,7 +64,12 @@ CASES = {  # name: (config, scan, devices)
     "qwen3_next": (hub_checkpoints.qwen3_next_config(), True, 4),
     "qwen3_next-remainder": (hub_checkpoints.qwen3_next_config(num_hidden_layers=6), True, 4),
     "qwen3_next-noscan": (hub_checkpoints.qwen3_next_config(num_hidden_layers=6), False, 1),
+    "qwen3_5_moe": (hub_checkpoints.qwen3_5_moe_config(), True, 4),
+    "qwen3_5_moe-noscan": (hub_checkpoints.qwen3_5_moe_config(num_hidden_layers=6), False, 1),
 }
+NOT_CONVERTED = {"qwen3_next": [("multi-token prediction (MTP) layer", len(hub_checkpoints.MTP_TENSORS))],
+                 "qwen3_5_moe": [("multi-token prediction (MTP) layer", len(hub_checkpoints.MTP_TENSORS)),
+                                 ("vision tower", 21)]}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -73,8 +78,7 @@ def test_logits_match_transformers(tmp_path, case):
     src, dst = tmp_path / "hf", tmp_path / "dst"
     expected = hub_checkpoints.make(str(src), config, TOKENS)
     report = convert(src, dst, scan, devices)
-    assert [(e["what"], e["tensors"]) for e in report["not_converted"]] == [
-        ("multi-token prediction (MTP) layer", len(hub_checkpoints.MTP_TENSORS))]
+    assert [(e["what"], e["tensors"]) for e in report["not_converted"]] == NOT_CONVERTED[config["model_type"]]
     params = unflatten(restore(dst))["params"]["params"]
     got = maxtext_forward.hybrid_forward(params, TOKENS, semantics(config), scan=scan)
     assert np.abs(expected).max() > 0.1  # a real signal
@@ -132,21 +136,30 @@ def test_plan_is_maxtexts_tree(tmp_path, layers, scan):
     assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_tree(config, scan)
 
 
+CONFIGS = {"qwen3_next": hub_checkpoints.qwen3_next_config, "qwen3_5_moe": hub_checkpoints.qwen3_5_moe_config}
+
+
+@pytest.mark.parametrize("family", CONFIGS)
 @pytest.mark.parametrize("scan", [True, False])
-def test_export_gives_the_hub_files_back_bit_for_bit(tmp_path, scan):
-    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=6 if scan else 4)
+def test_export_gives_the_hub_files_back_bit_for_bit(tmp_path, family, scan):
+    """Qwen3.5's fused leaves go back to the parts the hub stores (in_proj_qkv, in_proj_z, in_proj_b,
+    in_proj_a; gate_up_proj from wi_0 and wi_1)."""
+    config = CONFIGS[family](num_hidden_layers=(6 if family == "qwen3_next" else 8) if scan else 5)
     src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
     hub_checkpoints.make(str(src), config)
     convert(src, dst, scan, 4, dtype="bfloat16")
     result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
     assert result.returncode == 0, result.stderr
-    source = {k: v for k, v in hf_tensors(src).items() if not k.startswith("mtp.")}
+    source = {k: v for k, v in hf_tensors(src).items() if not k.startswith(("mtp.", "model.visual."))}
     exported = hf_tensors(back)
     assert sorted(exported) == sorted(source)
     for name, want in source.items():
         assert exported[name].dtype == want.dtype and exported[name].tobytes() == want.tobytes(), name
     report = json.loads((back / "ckptconv-report.json").read_text())
     assert any("multi-token prediction" in note["what"] for note in report["not_exported"])
+    if family == "qwen3_5_moe":
+        assert any("vision tower" in note["what"] for note in report["not_exported"])
+        assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in exported
 
 
 def bad_checkpoint(tmp_path, change) -> tuple:

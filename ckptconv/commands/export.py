@@ -32,6 +32,7 @@ from ckptconv import __version__, layout
 from ckptconv.write import destination, lock
 
 from ckptconv.errors import BadInputError, DestinationExistsError
+from ckptconv.families.inputs import Joined
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -350,24 +351,20 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
 def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str] = frozenset()) -> Iterator[Chunk]:
     """Every HF tensor's bytes in writing order, job by job, read unit by read unit."""
     for job in plan.jobs:
+        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
+        if isinstance(job.pieces[0], Joined):
+            yield from _joined_chunks(plan, job, items, stores, timer, skip)
+            continue
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
-        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
         shapes = job.shapes
         for members, box in source_reads(job.tiling, job.source_shape, job.positions):
             if all(names[i] in skip for i in members):
                 continue
             where = [job.positions[i] for i in members]
-            regions = []
             with timer.stage("read"):
-                for k, (leaf, shape) in enumerate(zip(job.leaves, shapes)):
-                    image = forward_boxes(box, job.source_shape, leaf.steps, plan.spec)[-1] if leaf.steps else box
-                    region = leaf_region(shape, where, image)
-                    if any(stop <= start for start, stop in region):  # rows MaxText does not hold
-                        regions.append(np.zeros(box_shape(region), leaf.dtype))
-                    else:
-                        regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
+                regions = _leaf_regions(plan, job, items, stores, where, box)
             for n, index in enumerate(members):
                 with timer.stage("transform"):
                     out = np.empty(box_shape(box), plan.dtype)
@@ -377,6 +374,42 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
                                       inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
                 yield names[index], out
             del regions
+
+
+def _leaf_regions(plan: ExportPlan, job, items: str, stores: list, where: list, box) -> list[np.ndarray]:
+    """What each of the job's leaves holds of the HF region ``box`` of the pieces at ``where``."""
+    regions = []
+    for k, (leaf, shape) in enumerate(zip(job.leaves, job.shapes)):
+        image = forward_boxes(box, job.source_shape, leaf.steps, plan.spec)[-1] if leaf.steps else box
+        region = leaf_region(shape, where, image)
+        if any(stop <= start for start, stop in region):  # rows MaxText does not hold
+            regions.append(np.zeros(box_shape(region), leaf.dtype))
+        else:
+            regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
+    return regions
+
+
+def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                   skip: set[str]) -> Iterator[Chunk]:
+    """A fused leaf (Qwen3.5's in_proj_qkvz) written back as the parts the hub stores: each part in
+    its own row order, one group's share of one section (a run of fused rows) at a time."""
+    rest = tuple((0, dim) for dim in job.source_shape[1:])
+    for index, piece in enumerate(job.pieces):
+        runs = piece.runs()
+        for k, part in enumerate(piece.parts):
+            name = plan.hf_names[part.name]
+            if name in skip:
+                continue
+            for _, _, fused, rows in sorted((r for r in runs if r[0] == k), key=lambda r: r[1]):
+                box = ((fused, fused + rows), *rest)
+                with timer.stage("read"):
+                    regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+                with timer.stage("transform"):
+                    out = np.empty(box_shape(box), plan.dtype)
+                    for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+                        apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                                      inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+                yield name, out
 
 
 def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:

@@ -342,6 +342,127 @@ def _check_stored_shape(source: Source, info: TensorInfo, shape: tuple[int, ...]
                             f"are {list(shape)}")
 
 
+@dataclass(frozen=True)
+class Join:
+    """A tensor MaxText holds fused that a checkpoint stores in separate ``parts``.
+
+    ``fused``: the end of the rules' tensor name (``linear_attn.in_proj_qkvz.weight``); each part
+    replaces it (``linear_attn.in_proj_qkv.weight``) and is a run of sections along axis 0, sized by
+    spec dimensions (``k_dim, k_dim, v_dim``). The fused tensor holds, for each of ``groups`` groups
+    in turn, every section's share of that group, in order: Qwen3.5's in_proj_qkv and in_proj_z
+    become [q|k|v|z] per key head, as Qwen3-Next stores them and MaxText holds them.
+    """
+
+    fused: str
+    parts: tuple[tuple[str, tuple[str, ...]], ...]
+    groups: str
+
+    def part_names(self, name: str) -> tuple[str, ...]:
+        base = name[:-len(self.fused)]
+        return tuple(base + suffix for suffix, _ in self.parts)
+
+    def sections(self, spec) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(spec.dim(d) for d in dims) for _, dims in self.parts)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The fused tensor of a :class:`Join`, read from its parts (which may themselves decode: FP8).
+
+    Fused rows [r0, r1) are a few row ranges of the parts (one per group and section they touch);
+    each is read as stored and placed, so a read costs its own size and one part's range more.
+    """
+
+    fused_name: str
+    parts: tuple[Input, ...]
+    sections: tuple[tuple[int, ...], ...]  # per part, its sections' sizes along axis 0
+    groups: int
+
+    @property
+    def name(self) -> str:
+        return self.fused_name
+
+    @property
+    def file(self) -> str:
+        return self.parts[0].file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(sum(s) for s in self.sections), *self.parts[0].shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return tuple(sorted({a for p in self.parts for a in p.whole_axes}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def decode_bytes(self) -> int:
+        """One part range decoded and held while it is placed: at most the read's size again."""
+        return self.dtype.itemsize + max(p.decode_bytes for p in self.parts)
+
+    def runs(self) -> list[tuple[int, int, int, int]]:
+        """(part, first row in the part, first fused row, rows) of every group's share of every
+        section, in fused order."""
+        runs = []
+        for g in range(self.groups):
+            for k, sections in enumerate(self.sections):
+                start = 0
+                for size in sections:
+                    share = size // self.groups
+                    runs.append((k, start + g * share, 0, share))
+                    start += size
+        fused = 0
+        for n, (k, first, _, rows) in enumerate(runs):
+            runs[n] = (k, first, fused, rows)
+            fused += rows
+        return runs
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), rest = box[0], box[1:]
+        out = np.empty((r1 - r0, *(stop - start for start, stop in rest)), self.dtype)
+        for k, first, fused, rows in self.runs():
+            lo, hi = max(r0, fused), min(r1, fused + rows)
+            if lo < hi:
+                part_rows = (first + lo - fused, first + hi - fused)
+                out[lo - r0:hi - r0] = self.parts[k].read(source, (part_rows, *rest))
+        return out
+
+
+def join_input(name: str, join: Join, spec, find) -> tuple[Joined, tuple[str, ...]] | None:
+    """The :class:`Joined` input of the rules' tensor ``name`` (``find``: a part's name -> (input, stored
+    names) or None), checking each part's shape against the sections config.json implies; None when
+    no part is stored (the caller names the missing tensor)."""
+    names = join.part_names(name)
+    found = [find(part) for part in names]
+    if not any(found):
+        return None
+    sections = join.sections(spec)
+    groups = spec.dim(join.groups)
+    missing = next((part for part, hit in zip(names, found) if hit is None), None)
+    if missing is not None:
+        present = next(hit[0] for hit in found if hit is not None)
+        raise BadInputError(f"{present.file}: missing tensor {missing!r} (with {present.name!r}, it makes "
+                            f"MaxText's {join.fused.split('.')[-2]})")
+    inputs = [hit[0] for hit in found]
+    for piece, sizes in zip(inputs, sections):
+        want = (sum(sizes), *inputs[0].shape[1:])
+        if piece.shape != want or piece.dtype != inputs[0].dtype or any(size % groups for size in sizes):
+            raise BadInputError(f"{piece.file}: tensor {piece.name!r} has shape {list(piece.shape)}, config.json "
+                                f"implies {list(want)}")
+    return Joined(name, tuple(inputs), sections, groups), tuple(n for hit in found for n in hit[1])
+
+
 # --- which stored tensors make a logical one ----------------------------------------------
 
 # the quantisation schemes a spec may name

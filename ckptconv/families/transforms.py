@@ -318,6 +318,73 @@ class PutStrided(Step):
 
 
 @dataclass(frozen=True)
+class TakePart(Step):
+    """Part ``index`` of ``parts`` equal contiguous parts of ``axis``: one fused HF tensor -> several
+    leaves (Qwen3.5 stores each layer's experts' gate and up projections as one (experts, 2 * mlp,
+    emb) tensor, gate first). The axis is read whole, so every read holds each part entire."""
+
+    axis: int = -1
+    index: int = 0
+    parts: int = 2
+
+    def _size(self, shape: Shape) -> tuple[int, int]:
+        axis = _axis(self.axis, len(shape))
+        if shape[axis] % self.parts:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} does not split into {self.parts} equal parts")
+        return axis, shape[axis] // self.parts
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, size = self._size(shape)
+        return (*shape[:axis], size, *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, size = self._size(shape)
+        if box[axis] != (0, shape[axis]):
+            raise Misaligned(f"{self.name}: a read must hold axis {axis} whole, not {box[axis]}")
+        return (*box[:axis], (0, size), *box[axis + 1:])
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE if axis == _axis(self.axis, len(shape)) else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis, size = self._size(x.shape)
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(self.index * size, (self.index + 1) * size)
+        return np.ascontiguousarray(x[tuple(index)])
+
+    def inverse(self) -> Step:
+        return PutPart(f"{self.name}_inverse", self.axis, self.index, self.parts)
+
+
+@dataclass(frozen=True)
+class PutPart(Step):
+    """The inverse of :class:`TakePart`: the values go to part ``index`` of a tensor the rule's other
+    outputs fill with the other parts (export: ``wi_0`` then ``wi_1`` make ``gate_up_proj``); like
+    :class:`PutStrided`, it only ``place`` s and must end an inverse chain."""
+
+    axis: int = -1
+    index: int = 0
+    parts: int = 2
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis = _axis(self.axis, len(shape))
+        return (*shape[:axis], shape[axis] * self.parts, *shape[axis + 1:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        raise NotImplementedError(f"{self.name}: fills only part {self.index} of {self.parts}; use place()")
+
+    def place(self, out: np.ndarray, x: np.ndarray) -> None:
+        axis = _axis(self.axis, out.ndim)
+        size = out.shape[axis] // self.parts
+        index = [slice(None)] * out.ndim
+        index[axis] = slice(self.index * size, (self.index + 1) * size)
+        out[tuple(index)] = x
+
+    def inverse(self) -> Step:
+        return TakePart(f"{self.name}_inverse", self.axis, self.index, self.parts)
+
+
+@dataclass(frozen=True)
 class Resize(Step):
     """Pad with zero rows or drop rows along ``axis`` to the spec dimension ``size``.
 
@@ -435,20 +502,23 @@ def inverse_boxes(box: Box, shape: Shape, steps: tuple[Step, ...], spec: ModelSp
     return forward[-2::-1]
 
 
+PLACING = (PutStrided, PutPart)  # inverse steps that fill only their share of the HF tensor
+
+
 def apply_inverse(leaf: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: list[Box],
                   out: np.ndarray) -> None:
     """Undo ``steps`` on a leaf region and write the HF region into ``out`` (cast to its dtype).
 
-    ``boxes`` from :func:`inverse_boxes`. A trailing :class:`PutStrided` fills only its share of
+    ``boxes`` from :func:`inverse_boxes`. A trailing :class:`PutStrided` or :class:`PutPart` fills only its share of
     ``out``; every other chain fills ``out`` whole.
     """
     chain = inverse_steps(steps)
     last = chain[-1] if chain else None
-    body = chain[:-1] if isinstance(last, PutStrided) else chain
-    if any(isinstance(step, PutStrided) for step in body):
-        raise ValueError(f"steps {[s.name for s in steps]}: a strided take must be the first step")
+    body = chain[:-1] if isinstance(last, PLACING) else chain
+    if any(isinstance(step, PLACING) for step in body):
+        raise ValueError(f"steps {[s.name for s in steps]}: a strided or part take must be the first step")
     values = apply_steps(leaf, body, spec, boxes[:len(body)]) if body else leaf
-    if isinstance(last, PutStrided):
+    if isinstance(last, PLACING):
         last.place(out, values.astype(out.dtype, copy=False))
     else:
         out[...] = values.astype(out.dtype, copy=False).reshape(out.shape)

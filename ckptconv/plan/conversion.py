@@ -21,7 +21,7 @@ import numpy as np
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
-from ckptconv.families.inputs import Input, resolve
+from ckptconv.families.inputs import Input, join_input, resolve
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
 from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
@@ -179,7 +179,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
-    inputs, consumed = _resolve(source, expected, tensors, scheme)
+    inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
@@ -323,15 +323,19 @@ def expected_tensors(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], sp
             for inst in _instances(rules, stacks, spec) for name in inst.names}
 
 
-def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo],
-             scheme: str | None) -> tuple[dict[str, Input], set[str]]:
-    """The input each expected tensor reads (stored, or decoded from its quantised parts), and
-    every stored name they consume; a missing one fails naming the leaf it feeds."""
+def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo], scheme: str | None,
+             family: Family, spec: ModelSpec) -> tuple[dict[str, Input], set[str]]:
+    """The input each expected tensor reads (stored, decoded from its quantised parts, or joined from
+    the parts a checkpoint stores it in), and every stored name they consume; a missing one fails
+    naming the leaf it feeds."""
     inputs: dict[str, Input] = {}
     consumed: set[str] = set()
     missing = []
     for name in sorted(expected):
         found = resolve(name, tensors, scheme)
+        join = family.join_for(name) if found is None else None
+        if join is not None:
+            found = join_input(name, join, spec, lambda part: resolve(part, tensors, scheme))
         if found is None:
             missing.append(name)
             continue
@@ -340,8 +344,10 @@ def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo],
     if missing:
         rule = expected[missing[0]][0]
         leaves = ", ".join("/".join(o.path) for o in rule.outputs)
+        join = family.join_for(missing[0])
+        shown = join.part_names(missing[0])[0] if join is not None else missing[0]
         raise BadInputError(
-            f"{source.uri}: missing tensor {missing[0]!r} (needed for MaxText leaf {leaves})"
+            f"{source.uri}: missing tensor {shown!r} (needed for MaxText leaf {leaves})"
             f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         )
     return inputs, consumed

@@ -21,6 +21,7 @@ import numpy as np
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
+from ckptconv.families.inputs import Joined
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -117,15 +118,31 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
             continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: Target(name, shape, out_dtype) for name, (_, shape) in expected.items()}
+        targets = {name: _target(family, spec, name, shape, out_dtype) for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
         candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
-    hf_names = _hf_names(like, family, [p.name for job in jobs for p in job.pieces])
-    tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape) for job in jobs for p in job.pieces)
+    hf_names = _hf_names(like, family, [p.name for job in jobs for piece in job.pieces for p in written(piece)])
+    tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape)
+                    for job in jobs for piece in job.pieces for p in written(piece))
     return ExportPlan(family, spec, config, config_text, scan, out_dtype, jobs, hf_names, tensors,
                       _not_exported(family, spec, jobs))
+
+
+def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Target | Joined:
+    """The tensor a rule's piece becomes: itself, or the parts a checkpoint of this family stores it in."""
+    join = family.join_for(name)
+    if join is None:
+        return Target(name, shape, dtype)
+    sections = join.sections(spec)
+    parts = tuple(Target(part, (sum(sizes), *shape[1:]), dtype) for part, sizes in zip(join.part_names(name), sections))
+    return Joined(name, parts, sections, spec.dim(join.groups))
+
+
+def written(piece: Target | Joined) -> tuple[Target, ...]:
+    """The HF tensors a piece is written as, in order."""
+    return piece.parts if isinstance(piece, Joined) else (piece,)
 
 
 def check_recorded_model(spec: ModelSpec, recorded: dict, like: str, report: str, same_tool: bool = True) -> None:
