@@ -81,7 +81,7 @@ def overrides(case: Case) -> list[str]:
     layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
               "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
-              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": layers,
+              "base_mlp_dim": text.get("intermediate_size", text.get("moe_intermediate_size")), "base_num_decoder_layers": layers,
               "scan_layers": str(case.scan).lower()}
     if not model_type.startswith("gemma"):
         values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)
@@ -94,6 +94,9 @@ def overrides(case: Case) -> list[str]:
                    "gdn_num_value_heads": text["linear_num_value_heads"],
                    "gdn_key_head_dim": text["linear_key_head_dim"], "gdn_value_head_dim": text["linear_value_head_dim"],
                    "gdn_conv_kernel_dim": text["linear_conv_kernel_dim"]}
+        sections = text.get("rope_parameters", {}).get("mrope_section")
+        if sections:  # MaxText checks they cover the (tiny) rotary dims
+            values["mrope_section"] = json.dumps(sections).replace(" ", "")
     if model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
@@ -152,6 +155,11 @@ CASES = [
     Case("qwen3-next-transformers", None, "qwen3-next-80b-a3b", hub=hub_checkpoints.qwen3_next_config()),
     Case("qwen3-next-transformers-noscan-1dev", None, "qwen3-next-80b-a3b", scan=False, devices=1,
          loader="safetensors", hub=hub_checkpoints.qwen3_next_config()),
+    # made by transformers' own Qwen3_5MoeForConditionalGeneration, stored as the hub does (fused experts,
+    # separate linear-attention projections, a vision tower, mtp.*)
+    Case("qwen3.5-transformers", None, "qwen3.5-35b-a3b", hub=hub_checkpoints.qwen3_5_moe_config()),
+    Case("qwen3.5-transformers-noscan-1dev", None, "qwen3.5-35b-a3b", scan=False, devices=1,
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_config()),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),

@@ -53,6 +53,8 @@ CASES = [
     Case("qwen3-next-scan", "qwen3_next", "qwen3-next-80b-a3b", True),
     Case("qwen3-next-noscan", "qwen3_next", "qwen3-next-80b-a3b", False),
     Case("qwen3-next-scan-remainder", "qwen3_next", "qwen3-next-80b-a3b", True, layers=6),
+    Case("qwen3.5-scan", "qwen3_5_moe", "qwen3.5-35b-a3b", True),
+    Case("qwen3.5-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b", False),
 ]
 
 
@@ -71,7 +73,9 @@ def overrides(config: dict, scan: bool, **extra) -> dict:
             "gdn_conv_kernel_dim": t["linear_conv_kernel_dim"],
             "rope_max_timescale": int(rope.get("rope_theta", t.get("rope_theta", 10000))),
             "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
-            "normalization_layer_epsilon": t["rms_norm_eps"], "scan_layers": scan, **extra}
+            "normalization_layer_epsilon": t["rms_norm_eps"], "scan_layers": scan,
+            **({"mrope_section": json.dumps(rope["mrope_section"]).replace(" ", "")} if "mrope_section" in rope else {}),
+            **extra}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
