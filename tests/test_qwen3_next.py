@@ -202,3 +202,28 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, change, message)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not dst.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, family, billions", [("QWEN3_NEXT_80B", "qwen3_next", 80),
+                                                    ("QWEN3_5_35B", "qwen3_5_moe", 35),
+                                                    ("QWEN3_5_397B", "qwen3_5_moe", 397)])
+def test_full_size_releases_plan_under_one_and_a_half_gib(tmp_path, name, family, billions):
+    """The releases from their published config.json with header-only shards (real headers, no data):
+    the plan accepts them and predicts a bounded peak (Qwen3.5-397B-A17B: 512 experts a layer)."""
+    from ckptconv.commands import synth
+    from tests import published_configs
+
+    config = getattr(published_configs, name)
+    model = synth.SynthModel(model_type=family, tie_word_embeddings=config["tie_word_embeddings"],
+                             config_overrides=dict(config.get("text_config", config)))
+    synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))  # the published file itself, not synth's spelling
+    for devices in (1, 16):
+        result = run_cli("plan", str(tmp_path), "--devices", str(devices), "--json")
+        assert result.returncode == 0, result.stderr
+        planned = json.loads(result.stdout)
+        print(name, devices, planned["source_bytes"] / 2**30, planned["predicted_peak_rss_gib"],
+              planned["predicted_seconds"], planned["largest_read_bytes"] / 2**20)
+        assert 0.9 * billions * 2 * 10**9 < planned["source_bytes"] < 1.1 * billions * 2 * 10**9
+        assert planned["predicted_peak_rss_bytes"] <= 1.5 * 2**30

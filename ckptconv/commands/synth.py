@@ -179,6 +179,21 @@ def _qwen3_next(m: SynthModel) -> dict:
                     router_aux_loss_coef=0.001)
 
 
+def _qwen3_5_moe(m: SynthModel) -> dict:
+    """Qwen3.5-MoE's config.json: Qwen3-Next's text decoder in ``text_config`` (transformers-5 spelling,
+    mRoPE sections), a vision tower's settings beside it."""
+    text = _qwen3_next(m)
+    for key in ("architectures", "torch_dtype", "rope_theta", "partial_rotary_factor", "decoder_sparse_step",
+                "intermediate_size", "tie_word_embeddings"):
+        text.pop(key)
+    text.update(model_type="qwen3_5_moe_text", attn_output_gate=True, attention_bias=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_interleaved": True, "mrope_section": [1, 1, 0]})
+    return {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text,
+            "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
+            "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+
+
 _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
     "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
@@ -193,6 +208,7 @@ _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
     "kimi_k2": _deepseek,
     "gpt_oss": _gpt_oss,
     "qwen3_next": _qwen3_next,
+    "qwen3_5_moe": _qwen3_5_moe,
 }
 # Stored-name prefixes of hub checkpoints whose decoder is not at the root.
 _HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
@@ -226,6 +242,11 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     stored, hub = _HUB_PREFIX.get(model.model_type, ("", ""))
     shapes = {}
     for name, (_, shape) in expected.items():
+        join = family.join_for(name)
+        if join is not None:  # stored in parts (Qwen3.5's in_proj_qkv and in_proj_z)
+            for part, sizes in zip(join.part_names(name), join.sections(spec)):
+                shapes[part] = (sum(sizes), *shape[1:])
+            continue
         shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
