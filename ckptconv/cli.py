@@ -1,8 +1,9 @@
 """``ckptconv``: convert, export, inspect, verify and plan from the command line.
 
 JAX is imported only inside the commands that need it, after ``--devices`` has been put into
-``XLA_FLAGS``: the device count is fixed the moment JAX starts. Errors we can explain print
-one line and exit 2 (bad input) or 1; there is no traceback for them.
+``XLA_FLAGS``: the device count is fixed the moment JAX starts. Errors are mapped by type: a
+:class:`~ckptconv.errors.CkptConvError` is one line and its own exit status (2: bad input, else 1);
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ import ctypes
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import time
-import urllib.parse
 from typing import Sequence
 
-from ckptconv import __version__, locations
-from ckptconv.errors import TERMINATION, CkptConvError, Terminated
+from ckptconv import __version__, locations, settings
+from ckptconv.errors import INCOMPLETE, TERMINATION, CkptConvError, Terminated
 
 GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
@@ -72,9 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("destination", help="output directory (or gs://BUCKET/DIR) for the HF model")
     export.add_argument("--like", required=True, help="the HF model it is (config.json, tokenizer files; "
                         "weights not needed): a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
-    export.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+    export.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
                         help="dtype of the exported tensors")
-    export.add_argument("--shard-size", default="5GB", help="largest safetensors file")
+    export.add_argument("--shard-size", default=settings.SHARD_SIZE, help="largest safetensors file")
     export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
     _progress_flag(export)
@@ -108,15 +107,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _layout_flags(command: argparse.ArgumentParser) -> None:
     """The layout options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
-    command.add_argument("--devices", type=int, default=16, help="simulated devices to shard across (1: unsharded)")
-    command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True,
+    command.add_argument("--devices", type=int, default=settings.DEVICES,
+                         help="simulated devices to shard across (1: unsharded)")
+    command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
                          help="stack layers on axis 1 (MaxText scan_layers=true)")
-    command.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+    command.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
                          help="dtype of the checkpoint's weights")
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--progress", choices=("bar", "jsonl", "none"), default="bar",
+    command.add_argument("--progress", choices=("bar", "jsonl", "none"), default=settings.PROGRESS,
                          help="on stderr: a bar with ETA on a terminal, else a whole line every few seconds; "
                          "jsonl: CKPTCONV {...} lines for a program")
 
@@ -155,31 +155,6 @@ def _die_with_parent() -> None:
         raise Terminated()
 
 
-# Storage failures the layers below report inside their own messages: errno text as strerror gives
-# it, and tensorstore's status codes for what GCS answers (403: no permission; 429: out of quota).
-OS_CONDITIONS = {"No space left on device": "no space left on device", "Disk quota exceeded": "disk quota exceeded",
-                 "Permission denied": "permission denied", "Read-only file system": "read-only file system",
-                 "PERMISSION_DENIED": "permission denied (the bucket refused the write)",
-                 "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the write)",
-                 "Forbidden: ": "permission denied (the bucket refused the write)"}  # gcsfs's words for a 403
-FAILED_PATH = (r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', r"Error writing (gs://[^:\s]+)",
-               r"'(/[^']+)'")
-GCS_UPLOAD_URL = r"/b/([^/?\s]+)/o\?name=([^&\s]+)"  # gcsfs names the object only in its upload URL
-
-
-def os_condition(err: BaseException) -> str | None:
-    """``PATH: condition`` for an error caused by one of :data:`OS_CONDITIONS`, else None."""
-    text = str(err)
-    condition = next((said for cause, said in OS_CONDITIONS.items() if cause in text), None)
-    if condition is None:
-        return None
-    path = next((m for m in (re.search(pattern, text) for pattern in FAILED_PATH) if m), None)
-    upload = re.search(GCS_UPLOAD_URL, text)
-    if path is None and upload:
-        return f"gs://{upload.group(1)}/{urllib.parse.unquote(upload.group(2))}: {condition}"
-    return f"{path.group(1) if path else 'the destination'}: {condition}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -209,7 +184,6 @@ def _main(argv: Sequence[str] | None) -> int:
     # Orbax logs a failed write with its traceback from its own threads; the CLI reports it in one line
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     _log_plainly()
-    stop = "; what is at the destination is incomplete and a rerun resumes or redoes it"
     try:
         _die_with_parent()
         for name, role in LOCATIONS[args.command]:
@@ -220,27 +194,16 @@ def _main(argv: Sequence[str] | None) -> int:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a reader that left is caught, not at interpreter exit
         return code
-    except CkptConvError as err:
+    except CkptConvError as err:  # each type carries its exit status; its text is already one line
         print(f"ckptconv: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("ckptconv: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # before `Exception`, which would take it for a storage failure
+    except BrokenPipeError:
         return _reader_gone()
     except Terminated:
-        return _stopped(TERMINATION.signum or signal.SIGTERM, stop if args.command in WRITERS else "")
-    except Exception as err:  # tensorstore/Orbax wrap OS failures in their own errors: one line for those
-        if TERMINATION.signum is not None:  # our Terminated, wrapped by a library on its way out
-            return _stopped(TERMINATION.signum, stop)
-        condition = os_condition(err)
-        if condition is None:
-            raise
-        print(f"ckptconv: error: {condition}{stop if args.command in WRITERS else ''}", file=sys.stderr)
-        return 1
-    except OSError as err:  # a destination we cannot write, a full disk: one line, not a traceback
-        print(f"ckptconv: error: {err}", file=sys.stderr)
-        return 1
+        return _stopped(TERMINATION.signum or signal.SIGTERM, INCOMPLETE if args.command in WRITERS else "")
 
 
 def _log_plainly() -> None:
@@ -333,36 +296,23 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _damaged(destination: str, action):
-    """Run ``action()``; a checkpoint too damaged to read is one line naming it, not a traceback
-    (``CKPTCONV_TRACEBACK=1`` shows the traceback)."""
-    try:
-        return action()
-    except CkptConvError:
-        raise
-    except Exception as err:  # noqa: BLE001 - whatever Orbax/tensorstore/json raise on damaged files
-        if os.environ.get("CKPTCONV_TRACEBACK") or os_condition(err):
-            raise
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise CkptConvError(f"{destination}: cannot read the checkpoint (damaged or not a MaxText checkpoint): "
-                            f"{type(err).__name__}: {first}") from None
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.commands.inspection import inspect_checkpoint, render_table
+    from ckptconv.read.stored import read_back
 
-    result = _damaged(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep))
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep))
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
     return 0 if result["complete"] else 1
 
 
 def _verify(args: argparse.Namespace) -> int:
     from ckptconv.commands.verification import verify
+    from ckptconv.read.stored import read_back
 
     if args.source is None:
         return _verify_integrity(args)
 
-    result = _damaged(args.destination, lambda: verify(args.source, args.destination,
+    result = read_back(args.destination, lambda: verify(args.source, args.destination,
                                                        hf_token_file=args.hf_token_file,
                                                        progress=args.progress))
     if args.json:
@@ -377,9 +327,10 @@ def _verify(args: argparse.Namespace) -> int:
 def _verify_integrity(args: argparse.Namespace) -> int:
     """``verify DST``: with no source to compare against, decode every stored chunk (each carries a crc32c)."""
     from ckptconv.commands.inspection import inspect_checkpoint
+    from ckptconv.read.stored import read_back
 
     started = time.monotonic()
-    result = _damaged(args.destination, lambda: inspect_checkpoint(args.destination, deep=True))
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=True))
     ok = result["complete"]
     summary = (f"verify: {'OK' if ok else 'FAILED'}: {len(result['leaves'])} leaves, every stored chunk "
                f"{'decoded and matched its checksum' if ok else 'read'} in {time.monotonic() - started:.1f} s "

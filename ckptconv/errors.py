@@ -1,10 +1,17 @@
-"""Error types that decide the process exit status.
+"""The errors ckptconv can state in one line, each carrying its own exit status.
 
-The CLI turns a :class:`BadInputError` into one line on stderr and exit status 2, so
-orchestration can tell "the input is wrong, retrying will not help" from everything else.
+The CLI maps by type only: a :class:`CkptConvError` is one line on stderr and its ``exit_code``
+(2 for bad input, so orchestration can tell "the input is wrong, retrying will not help" from
+everything else); anything else is a bug and keeps its traceback. Failures of the libraries below
+(tensorstore, Orbax, gcsfs, the OS) become these types where those libraries are called
+(:mod:`ckptconv.storage_failures`), never by reading their text in the CLI.
 """
 
 from __future__ import annotations
+
+
+# What a writer's failure or stop leaves behind, said after its one line: nothing is committed mid-run.
+INCOMPLETE = "; what is at the destination is incomplete and a rerun resumes or redoes it"
 
 
 class CkptConvError(Exception):
@@ -21,6 +28,31 @@ class BadInputError(CkptConvError):
 
 class DestinationExistsError(BadInputError):
     """A complete checkpoint already sits at the destination and ``--overwrite`` was not given."""
+
+
+class StorageError(CkptConvError):
+    """The storage refused a read or a write: no space, no permission, a read-only file system, a
+    bucket out of quota. Retrying elsewhere, or after freeing room, can help (exit status 1)."""
+
+
+class DamagedCheckpointError(CkptConvError):
+    """A written checkpoint cannot be read back (truncated, emptied, another layout)."""
+
+
+class RemoteError(CkptConvError):
+    """A remote store (GCS, the Hub) failed or answered what it should not; a retry may help."""
+
+
+class BusyError(CkptConvError):
+    """Another live run holds the destination (its lock, or its "writing" report)."""
+
+
+class UnfinishedError(CkptConvError):
+    """Work this run builds on is not finished yet (a partition a finalize needs)."""
+
+
+class RuntimeSetupError(CkptConvError):
+    """The process cannot provide what the run needs (JAX started with another device count)."""
 
 
 class Terminated(BaseException):

@@ -16,7 +16,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-STAGES = ("plan", "read", "transform", "write", "commit")
+from ckptconv.settings import STAGES
+
 
 
 def peak_rss_bytes() -> int:

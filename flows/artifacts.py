@@ -23,11 +23,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.settings import get_current_settings
 
 from ckptconv import rssplot
+from ckptconv.settings import STAGES, Status
 from ckptconv.units import human_bytes, human_seconds
 from tasks.job import Conversion, slugify
 
 MIB = 1024**2
-STAGES = ("plan", "read", "transform", "write", "commit")  # pipeline order (the report's JSON is sorted)
 OVERLAP_NOTE = ("Read and transform run in a background thread while the writer writes, so their busy "
                 "times overlap the write's and the stages add up to more than the wall time. Time in no "
                 "band is start-up (loading JAX and Orbax) and waiting.")
@@ -133,7 +133,7 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
     when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
     admission = report.get("admission") or {}
-    status = "failed" if error else "skipped" if report.get("skipped") else "complete"
+    status = Status.FAILED if error else Status.SKIPPED if report.get("skipped") else Status.COMPLETE
     return {
         "model": job.slug, "status": status, "source": job.source, "destination": job.destination,
         "devices": job.devices,
@@ -152,10 +152,10 @@ ZOO_COLUMNS = ("model", "status", "error or headline", "wall", "peak RSS", "outp
 def zoo_markdown(name: str, rows: list[dict], ui_url: str | None) -> str:
     """The zoo's page: one line per model (at most eight columns), failures first, each model linking to its
     own page (``<ui>/artifacts/artifact/<id>``) where the details are."""
-    ok = sum(row.get("status") in ("complete", "skipped") for row in rows)
+    ok = sum(row.get("status") in (Status.COMPLETE, Status.SKIPPED) for row in rows)
     lines = [f"## Zoo `{name}`: {ok} of {len(rows)} models ok\n",
              "| " + " | ".join(ZOO_COLUMNS) + " |", "|" + "---|" * len(ZOO_COLUMNS)]
-    ordered = sorted(rows, key=lambda row: row.get("status") in ("complete", "skipped"))  # stable: problems first
+    ordered = sorted(rows, key=lambda row: row.get("status") in (Status.COMPLETE, Status.SKIPPED))  # stable: problems first
     for row in ordered:
         cells = (_model_cell(row, ui_url), _status_cell(row.get("status")), _note(row),
                  human_seconds(row.get("wall_seconds")), _mib(row.get("peak_rss_mib")), _mib(row.get("output_mib")),
@@ -173,7 +173,7 @@ def _model_cell(row: dict, ui_url: str | None) -> str:
 
 
 def _status_cell(status: str | None) -> str:
-    return {"complete": "complete", "skipped": "skipped (done before)"}.get(status or "", f"**{status or '?'}**")
+    return {Status.COMPLETE: "complete", Status.SKIPPED: "skipped (done before)"}.get(status or "", f"**{status or '?'}**")
 
 
 def _note(row: dict) -> str:
@@ -183,7 +183,7 @@ def _note(row: dict) -> str:
         return first if len(first) <= ERROR_CHARS else first[:ERROR_CHARS - 1] + "…"
     peak, predicted = row.get("peak_rss_mib"), row.get("predicted_peak_mib")
     share = f"peak {peak / predicted:.0%} of predicted {_mib(predicted)}" if peak and predicted else ""
-    return ", ".join(p for p in ("verified" if row.get("status") == "complete" else "", share) if p) or "-"
+    return ", ".join(p for p in ("verified" if row.get("status") == Status.COMPLETE else "", share) if p) or "-"
 
 
 def _where(row: dict) -> str:
@@ -226,7 +226,7 @@ def publish_row(job: Conversion, row: dict) -> str:
 def publish_zoo_summary(name: str, rows: list[dict]) -> str:
     """Create the zoo run's page (``zoo-<name>``) and its raw table (``zoo-<name>-rows``); returns the page's key."""
     key = f"zoo-{slugify(name)}"
-    failed = sum(row.get("status") not in ("complete", "skipped") for row in rows)
+    failed = sum(row.get("status") not in (Status.COMPLETE, Status.SKIPPED) for row in rows)
     summary = f"zoo '{name}': {len(rows) - failed} of {len(rows)} models ok"
     create_markdown_artifact(zoo_markdown(name, rows, ui_url()), key=key, description=summary)
     create_table_artifact(rows, key=f"{key}-rows", description=f"{summary}; every raw field")

@@ -36,6 +36,7 @@ def demo_model():
 def main() -> int:
     os.environ.update(SETTINGS)
     os.environ.pop("PREFECT_API_URL", None)  # always the temporary local server, never a configured one
+    from ckptconv import settings
     from ckptconv.commands import synth
     from ckptconv.rssplot import PLOT_NAME
 
@@ -44,8 +45,9 @@ def main() -> int:
     source, destination = (OUT / "hf").resolve(), (OUT / "maxtext").resolve()
     print(f"synthesising a small Qwen3 checkpoint in {source} ...", flush=True)
     synth.write_checkpoint(demo_model(), str(source))
-    state = convert_model(source=str(source), destination=str(destination), devices=16, scan_layers=True,
-                          dtype="bfloat16", overwrite=True, name="demo-qwen3", return_state=True)
+    state = convert_model(source=str(source), destination=str(destination), devices=settings.DEVICES,
+                          scan_layers=settings.SCAN_LAYERS, dtype=settings.DTYPE, overwrite=True, name="demo-qwen3",
+                          return_state=True)
     row = state.result()
     print("\n== ckptconv inspect", destination, flush=True)
     subprocess.run([sys.executable, "-m", "ckptconv", "inspect", str(destination)], check=False)
@@ -87,8 +89,8 @@ def print_artifacts(slug: str, artifacts: dict, plot: Path) -> int:
 
 
 def _report_summary(report: dict) -> str:
+    from ckptconv.settings import STAGES
     from ckptconv.units import human_bytes, human_seconds
-    from flows.artifacts import STAGES
 
     stages = ", ".join(f"{name} {human_seconds(report['stage_seconds'][name])}" for name in STAGES
                        if name in report["stage_seconds"])

@@ -12,6 +12,7 @@ import socket
 from prefect import flow, get_run_logger
 from prefect.states import State
 
+from ckptconv import settings
 from flows.artifacts import publish_model_artifacts, publish_row, zoo_row
 from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
@@ -52,8 +53,8 @@ def _sharding(job: Conversion, state: State) -> str:
 
 
 @flow(name="convert-model", log_prints=True)
-def convert_model(source: str, destination: str, devices: int = 16, scan_layers: bool = True,
-                  dtype: str = "bfloat16", overwrite: bool = False, name: str | None = None,
+def convert_model(source: str, destination: str, devices: int = settings.DEVICES, scan_layers: bool = settings.SCAN_LAYERS,
+                  dtype: str = settings.DTYPE, overwrite: bool = False, name: str | None = None,
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True) -> dict:
     """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
 

@@ -19,6 +19,7 @@ from prefect.deployments import run_deployment
 from prefect.futures import wait
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from ckptconv import settings
 from flows.artifacts import publish_model_artifacts
 from flows.model import worker_name
 from flows.run_waits import DEFAULT_START_WAIT_SECONDS, RUN_WAIT_TIMEOUTS, NeverStarted, RunOverdue, wait_for_run
@@ -31,8 +32,8 @@ PARTITION_DEPLOYMENT = "convert-partition/convert-partition-cpu"
 
 
 @flow(name="convert-partition", log_prints=True)
-def convert_partition(source: str, destination: str, partition: int, partitions: int, devices: int = 16,
-                      scan_layers: bool = True, dtype: str = "bfloat16", name: str | None = None,
+def convert_partition(source: str, destination: str, partition: int, partitions: int, devices: int = settings.DEVICES,
+                      scan_layers: bool = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
     """Write partition ``partition`` of ``partitions`` (``ckptconv convert --partition I/N``) on this worker."""
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name)
@@ -71,8 +72,8 @@ def run_partition(job: Conversion, partition: int, partitions: int, deployment: 
 
 
 @flow(name="convert-partitioned", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=True)
-def convert_partitioned(source: str, destination: str, partitions: int = 2, devices: int = 16,
-                        scan_layers: bool = True, dtype: str = "bfloat16", name: str | None = None,
+def convert_partitioned(source: str, destination: str, partitions: int = 2, devices: int = settings.DEVICES,
+                        scan_layers: bool = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                         deployment: str = PARTITION_DEPLOYMENT,
                         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS) -> dict:

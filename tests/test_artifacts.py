@@ -15,7 +15,6 @@ import time
 from types import SimpleNamespace
 
 from ckptconv import rssplot
-
 from ckptconv.commands import synth
 from ckptconv.monitor import RssSampler, StageTimer, run_figures
 from ckptconv.units import human_bytes, human_seconds

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from ckptconv import cli
-
 from ckptconv.commands import synth
 from tests.conftest import ROOT, run_cli
 

@@ -223,7 +223,7 @@ def test_a_destination_another_run_holds_is_refused_and_left_as_it_was(tmp_path)
     src, mt, hf, old = round_trip(tmp_path, synth.SynthModel(), scan=True)
     before = {name: (hf / name).read_bytes() for name in os.listdir(hf)}
     with lock.hold(str(hf)):  # a live holder on this host
-        with pytest.raises(CkptConvError, match="ckptconv.write.lock: another conversion .* is writing this destination"):
+        with pytest.raises(CkptConvError, match="ckptconv.lock: another conversion .* is writing this destination"):
             export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32", overwrite=True))
         assert {name: (hf / name).read_bytes() for name in os.listdir(hf) if name != lock.LOCK_NAME} == before
     assert export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", dtype="float32",

@@ -97,7 +97,8 @@ def test_gcs_source_memory_like_local(tmp_path, gcs, synth_dir):
 
 @pytest.fixture
 def gcs_source(gs_src):
-    from ckptconv.read.remote_sources import GcsSource, RetryPolicy
+    from ckptconv.read.gcs import GcsSource
+    from ckptconv.read.ranged import RetryPolicy
 
     source = GcsSource(gs_src[0])
     source.retry = RetryPolicy(attempts=3, first_wait=0.01, max_wait=0.02)
@@ -172,14 +173,14 @@ def test_a_gcs_destination_is_locked_by_a_generation_precondition(gcs):
 
     dst = f"gs://{gcs.new_bucket('lock')}/models/locked"
     with lock.hold(dst):
-        assert gcs.objects(dst) == {"ckptconv.write.lock": gcs.objects(dst)["ckptconv.write.lock"]}
-        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.write.lock: another conversion \(pid \d+ on "):
+        assert gcs.objects(dst) == {"ckptconv.lock": gcs.objects(dst)["ckptconv.lock"]}
+        with pytest.raises(CkptConvError, match=rf"{dst}/ckptconv.lock: another conversion \(pid \d+ on "):
             with lock.hold(dst):
                 pass
     assert gcs.objects(dst) == {}
 
     bucket, _, prefix = dst[len("gs://"):].partition("/")
-    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.write.lock")
+    blob = gcs.client().bucket(bucket).blob(f"{prefix}/ckptconv.lock")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     blob.upload_from_string(json.dumps({**lock._me(), "pid": dead.pid, "start_ticks": 1}))
@@ -236,3 +237,15 @@ def test_export_from_gs_to_gs_gives_back_the_source(tmp_path, gcs, gs_src):
     gcs.client().bucket(foreign[5:].split("/")[0]).blob("notes/readme.txt").upload_from_string("mine")
     refused = run_cli("export", f"{zoo}/0/items", foreign, "--like", uri, "--progress", "none")
     assert refused.returncode == 2 and gcs.objects(foreign) == {"readme.txt": 4}
+
+
+def test_other_directories_under_a_gcs_destination_survive_a_conversion(gcs, gs_src):
+    """On GCS, Orbax's own clean-up takes every directory under DST without a commit_success.txt for
+    an unfinished step and deletes it; what is not ours must survive (as it does locally)."""
+    uri, _ = gs_src
+    dst = f"gs://{gcs.new_bucket('zoo')}/shared/prefix"
+    bucket, _, prefix = dst[len("gs://"):].partition("/")
+    gcs.client().bucket(bucket).blob(f"{prefix}/notes/readme.txt").upload_from_string(b"the team's notes")
+    done = run_cli("convert", uri, dst, "--devices", "2", "--progress", "none")
+    assert done.returncode == 0, done.stderr
+    assert gcs.read(f"{dst}/notes/readme.txt") == b"the team's notes"

@@ -51,8 +51,8 @@ def _errors(stderr: str) -> list[str]:
     ("forbidden", "permission denied", "/items/"),  # the data: after the lock and the report
     ("quota", "giving up on writes to gs://", "/items/"),  # tensorstore retries 429 until our deadline
     ("silent", "giving up on writes to gs://", "/items/"),  # a mute endpoint, the same way
-    ("forbidden", "the bucket refused the lock object (403", "ckptconv.write.lock"),  # before anything is written
-    ("quota", "the bucket refused the lock object for 8s (last: HTTP 429 The project exceeded", "ckptconv.write.lock"),
+    ("forbidden", "the bucket refused the lock object (403", "ckptconv.lock"),  # before anything is written
+    ("quota", "the bucket refused the lock object for 8s (last: HTTP 429 The project exceeded", "ckptconv.lock"),
 ])
 def test_a_bucket_that_refuses_writes_is_one_line_and_a_rerun_completes(gcs, gate, synth_dir, refuse, said, where):
     src, dst = synth_dir(), f"gs://{gcs.new_bucket()}/model"
@@ -68,7 +68,7 @@ def test_a_bucket_that_refuses_writes_is_one_line_and_a_rerun_completes(gcs, gat
     # (the lock's retries are google-cloud-storage's: with its jittered backoff they may give up
     # before the first 2 s line; the one error line then says how long it tried)
     assert gate.refused > 0 and not _complete(dst, env)
-    if where == "ckptconv.write.lock":  # refused before anything was written: nothing there to resume
+    if where == "ckptconv.lock":  # refused before anything was written: nothing there to resume
         assert gcs.objects(dst) == {}
         return
     gate.refuse = None

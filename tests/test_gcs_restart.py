@@ -19,9 +19,8 @@ import time
 
 import pytest
 
-from ckptconv.write import destination
-
 from ckptconv.commands import synth
+from ckptconv.write import destination
 from tests.conftest import ROOT, run_cli
 from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
 

@@ -12,9 +12,8 @@ import json
 
 import pytest
 
-from ckptconv.write import destination
-
 from ckptconv.commands import synth
+from ckptconv.write import destination
 from tests.conftest import run_cli
 from tests.test_convert import restore
 

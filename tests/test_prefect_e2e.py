@@ -291,6 +291,36 @@ def test_partitioned_conversion_over_two_workers_equals_a_single_one(deployed, s
     assert [p["partition"] for p in report["partitions"]] == ["0/2", "1/2"]  # the flow also verified it
 
 
+@pytest.mark.slow
+def test_partitioned_conversion_into_a_gcs_bucket_over_two_workers(deployed, gcs, synth_dir, tmp_path):
+    """The same fan-out with the destination a gs:// prefix (fake-gcs-server): the partitions meet in the
+    bucket, the finalize commits there, and the result equals a single conversion leaf for leaf."""
+    from tests.test_convert import restore
+    from tests.test_partition import MOE
+    from tests.test_partition_gcs import _download
+
+    env = {**deployed, **gcs.env}
+    source, single = synth_dir(MOE), tmp_path / "single"
+    split = f"gs://{gcs.new_bucket('zoo')}/models/split"
+    assert run_cli("convert", str(source), str(single), "--devices", "4", "--progress", "none").returncode == 0
+    script = ("import json, sys; from flows.partitioned import convert_partitioned; "
+              "r = convert_partitioned(source=sys.argv[1], destination=sys.argv[2], partitions=2, devices=4, "
+              "name='split-gcs'); print(json.dumps(r['partitions']))")
+    workers = {"worker-a": ("cpu-pool", gcs.env), "worker-b": ("cpu-pool", gcs.env)}
+    with _workers(env, tmp_path, workers, "--limit", "1"):
+        done = subprocess.run([sys.executable, "-c", script, str(source), split], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(row["partition"] for row in rows) == ["0/2", "1/2"]
+    assert sorted(row["worker"] for row in rows) == ["worker-a", "worker-b"]
+    report = json.loads(gcs.read(f"{split}/ckptconv-report.json"))
+    assert report["status"] == "complete" and [p["partition"] for p in report["partitions"]] == ["0/2", "1/2"]
+    expected, got = restore(single), restore(_download(gcs, split, tmp_path / "downloaded"))
+    assert got.keys() == expected.keys()
+    assert all(got[name].tobytes() == value.tobytes() for name, value in expected.items())
+
+
 def _start_run(api: str, destination: Path, source: Path, name: str) -> str:
     """A flow run of the convert-model-cpu deployment, as the UI's "Run" makes it; returns its id."""
     deployment = _answer(lambda: httpx.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10))

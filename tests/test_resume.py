@@ -19,9 +19,8 @@ import sys
 import pytest
 
 from ckptconv import layout
-from ckptconv.write import destination
-
 from ckptconv.commands import synth
+from ckptconv.write import destination
 from tests.conftest import ROOT, run_cli
 
 # ~130 MB of bf16 in three shards: about 2 s of writing here, several progress events.

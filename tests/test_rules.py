@@ -6,23 +6,20 @@ families use, and registered for the test only. Every byte read from the source 
 fused tensor's bytes must be read exactly once, in bounded pieces, though they feed two leaves.
 """
 
+import dataclasses
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from ckptconv import families
-
-from ckptconv.read import sources
-
+from ckptconv import families, settings
 from ckptconv.commands import synth
-
 from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.families import tiles
 from ckptconv.families.base import Family, Output, Rule, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
 )
 from ckptconv.families.transforms import TRANSPOSE, TakeStrided
+from ckptconv.read import sources
 from ckptconv.read.safetensors_io import index_checkpoint
 from tests.test_convert import restore
 
@@ -60,7 +57,7 @@ def test_one_tensor_two_leaves_read_once(tmp_path, monkeypatch, fused_family, bu
     src, dst = tmp_path / "src", tmp_path / "dst"
     synth.write_checkpoint(model, str(src))
     if budget:
-        monkeypatch.setattr(tiles, "READ_BYTES", budget)
+        monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=budget))
     reads: list[tuple[str, int, int]] = []
     original = sources.LocalSource.read_range
 

@@ -24,7 +24,7 @@ import safetensors
 
 from ckptconv.commands.verification import check_source_layout
 from ckptconv.errors import BadInputError
-from ckptconv.read.safetensors_header import DTYPE_BITS
+from ckptconv.dtypes import BITS as DTYPE_BITS
 from ckptconv.read.safetensors_io import read_box, read_header
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
@@ -354,7 +354,7 @@ def ours(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]] | BadInput
 
 
 def _dtype_name(dtype) -> str:
-    from ckptconv.read.safetensors_io import DTYPES
+    from ckptconv.dtypes import SAFETENSORS as DTYPES
 
     return next(name for name, known in DTYPES.items() if known == dtype)
 

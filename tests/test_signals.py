@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from ckptconv.write import destination
-
 from ckptconv.commands import synth
+from ckptconv.write import destination
 from tests.conftest import ROOT
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
@@ -99,9 +98,9 @@ def test_two_conversions_into_one_destination_one_refused_the_other_verifies(syn
         first.send_signal(signal.SIGCONT)
     first.communicate(timeout=300)
     assert first.returncode == 0
-    assert second.returncode == 1 and "another conversion (pid" in second.stderr and "ckptconv.write.lock" in second.stderr
+    assert second.returncode == 1 and "another conversion (pid" in second.stderr and "ckptconv.lock" in second.stderr
     assert json.loads(run_cli("verify", str(src), str(dst), "--json").stdout)["ok"]
-    assert not (dst / "ckptconv.write.lock").exists()
+    assert not (dst / "ckptconv.lock").exists()
 
 
 def test_stale_and_foreign_locks(synth_dir, tmp_path):
@@ -113,16 +112,16 @@ def test_stale_and_foreign_locks(synth_dir, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     me = lock._me()
-    (dst / "ckptconv.write.lock").write_text(json.dumps({**me, "pid": dead.pid, "start_ticks": 1}))  # this host, gone
+    (dst / "ckptconv.lock").write_text(json.dumps({**me, "pid": dead.pid, "start_ticks": 1}))  # this host, gone
     assert run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none").returncode == 0
-    (dst / "ckptconv.write.lock").write_text(json.dumps({**me, "host": "another-host"}))  # cannot be checked from here
+    (dst / "ckptconv.lock").write_text(json.dumps({**me, "host": "another-host"}))  # cannot be checked from here
     refused = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--dtype", "float32")
     assert refused.returncode == 1 and "pid" in refused.stderr and "another-host" in refused.stderr
     broken = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--dtype", "float32",
                      "--overwrite")
     assert broken.returncode == 0, broken.stderr
-    assert not (dst / "ckptconv.write.lock").exists()
-    (dst / "ckptconv.write.lock").write_text(json.dumps(me))  # this test process: alive on this host
+    assert not (dst / "ckptconv.lock").exists()
+    (dst / "ckptconv.lock").write_text(json.dumps(me))  # this test process: alive on this host
     kept = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--overwrite")
     assert kept.returncode == 1 and f"pid {me['pid']}" in kept.stderr  # --overwrite never breaks a live holder
     assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "float32"

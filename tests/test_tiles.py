@@ -1,20 +1,20 @@
 """The tile plan under a tiny read budget: every family's leaves tiled exactly once, reads bounded.
 
-With ``READ_BYTES`` shrunk to a few KiB, a tiny model's tensors take the paths a 70B or
+With the read size (``settings.IN_FLIGHT.read_bytes``) shrunk to a few KiB, a tiny model's tensors take the paths a 70B or
 235B model's take (bands of rows, kernels cut across device shards, groups of small
 pieces), so these tests exercise them in seconds. The conversion under that budget must
 give the same bits as the plain restatement in test_convert and pass ``verify``.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from ckptconv import settings
 from ckptconv.commands import synth
-
 from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.families import tiles
 from ckptconv.families.sharding import write_shape
 from ckptconv.families.transforms import box_shape, box_slices
 from ckptconv.plan.conversion import make_plan
@@ -39,7 +39,7 @@ BUDGET = 2048
 def test_tiny_budget_tiles_every_leaf_once_within_shards(tmp_path, monkeypatch, family, scan, devices):
     src = tmp_path / "src"
     synth.write_checkpoint(FAMILIES[family], str(src))
-    monkeypatch.setattr(tiles, "READ_BYTES", BUDGET)
+    monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=BUDGET))
     plan = make_plan(LocalSource(str(src)), scan_layers=scan, devices=devices)
     banded = 0
     for job in plan.jobs:
@@ -73,7 +73,7 @@ def test_tiny_budget_conversion_gives_the_same_bits(tmp_path, monkeypatch, model
     model = FAMILIES[model_type]
     src = tmp_path / "src"
     synth.write_checkpoint(model, str(src))
-    monkeypatch.setattr(tiles, "READ_BYTES", BUDGET)
+    monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=BUDGET))
     dst = tmp_path / "dst"
     report = convert(ConvertRequest(str(src), str(dst), devices=16, progress="none"))
     assert report["status"] == "complete"

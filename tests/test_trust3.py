@@ -154,10 +154,10 @@ def _convert(src, dst, *flags: str):
 def test_a_lock_that_names_no_holder_is_stale_not_someone_elses(synth_dir, tmp_path, content):
     src, dst = synth_dir(), tmp_path / "dst"
     dst.mkdir()
-    (dst / "ckptconv.write.lock").write_bytes(content)
+    (dst / "ckptconv.lock").write_bytes(content)
     result = _convert(src, dst)
     assert result.returncode == 0, result.stderr
-    assert not (dst / "ckptconv.write.lock").exists()
+    assert not (dst / "ckptconv.lock").exists()
 
 
 @pytest.mark.fault

@@ -14,21 +14,20 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, layout, rssplot
-
-from ckptconv.write import destination, lock
-
-from ckptconv.plan import devices, estimate, partition
-
-from ckptconv.errors import BadInputError, CkptConvError, DestinationExistsError, stop_if_terminated
+from ckptconv import __version__, layout, rssplot, settings, storage_failures
+from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.plan import devices, estimate
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
+from ckptconv.settings import Status
+from ckptconv.write import destination, partition
+from ckptconv.write.destination import Destination
 from ckptconv.write.produce import plan_tiles, prefetch
 
 
@@ -43,15 +42,15 @@ class ConvertRequest:
 
     source: str
     destination: str
-    devices: int = 16
-    scan_layers: bool = True
-    dtype: str = "bfloat16"
+    devices: int = settings.DEVICES
+    scan_layers: bool = settings.SCAN_LAYERS
+    dtype: str = settings.DTYPE
     report: str | None = None
     overwrite: bool = False
-    progress: str = "bar"
+    progress: str = settings.PROGRESS
     compression: bool = True
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
-    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.plan.partition)
+    partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
 
 
@@ -68,7 +67,13 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
 
 
 def convert(request: ConvertRequest) -> dict:
-    """Run one conversion; returns the report (also written next to the checkpoint)."""
+    """Run one conversion; returns the report (also written next to the checkpoint). A storage refusal
+    (full disk, no permission, a bucket out of quota) leaves as one :class:`StorageError` line."""
+    with storage_failures.translated(INCOMPLETE):
+        return _convert(request)
+
+
+def _convert(request: ConvertRequest) -> dict:
     _check_paths(request.source, request.destination)
     # the destination has its own report; the source must never be overwritten
     destination.check_report_path(request.report, {"destination": request.destination, "source": request.source})
@@ -84,38 +89,34 @@ def convert(request: ConvertRequest) -> dict:
         plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
-        partition.require_local(request.destination)
         part = partition.Partition.parse(request.partition)
-        with lock.hold(str(partition.staging_dir(request.destination)), break_foreign=request.overwrite,
-                       name=part.lock_name):
+        with Destination(request.destination).hold(overwrite=request.overwrite, part="partitions",
+                                                   name=part.lock_name):
             return _run(plan, source, request, timer, started, print_)
-    with lock.hold(request.destination, break_foreign=request.overwrite):
+    with Destination(request.destination).hold(overwrite=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
 
 
 def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
          print_: str) -> dict:
     """Decide about what is at the destination (skip, refuse, clean ours), then write and report."""
+    dst = Destination(request.destination)
     state = destination.inspect_state(request.destination)
-    if request.partition or request.finalize:
-        partition.require_local(request.destination)
     if state.complete and state.report.get("fingerprint") == print_ and not request.overwrite:
         _check_layout(plan, request.destination)
-        report = {**state.report, "status": "complete", "skipped": True}
         destination.drop_leftovers(request.destination)  # an --overwrite that died before its swap
         if request.finalize:
             partition.remove_staging(request.destination)  # a finalize that died after its report
-        destination.write_extra_report(request.report, report)
-        return report
+        return dst.skip({**state.report, "status": Status.COMPLETE}, request.report)
     # A "writing" report is our own unfinished run (it crashed, even after Orbax's commit), and a
     # report without a checkpoint is a leftover: redo either without --overwrite, unless that run
     # is still alive. Anything else there is refused unless asked to replace it.
     report = state.report or {}
-    if report.get("status") == "writing" and destination.writer_alive(report):
-        raise CkptConvError(f"{request.destination}: another conversion (pid {report['pid']} on "
+    if report.get("status") == Status.WRITING and destination.writer_alive(report):
+        raise BusyError(f"{request.destination}: another conversion (pid {report['pid']} on "
                             f"{report['host']}) is writing here; wait for it or stop it")
     destination.check_ownership(request.destination, state)  # nothing below deletes what is not ours
-    ours_unfinished = report.get("status") == "writing" or (state.report is not None and not state.checkpoint)
+    ours_unfinished = report.get("status") == Status.WRITING or (state.report is not None and not state.checkpoint)
     if (state.checkpoint or state.report) and not ours_unfinished and not request.overwrite:
         raise DestinationExistsError(f"{request.destination}: {_occupant(state)}; pass --overwrite to replace it")
     if request.partition:  # the finalize replaces what is at DST; a partition only adds its own part
@@ -130,53 +131,49 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     # a finalize only links the partitions' files: no space to check
     fits_beside = bool(request.finalize) or destination.check_space(request.destination, plan.output_bytes)
     beside = _replace_beside(request, state, ours_unfinished, fits_beside)
-    writing = {"status": "writing", "fingerprint": print_, "started_at": started, "source": {"uri": request.source},
-               "pid": os.getpid(), "host": socket.gethostname()}
-    report_path = f"{request.destination.rstrip('/')}/{layout.REPORT_NAME}"
+    writing = destination.writing_report(print_, started, source={"uri": request.source})
     if beside:  # the old checkpoint stays complete, report and all, until the swap
         destination.drop_leftovers(request.destination)
     else:
         if not state.empty:
             destination.clear(request.destination)
-        destination.write_report(report_path, writing)
+        dst.begin(writing)
     devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
-    target = f"{request.destination.rstrip('/')}/{destination.REPLACEMENT}" if beside else request.destination
+    target = dst.staging("replacement") if beside else request.destination
     _write(plan, source, dataclasses.replace(request, destination=target), timer, progress, adopt)
     if request.finalize:  # no tiles to stop at: a signal during the commit stops it here, before the report
         stop_if_terminated()
     progress.close()
-    if beside:
-        destination.swap_in_replacement(request.destination, writing)
+    if beside:  # Orbax finalised the new step (its own commit): the old one leaves, the new one moves in
+        dst.swap_in(target, writing,
+                    retire_old=lambda: (dst.root / layout.STEP).rename(dst.root / destination.REPLACED))
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan)
-    rssplot.save_beside(report_path, report)  # before the report: a complete report's plot is there
-    destination.write_report(report_path, report)
+    rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
+    dst.commit(report, request.report)
     if beside:
         destination.drop_leftovers(request.destination)
     if request.finalize:
         partition.remove_staging(request.destination)
-    destination.write_extra_report(request.report, report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
 
 def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer,
                        started: str, print_: str) -> dict:
-    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.plan.partition)."""
+    """Write one partition's leaves into the staging directory, then its marker (see ckptconv.write.partition)."""
     from ckptconv.write import orbax as writer
 
     part = partition.Partition.parse(request.partition)
     done = partition.read_marker(request.destination, part)
     if (done is not None and done.get("fingerprint") == print_
             and not partition.damaged_files(request.destination, part, done)):  # else its data is redone
-        report = {**done, "skipped": True}
-        destination.write_extra_report(request.report, report)
-        return report
+        return Destination(request.destination).skip(done, request.report)
     owner = partition.assign(plan, part.count)
     jobs = {j for j, p in enumerate(owner) if p == part.index}
     with timer.stage("plan"):  # its own share only, before its earlier attempt is removed
@@ -197,7 +194,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     timer.add("write", timer.wall() - begin, begin)
     progress.close()
     report = {
-        "tool": f"ckptconv {__version__}", "status": "partition complete", "skipped": False,
+        "tool": f"ckptconv {__version__}", "status": Status.PARTITION_COMPLETE, "skipped": False,
         "partition": request.partition, "fingerprint": print_, "destination": request.destination,
         "leaves": len(chosen), "output_bytes": nbytes, **run_figures(timer, nbytes), "host": socket.gethostname(),
         "pid": os.getpid(), "started_at": started, "finished_at": destination.now(),
@@ -261,7 +258,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
             print_: str) -> dict:
     return {
         "tool": f"ckptconv {__version__}",
-        "status": "complete",
+        "status": Status.COMPLETE,
         "skipped": False,
         "source": {"uri": request.source, **source.provenance()},
         "destination": request.destination,

@@ -6,11 +6,12 @@ tensorstore, a band or a group of layers at a time, never a whole stacked leaf; 
 steps are undone (:func:`ckptconv.families.transforms.apply_inverse`) and the HF bytes appended to
 safetensors files written header first (:mod:`ckptconv.write.safetensors`).
 
-Commit protocol (local destinations): everything is written into ``DST/.ckptconv-pending``
-(shards as ``*.partial`` until whole) while ``DST/ckptconv-report.json`` says ``writing``;
-then the files are moved into ``DST`` and the report, written last, says ``complete``. A rerun
-with the same checkpoint, ``--like`` and options skips a complete export and, after a crash,
-keeps every shard already whole.
+Commit (the destination protocol, :mod:`ckptconv.write.destination`): locally everything is
+written into the staging directory ``DST/.ckptconv-pending`` (shards as ``*.partial`` until whole)
+while the report says ``writing``; then the files move into ``DST`` and the report, written last,
+says ``complete``. On gs:// each file is written to its final name (an object exists only once
+whole) and the report commits. A rerun with the same checkpoint, ``--like`` and options skips a
+complete export and, after a crash, keeps every shard already whole.
 """
 
 from __future__ import annotations
@@ -21,17 +22,13 @@ import json
 import logging
 import os
 import shutil
-import socket
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, layout
-
-from ckptconv.write import destination, lock
-
-from ckptconv.errors import BadInputError, DestinationExistsError
+from ckptconv import __version__, layout, settings, storage_failures
+from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
 from ckptconv.families.inputs import Joined
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
@@ -40,15 +37,18 @@ from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_p
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
-from ckptconv.read.remote_sources import GCS_ENDPOINT
+from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
+from ckptconv.settings import Status
+from ckptconv.write import destination, lock
+from ckptconv.write.destination import STAGING, Destination
 from ckptconv.write.produce import prefetch
 from ckptconv.write.safetensors import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
 )
 
-PENDING = ".ckptconv-pending"
+PENDING = STAGING["export"]
 log = logging.getLogger("ckptconv")
 KIND = "export"
 # Files a HF model directory carries besides weights and config.json, copied from --like when present.
@@ -66,11 +66,11 @@ class ExportRequest:
     checkpoint: str
     destination: str
     like: str
-    dtype: str = "bfloat16"
-    shard_size: str = "5GB"
+    dtype: str = settings.DTYPE
+    shard_size: str = settings.SHARD_SIZE
     report: str | None = None
     overwrite: bool = False
-    progress: str = "bar"
+    progress: str = settings.PROGRESS
     hf_token_file: str | None = None
 
 
@@ -111,7 +111,13 @@ def _check_like_against_report(items: str, plan: ExportPlan, like: str) -> None:
 
 
 def export(request: ExportRequest) -> dict:
-    """Run one export; returns the report (also written into the destination)."""
+    """Run one export; returns the report (also written into the destination). A storage refusal
+    leaves as one :class:`StorageError` line, a damaged checkpoint as one naming it."""
+    with storage_failures.translated(INCOMPLETE):
+        return _export(request)
+
+
+def _export(request: ExportRequest) -> dict:
     request = dataclasses.replace(request, destination=layout.absolute(request.destination))
     if "://" in request.destination and not layout.is_gcs(request.destination):
         raise BadInputError(f"{request.destination}: export writes local directories and gs:// only")
@@ -129,30 +135,27 @@ def export(request: ExportRequest) -> dict:
         _check_like_against_report(items, plan, request.like)
         layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
-    dst = request.destination
-    previous = destination.read_report(layout.path(dst) / layout.REPORT_NAME)
-    if _complete(dst, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
-        report = {**previous, "skipped": True}
-        destination.write_extra_report(request.report, report)
-        return report
-    with lock.hold(dst, break_foreign=request.overwrite):  # as convert: one writer per directory, across hosts
+    dst = Destination(request.destination)
+    previous = dst.report()
+    if _complete(dst.uri, previous, layouts) and previous.get("fingerprint") == print_ and not request.overwrite:
+        return dst.skip(previous, request.report)
+    with dst.hold(overwrite=request.overwrite):  # as convert: one writer per directory, across hosts
         return _write(request, plan, like, items, layouts, print_, timer, started)
 
 
 def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, layouts: tuple[FileLayout, ...],
            print_: str, timer: StageTimer, started: str) -> dict:
     """Under the destination's lock: decide about what is there, stream the files, commit, report."""
-    dst = request.destination
+    target = Destination(request.destination)
+    dst = target.uri
     # on gs:// the files go to their final names: an object appears only when whole, and a rename
     # would copy every byte; the report still commits
-    pending = dst if layout.is_gcs(dst) else os.path.join(dst, PENDING)
-    previous = destination.read_report(layout.path(dst) / layout.REPORT_NAME)  # as the lock found it
+    pending = dst if layout.is_gcs(dst) else target.staging("export")
+    previous = target.report()  # as the lock found it
     copied = _read_copied_files(like)  # before anything at dst is cleared: --like may be dst itself
     replacing = _prepare(dst, pending, previous, print_, request.overwrite, plan.output_bytes)
-    report_path = os.path.join(dst, layout.REPORT_NAME)
-    writing = {"status": "writing", "kind": KIND, "fingerprint": print_, "started_at": started, "pid": os.getpid(),
-               "host": socket.gethostname()}
-    destination.write_report(os.path.join(pending, layout.REPORT_NAME) if replacing else report_path, writing)
+    writing = destination.writing_report(print_, started, kind=KIND)
+    target.begin(writing, at=pending if replacing else None)
     tune_malloc()
     progress = Progress(len(plan.tensors), plan.output_bytes, request.progress, desc="export")
     progress.event("plan", family=plan.family.name, tensors=len(plan.tensors), bytes=plan.output_bytes)
@@ -166,12 +169,12 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
         with timer.stage("commit"):
             _write_small_files(plan, copied, pending, layouts)
             if replacing:
-                _retire_old_export(dst, pending, writing)
-            _move_into(pending, dst)
+                target.swap_in(pending, writing, retire_old=lambda: _remove_export_files(dst))
+            elif pending != dst:  # gs://: written in place
+                target.move_in(pending)
     progress.close()
     report = _report(plan, request, items, layouts, timer, started, print_)
-    destination.write_report(report_path, report)
-    destination.write_extra_report(request.report, report)
+    target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
 
@@ -194,7 +197,7 @@ def fingerprint(items: str, stored: list[StoredLeaf], plan: ExportPlan, request:
 # --- destination ---------------------------------------------------------------------------
 
 def _complete(dst: str, report: dict | None, layouts: tuple[FileLayout, ...]) -> bool:
-    return (report is not None and report.get("kind") == KIND and report.get("status") == "complete"
+    return (report is not None and report.get("kind") == KIND and report.get("status") == Status.COMPLETE
             and all(finished(dst, file_layout) for file_layout in layouts))
 
 
@@ -206,7 +209,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     does, when the disk has room for both; when it has not, it says so before deleting anything.
     """
     ours = previous is not None and previous.get("kind") == KIND
-    if ours and previous.get("status") == "complete" and previous.get("fingerprint") != print_ and not overwrite:
+    if ours and previous.get("status") == Status.COMPLETE and previous.get("fingerprint") != print_ and not overwrite:
         raise DestinationExistsError(f"{dst}: holds an export of another checkpoint or with other options; "
                                      "pass --overwrite to replace it")
     root = layout.path(dst)
@@ -219,7 +222,7 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
     if not ours and not overwrite and pending != dst and _foreign_pending(pending):
         raise BadInputError(f"{pending}: not written by this export (no {layout.REPORT_NAME} of ours at "
                             f"{dst} or in it), so not removed; move it away or pass --overwrite")
-    if ours and previous.get("status") == "complete" and pending != dst:
+    if ours and previous.get("status") == Status.COMPLETE and pending != dst:
         beside = destination.read_report(layout.path(pending) / layout.REPORT_NAME)
         if not (beside and beside.get("fingerprint") == print_):  # else resume the replacement a crash left
             shutil.rmtree(pending, ignore_errors=True)
@@ -228,9 +231,10 @@ def _prepare(dst: str, pending: str, previous: dict | None, print_: str, overwri
             return True
         log.warning("ckptconv: %s: no room for the new export beside the old one; deleting the old one first "
                     "(a failure from here on leaves no complete export at DST)", dst)
-    resuming = ours and previous.get("status") == "writing" and previous.get("fingerprint") == print_
-    if not resuming:
-        _clear(dst, pending)
+    resuming = ours and previous.get("status") == Status.WRITING and previous.get("fingerprint") == print_
+    if not resuming:  # the report first, then our staging directory and the files an export writes
+        if layout.path(dst).is_dir():
+            Destination(dst).clear(lambda name: name == PENDING or _export_file(name))
     layout.path(pending).mkdir(parents=True, exist_ok=True)
     return False
 
@@ -245,46 +249,16 @@ def _foreign_pending(pending: str) -> bool:
     return not (report and report.get("kind") == KIND)
 
 
-def _retire_old_export(dst: str, pending: str, writing: dict) -> None:
-    """At commit, the old export beside which the new one was written leaves.
-
-    The report first stops saying complete, under a fingerprint no run resumes (a crash while old
-    files are removed is redone, never taken for new files of the same name and size); once they
-    are gone it says what is being moved in, which a rerun resumes.
-    """
-    report_path = os.path.join(dst, layout.REPORT_NAME)
-    destination.write_report(report_path, {**writing, "fingerprint": f"retiring-old-export-for-{writing['fingerprint']}"})
-    os.unlink(os.path.join(pending, layout.REPORT_NAME))
-    _remove_export_files(dst)
-    destination.write_report(report_path, writing)
-
-
-def _clear(dst: str, pending: str) -> None:
-    """Remove what an export writes at ``dst`` (report first: nothing then reads as complete)."""
-    root = layout.path(dst)
-    if not root.is_dir():
-        return
-    (root / layout.REPORT_NAME).unlink(missing_ok=True)
-    if pending != dst:
-        shutil.rmtree(pending, ignore_errors=True)
-    _remove_export_files(dst)
+def _export_file(name: str) -> bool:
+    """A name at HF_DST that an export writes: weights, index, config and tokenizer files."""
+    return name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", *COPIED_FILES)
 
 
 def _remove_export_files(dst: str) -> None:
-    """The weights, index, config and tokenizer files an export writes at ``dst`` (never its pending directory)."""
+    """The files an export writes at ``dst`` (never its staging directory): an old export retired."""
     for file in layout.path(dst).iterdir():
-        if file.name.endswith((".safetensors", PARTIAL)) or file.name in (INDEX_NAME, "config.json", *COPIED_FILES):
+        if _export_file(file.name):
             file.unlink()
-
-
-def _move_into(pending: str, dst: str) -> None:
-    """Move every finished file from the pending directory into ``dst``; the report then commits."""
-    if pending == dst:  # gs://: written in place
-        return
-    for name in sorted(os.listdir(pending)):
-        if not name.endswith(PARTIAL):
-            os.replace(os.path.join(pending, name), os.path.join(dst, name))
-    shutil.rmtree(pending)
 
 
 def _read_copied_files(like: Source) -> dict[str, bytes]:
@@ -441,7 +415,7 @@ def _report(plan: ExportPlan, request: ExportRequest, items: str, layouts: tuple
     return {
         "tool": f"ckptconv {__version__}",
         "kind": KIND,
-        "status": "complete",
+        "status": Status.COMPLETE,
         "skipped": False,
         "checkpoint": items,
         "like": request.like,

@@ -23,10 +23,9 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
+from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
 from ckptconv.families.base import LayoutError
-
-_ST_DTYPE = {"bfloat16": ("BF16", np.dtype(ml_dtypes.bfloat16)), "float32": ("F32", np.dtype(np.float32))}
 
 
 @dataclass(frozen=True)
@@ -336,7 +335,8 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(model.config(), f, indent=2, allow_nan=False)
-    st_name, dtype = _ST_DTYPE[model.dtype]
+    dtype = dtypes.OUTPUT[model.dtype]
+    st_name = dtypes.NAMES[dtype]
     shapes = tensor_shapes(model)
     entries = [entry for name, shape in shapes.items()
                for entry in _stored_entries(model, name, shape, st_name, dtype.itemsize)]

@@ -19,9 +19,9 @@ from typing import Iterable
 
 import numpy as np
 
-from ckptconv import layout
+from ckptconv import dtypes, layout
 from ckptconv.monitor import StageTimer
-from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, OUTPUT_DTYPES, make_plan
+from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import open_source
 from ckptconv.read.safetensors_io import TensorInfo
@@ -143,7 +143,7 @@ def _offsets(entry: dict | list) -> tuple[int, int]:
 
 def _stored_dtype(stored) -> str:
     names = {np.dtype(leaf.dtype).name for leaf in stored if leaf.path[:1] == ("params",)}
-    for name, dtype in OUTPUT_DTYPES.items():
+    for name, dtype in dtypes.OUTPUT.items():
         if names == {dtype.name}:
             return name
     return "bfloat16"

@@ -28,12 +28,13 @@ from typing import ClassVar, Iterable, Protocol
 import ml_dtypes
 import numpy as np
 
+from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.read.safetensors_io import TensorInfo, read_box
 from ckptconv.read.sources import Source
 
 Box = tuple[tuple[int, int], ...]
-BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = dtypes.BF16
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 
 
@@ -116,7 +117,6 @@ class Plain:
 
 
 FLOAT32_BYTES, BF16_BYTES = 4, 2
-DECODE_ELEMENTS = 1 << 20  # values decoded through float32 at a time (4 MiB), whatever the read's size
 
 
 class _Decoded:
@@ -164,7 +164,8 @@ class FP8Blocks(_Decoded):
     @property
     def decode_bytes(self) -> int:
         """Beside the bfloat16 result: the e4m3 codes (one byte per value) while they are decoded,
-        DECODE_ELEMENTS at a time through float32, so at most 4 MiB more whatever the read's size."""
+        ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most 4 MiB more
+        whatever the read's size."""
         return 1
 
     def check(self, source: Source) -> None:
@@ -184,7 +185,7 @@ class FP8Blocks(_Decoded):
         rows = np.repeat(scale, b, axis=0)[r0 % b:r0 % b + r1 - r0]  # (rows, column blocks of the box)
         whole_blocks = c0 % b == 0 and (c1 - c0) % b == 0
         out = np.empty((r1 - r0, c1 - c0), BF16)
-        step = max(1, DECODE_ELEMENTS // (c1 - c0))
+        step = max(1, settings.IN_FLIGHT.decode_elements // (c1 - c0))
         for r in range(0, r1 - r0, step):  # a band of rows at a time: float32 never holds the whole read
             values = codes[r:r + step].astype(np.float32)
             if whole_blocks:  # scale whole column blocks without expanding the scales
@@ -304,9 +305,9 @@ class INT4Groups(_Decoded):
     @property
     def decode_bytes(self) -> int:
         """Beside the bfloat16 result: the packed words (half a byte per value) while they are
-        decoded, DECODE_ELEMENTS at a time through float32, so at most 4.5 MiB more whatever the
-        read's size (tracemalloc on a 2048 x 7168 read: 3.1 bytes per element at the peak, result
-        included)."""
+        decoded, ``settings.IN_FLIGHT.decode_elements`` at a time through float32, so at most
+        4.5 MiB more whatever the read's size (tracemalloc on a 2048 x 7168 read: 3.1 bytes per
+        element at the peak, result included)."""
         return 1
 
     def read(self, source: Source, box: Box) -> np.ndarray:
@@ -320,7 +321,7 @@ class INT4Groups(_Decoded):
         del words
         out = np.empty((r1 - r0, c1 - c0), BF16)
         skip = c0 - g0 * g
-        step = max(1, DECODE_ELEMENTS // ((g1 - g0) * g))
+        step = max(1, settings.IN_FLIGHT.decode_elements // ((g1 - g0) * g))
         for r in range(0, r1 - r0, step):  # a band of rows at a time: float32 never holds the whole read
             part = nibbles[r:r + step]
             values = np.empty((part.shape[0], part.shape[1] * 2), np.float32)

@@ -24,13 +24,12 @@ from typing import Iterator
 
 import numpy as np
 
+from ckptconv import settings
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.transforms import (
     WHOLE, Box, Misaligned, Resize, Scale, Shape, Step, chain_quantum, forward_boxes, full_box,
 )
 from ckptconv.read.spec import ModelSpec
-
-READ_BYTES = 16 * 1024 * 1024  # source bytes per read unit: large enough for few commits, small enough to stream
 
 
 Region = tuple[slice, ...]
@@ -103,7 +102,7 @@ def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...
     outermost first (default: as indexed), so that every read is one byte range of storage;
     ``whole``: source axes a read may not cut (its decoder needs them whole).
     """
-    budget = READ_BYTES if budget is None else budget
+    budget = settings.IN_FLIGHT.read_bytes if budget is None else budget
     order = tuple(range(len(source_shape))) if order is None else order
     piece_bytes = math.prod(source_shape) * itemsize
     if piece_bytes <= budget:

@@ -15,9 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import ml_dtypes
 import numpy as np
 
+from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
@@ -29,8 +29,6 @@ from ckptconv.read.safetensors_io import TensorInfo, index_checkpoint
 from ckptconv.read.sources import Source
 from ckptconv.read.spec import ConfigReader, ModelSpec, load_config
 
-OUTPUT_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
-FLOAT_SOURCE_DTYPES = {np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)}
 PARAMS_ROOT = ("params", "params")
 # Beside the params MaxText's converter saves its TrainState's other fields: step 0, no optimizer.
 MAXTEXT_EXTRA_ITEMS = {"step": 0, "opt_state": {}}
@@ -154,10 +152,11 @@ def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
                         f"{devices} times); the largest power of two that shards some leaf is {useful}")
 
 
-def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = True, devices: int = 16) -> ConversionPlan:
+def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool = settings.SCAN_LAYERS,
+              devices: int = settings.DEVICES) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
-    if dtype not in OUTPUT_DTYPES:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(OUTPUT_DTYPES)})")
+    if dtype not in dtypes.OUTPUT:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
     if devices < 1:
         raise BadInputError(f"--devices must be >= 1, got {devices}")
     if devices > MAX_DEVICES:
@@ -185,7 +184,7 @@ def make_plan(source: Source, *, dtype: str = "bfloat16", scan_layers: bool = Tr
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
     _check_shapes_and_dtypes(expected, inputs)
-    out_dtype = OUTPUT_DTYPES[dtype]
+    out_dtype = dtypes.OUTPUT[dtype]
     jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
     _check_devices_shard_something(jobs, devices)
     not_converted += _dropped_rows(jobs, spec)
@@ -378,7 +377,7 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
             raise BadInputError(
                 f"{found.file}: tensor {found.name!r} has shape {list(found.shape)}, config.json implies {list(shape)}"
             )
-        if found.dtype not in FLOAT_SOURCE_DTYPES:
+        if found.dtype not in dtypes.FLOAT_SOURCES:
             raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
 
 

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from ckptconv.errors import CkptConvError
+from ckptconv.errors import RuntimeSetupError
 
 _FLAG = "--xla_force_host_platform_device_count"
 
@@ -33,7 +33,7 @@ def configure(devices: int) -> None:
     import jax
 
     if devices > 1 and jax.device_count() != devices:
-        raise CkptConvError(
+        raise RuntimeSetupError(
             f"JAX already started with {jax.device_count()} device(s), {devices} needed; "
             "run the conversion in a fresh process (python -m ckptconv convert ...)"
         )

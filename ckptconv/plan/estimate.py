@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ckptconv import settings
 from ckptconv.families.inputs import FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.families.transforms import Permute, box_shape
 from ckptconv.plan.conversion import ConversionPlan, Job
@@ -30,9 +31,6 @@ BASELINE_BYTES = 300 * 1024**2
 # on a machine loaded 2.5x over its 2 cores, not a figure to plan with.
 SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0}
 STARTUP_SECONDS = 4.0
-# Tiles alive at once: 2 queued by the prefetch thread, 1 it holds while the queue is full,
-# 1 the writer is handing over, and the writer's 2 writes in flight (tensorstore copies).
-TILES_ALIVE = 2 + 1 + 1 + 2
 # Orbax opens OCDBT with a 100 MB node cache (tensorstore_utils: cache_pool#ocdbt). It fills as
 # the b-tree grows, about 24 KiB per chunk written (measured: a run's peak climbs job after job
 # until the cache is full), so a checkpoint of many chunks (16 devices, big models) holds it all.
@@ -76,7 +74,7 @@ def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
     """Baseline + the OCDBT cache + the worst job's tiles in flight and read unit in production."""
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
-    worst = max(TILES_ALIVE * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
+    worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
     return BASELINE_BYTES + ocdbt_cache_bytes(plan) + worst
 
 

@@ -18,12 +18,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
 from ckptconv.families.inputs import Joined
 from ckptconv.families.transforms import Resize
-from ckptconv.plan.conversion import OUTPUT_DTYPES, Job, expected_tensors, layout_jobs, read_config, read_spec
+from ckptconv.plan.conversion import Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
 from ckptconv.read.sources import Source
 from ckptconv.read.spec import ModelSpec
@@ -100,9 +101,9 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
                      where: str = "checkpoint") -> ExportPlan:
     """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
     :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
-    if dtype not in OUTPUT_DTYPES:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(OUTPUT_DTYPES)})")
-    out_dtype = OUTPUT_DTYPES[dtype]
+    if dtype not in dtypes.OUTPUT:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    out_dtype = dtypes.OUTPUT[dtype]
     config_text, config = read_config(like)
     family = family_for(config.get("model_type"), f"{like.uri}/config.json")
     spec = read_spec(family, config, f"{like.uri}/config.json")

@@ -4,6 +4,8 @@ importing the cloud clients only for a remote one."""
 
 from __future__ import annotations
 
+import importlib
+
 from ckptconv.read.sources import LocalSource, Source
 
 __all__ = ["open_source"]
@@ -18,13 +20,12 @@ def open_source(uri: str, *, hf_token_file: str | None = None) -> Source:
     from ckptconv import locations
 
     locations.check(uri, locations.SOURCE)
-    for prefix, class_name in _SCHEMES.items():
-        if uri.startswith(prefix):
-            from ckptconv.read import remote_sources  # imported only when needed: it pulls in the cloud clients
-
-            return getattr(remote_sources, class_name).open(uri, hf_token_file=hf_token_file)
+    for prefix, (module, class_name) in _SCHEMES.items():
+        if uri.startswith(prefix):  # imported only when needed: it pulls in the cloud clients
+            reader = importlib.import_module(f"ckptconv.read.{module}")
+            return getattr(reader, class_name).open(uri, hf_token_file=hf_token_file)
     return LocalSource(uri)
 
 
-# URI prefix -> class in ckptconv.read.remote_sources (by name, so importing this module stays cheap).
-_SCHEMES: dict[str, str] = {"gs://": "GcsSource", "hf://": "HubSource"}
+# URI prefix -> (module of ckptconv.read, its source class), by name, so importing this module stays cheap.
+_SCHEMES: dict[str, tuple[str, str]] = {"gs://": ("gcs", "GcsSource"), "hf://": ("hub", "HubSource")}

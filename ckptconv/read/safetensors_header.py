@@ -22,18 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.read.strict_json import JsonError, Pairs, loads
 
 MAX_HEADER_BYTES = 100_000_000  # the reference's MAX_HEADER_SIZE
 USIZE_LIMIT = 2**64  # shapes, offsets and sizes are Rust usize
 
-# Every dtype the reference knows, with its size in bits.
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
-    "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64, "I64": 64, "U64": 64,
-}
 FIELDS = ("dtype", "shape", "data_offsets")
 METADATA_KEY = "__metadata__"
 
@@ -82,7 +77,7 @@ def _entry(where: str, name: str, value: Any) -> Entry:
     dtype, shape, offsets = fields
     if isinstance(dtype, Pairs) and len(dtype) == 1 and dtype[0][1] is None:
         dtype = dtype[0][0]  # serde also reads a unit enum variant written as {"F32": null}
-    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in dtypes.BITS:
         raise BadInputError(f"{where}: tensor {name!r}: unknown dtype {dtype!r}")
     valid = (_is_usize_list(shape) and _is_usize_list(offsets) and len(offsets) == 2)
     if not valid:
@@ -120,7 +115,7 @@ def check_layout(where: str, entries: list[Entry], data_bytes: int) -> None:
             raise BadInputError(f"{label}: data_offsets [{entry.begin}, {entry.end}] should start at byte "
                                 f"{position}, where the tensor before it ends (gap, overlap or disorder)")
         position = entry.end
-        bits = DTYPE_BITS[entry.dtype]
+        bits = dtypes.BITS[entry.dtype]
         count = 1
         for dim in entry.shape:
             count *= dim

@@ -12,36 +12,14 @@ import math
 import struct
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
+from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.read.safetensors_header import MAX_HEADER_BYTES, Entry, check_layout, parse_header
 from ckptconv.read.sources import Source, check_member_name
 from ckptconv.read.strict_json import JsonError, loads
 
-# The reference's dtypes of whole bytes (its sub-byte F4/F6 ones are refused by name).
-DTYPES: dict[str, np.dtype] = {
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F16": np.dtype(np.float16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "C64": np.dtype(np.complex64),
-    "I8": np.dtype(np.int8),
-    "I16": np.dtype(np.int16),
-    "I32": np.dtype(np.int32),
-    "I64": np.dtype(np.int64),
-    "U8": np.dtype(np.uint8),
-    "U16": np.dtype(np.uint16),
-    "U32": np.dtype(np.uint32),
-    "U64": np.dtype(np.uint64),
-    "BOOL": np.dtype(np.bool_),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
-    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-}
 
 MAX_ARRAY_BYTES = 2**63 - 1  # numpy's limit on the extent of an array's non-zero axes
 SINGLE_FILE = "model.safetensors"
@@ -82,10 +60,10 @@ def read_header(source: Source, file: str) -> dict[str, TensorInfo]:
 
 
 def _tensor_info(where: str, file: str, entry: Entry, data_start: int) -> TensorInfo:
-    dtype = DTYPES.get(entry.dtype)
+    dtype = dtypes.SAFETENSORS.get(entry.dtype)
     if dtype is None:  # the reference knows it, but it packs several values in a byte
         raise BadInputError(f"{where}: tensor {entry.name!r}: dtype {entry.dtype} is not supported "
-                            f"(sub-byte; supported: {', '.join(DTYPES)})")
+                            f"(sub-byte; supported: {', '.join(dtypes.SAFETENSORS)})")
     if math.prod(d for d in entry.shape if d) * dtype.itemsize > MAX_ARRAY_BYTES:  # e.g. [0, 2**32, 2**32]
         raise BadInputError(f"{where}: tensor {entry.name!r}: shape {list(entry.shape)} is not supported "
                             "(no array can have it, even with no elements)")

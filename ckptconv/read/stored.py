@@ -7,13 +7,16 @@ layer of memory, not 2-3x the model as an Orbax restore would.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ckptconv import layout
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv import layout, storage_failures
+from ckptconv.errors import BadInputError, CkptConvError, DamagedCheckpointError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,11 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     try:
         list_keys(items)  # a damaged database fails here, in one call, before Orbax's concurrent reads
     except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
-        raise CkptConvError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
+        raise DamagedCheckpointError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
     try:
         tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(items))
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
-        raise CkptConvError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
+        raise DamagedCheckpointError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
                             f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}") from None
     tree = getattr(tree, "tree", tree)
     leaves = []
@@ -146,7 +149,7 @@ def read_leaf_region(items: str, leaf_name: str, store, index: tuple[slice, ...]
     try:
         return read_region(store, index)
     except ValueError as err:
-        raise CkptConvError(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}") from None
+        raise DamagedCheckpointError(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}") from None
 
 
 def open_leaf_checked(items: str, path: tuple[str, ...]):
@@ -154,7 +157,7 @@ def open_leaf_checked(items: str, path: tuple[str, ...]):
     try:
         return open_items_leaf(items, path)
     except ValueError as err:
-        raise CkptConvError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of "
+        raise DamagedCheckpointError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of "
                             f"another checkpoint): {_first_line(err, 300)}") from None
 
 
@@ -187,3 +190,20 @@ def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] =
 
 def _first_line(err: BaseException, limit: int = 200) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:limit]
+
+
+def read_back(checkpoint: str, action: Callable[[], T]) -> T:
+    """Run ``action()``, which reads the checkpoint at ``checkpoint``: a storage refusal is a
+    :class:`StorageError`, anything else Orbax, tensorstore or JSON raise on a damaged file is one
+    line naming the checkpoint (``CKPTCONV_TRACEBACK=1`` keeps the traceback, for a bug report)."""
+    try:
+        with storage_failures.translated():
+            return action()
+    except CkptConvError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever Orbax/tensorstore/json raise on damaged files
+        if os.environ.get("CKPTCONV_TRACEBACK"):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise DamagedCheckpointError(f"{checkpoint}: cannot read the checkpoint (damaged or not a MaxText "
+                                     f"checkpoint): {type(err).__name__}: {first}") from None

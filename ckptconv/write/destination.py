@@ -1,13 +1,28 @@
-"""What is at a destination: nothing, a complete checkpoint of ours, or leftovers.
+"""The destination protocol: how every writer (``convert``, its partitions, ``export``) stages,
+locks, proves complete and commits its work, on a local directory or ``gs://``.
 
-"Complete" needs three things in this order of writing: Orbax's finalised step directory
-(renamed into place locally; ``commit_success.txt`` on GCS), then our report with its
-fingerprint. A crash before the report leaves a checkpoint that never reads as ours-and-done.
+Orbax's own commit is the model: a write is invisible until one small final step. Here that step
+is our report, written last, and the order of writing is the protocol (:class:`Destination`):
+
+1. **look** (:meth:`Destination.report`, :func:`inspect_state`): what is there is judged by our
+   report alone. It is written before any other byte, so what has none is not ours and is never
+   removed; a complete report whose fingerprint matches means there is nothing to do (:meth:`skip`).
+2. **hold** (:meth:`Destination.hold`): one writer per destination (or per partition), across hosts.
+3. **stage** (:meth:`Destination.begin`, :meth:`Destination.staging`): the report says "writing"
+   before the first byte, so a crash leaves a destination that reads as ours and unfinished. The
+   data goes to its final place, or into a staging directory of ours inside DST (one table,
+   :data:`STAGING`) when a complete old result must stay complete meanwhile, or a partition's
+   share waits for the finalize.
+4. **commit** (:meth:`Destination.swap_in`, :meth:`Destination.commit`): the writer proves its data
+   whole (Orbax's finalised step; every safetensors file renamed from ``.partial``; a partition's
+   sizes and checksums), staged data moves in, and the report saying "complete" is written last.
+
 Works on local paths and ``gs://`` through ``etils.epath`` (fsspec/gcsfs), as Orbax does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -18,19 +33,25 @@ from dataclasses import dataclass
 
 from etils import epath
 
-from ckptconv.errors import BadInputError, CkptConvError
+from ckptconv.errors import BadInputError, StorageError
 from ckptconv.layout import COMMIT_MARKER, REPORT_NAME, STEP, is_gcs, path
+from ckptconv.settings import Status
+
+PARTIAL = ".partial"  # a file still being written (renamed when whole)
 
 # What Orbax's CheckpointManager deletes as an unfinished step when it opens a directory
 # (orbax step.TMP_DIR_STEP_PATTERN): such a name that is not provably ours must stop us first.
 ORBAX_TMP = re.compile(r".*?_*?(\d+)\.orbax-checkpoint-tmp")
 # The temporaries our own save of step 0 makes (locally ``0.orbax-checkpoint-tmp-<time>``).
 OUR_TMP = re.compile(r"0\.orbax-checkpoint-tmp(-\d+)?")
-# ``--overwrite`` writes the new checkpoint under REPLACEMENT (its step at REPLACEMENT/0) while the old
-# one stays complete, then swaps: the old step goes to REPLACED for the moment between two renames.
-REPLACEMENT = "ckptconv-replacement"
-REPLACED = "ckptconv-replaced"
-OUR_DIRS = (REPLACEMENT, REPLACED)
+# Where staged work waits inside DST, by what it is. ``replacement``: ``convert --overwrite`` writes the
+# new checkpoint there (its step at REPLACEMENT/0) while the old one stays complete; ``replaced``: the old
+# step for the moment between two renames; ``export``: an export's files until they are all whole;
+# ``partitions``: each partition's share and marker until the finalize.
+STAGING: dict[str, str] = {"replacement": "ckptconv-replacement", "replaced": "ckptconv-replaced",
+                           "export": ".ckptconv-pending", "partitions": "ckptconv-partitions"}
+REPLACEMENT, REPLACED = STAGING["replacement"], STAGING["replaced"]
+OUR_DIRS = (REPLACEMENT, REPLACED)  # a checkpoint's own (export and partitions keep theirs apart)
 
 
 def ours(name: str) -> bool:
@@ -48,7 +69,7 @@ class DestinationState:
 
     @property
     def complete(self) -> bool:
-        return self.checkpoint and self.report is not None and self.report.get("status") == "complete"
+        return self.checkpoint and self.report is not None and self.report.get("status") == Status.COMPLETE
 
     @property
     def empty(self) -> bool:
@@ -104,24 +125,10 @@ def check_space(destination: str, needed: int) -> bool:
     reclaim = sum(os.path.getsize(os.path.join(top, f)) for name in names if name == STEP or ours(name)
                   for top, _, files in os.walk(os.path.join(destination, name)) for f in files)
     if free + reclaim < needed:
-        raise CkptConvError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
+        raise StorageError(f"{destination}: needs up to {needed / 2**20:.1f} MiB (the output uncompressed), "
                             f"{free / 2**20:.1f} MiB free" + (f" + {reclaim / 2**20:.1f} MiB of the old step" if reclaim
                                                               else "") + "; nothing was deleted or written")
     return free >= needed
-
-
-def swap_in_replacement(destination: str, writing_report: dict) -> None:
-    """Put the step written under REPLACEMENT in place of the old one (local only: two renames).
-
-    The old checkpoint stays complete until here. First the report says "writing" (from now on DST
-    is visibly incomplete, and a crash is a leftover of ours that a rerun clears and redoes), then
-    step -> REPLACED, REPLACEMENT/step -> step; the caller writes the final report, then
-    :func:`drop_leftovers` removes the old data.
-    """
-    root = path(destination)
-    write_report(str(root / REPORT_NAME), writing_report)
-    (root / STEP).rename(root / REPLACED)
-    (root / REPLACEMENT / STEP).rename(root / STEP)
 
 
 def drop_leftovers(destination: str) -> None:
@@ -165,20 +172,8 @@ def write_report(report_path: str, report: dict) -> None:
 
 
 def clear(destination: str) -> None:
-    """Remove what ckptconv writes at ``destination`` (step dir, leftovers, report); nothing else.
-
-    The report goes first: without it nothing reads as complete, so a crash part-way through
-    removing the step (file by file locally, batch by batch on GCS, in no useful order) cannot
-    leave a checkpoint with missing files that still reads as complete.
-    """
-    root = path(destination)
-    if not root.exists():
-        return
-    try:
-        (root / REPORT_NAME).unlink()
-    except FileNotFoundError:
-        pass
-    _remove_children(root, lambda name: name == STEP or ours(name))
+    """Remove what ``convert`` writes at ``destination`` (step dir, leftovers, report); nothing else."""
+    Destination(destination).clear(lambda name: name == STEP or ours(name))
 
 
 def writer_alive(report: dict) -> bool:
@@ -228,3 +223,94 @@ def write_extra_report(report_path: str | None, report: dict) -> None:
 def now() -> str:
     """UTC now, as reports record times."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One place a command writes, and the steps of the protocol (see the module docstring) that every
+    writer takes there in the same order. What differs between writers is only what their data is:
+    which names at DST they own, and how the old data leaves when new data replaces it."""
+
+    uri: str
+
+    @property
+    def root(self) -> epath.Path:
+        return path(self.uri)
+
+    @property
+    def report_path(self) -> str:
+        return f"{self.uri.rstrip('/')}/{REPORT_NAME}"
+
+    def report(self) -> dict | None:
+        return read_report(path(self.report_path))
+
+    def staging(self, what: str) -> str:
+        """The staging directory of ours inside DST for ``what`` (a key of :data:`STAGING`)."""
+        return f"{self.uri.rstrip('/')}/{STAGING[what]}"
+
+    def hold(self, *, overwrite: bool, part: str | None = None, name: str | None = None):
+        """The lock on DST (or on the staging directory ``part``, under ``name``): one writer at a time."""
+        from ckptconv.write import lock
+
+        where = self.staging(part) if part else self.uri
+        return lock.hold(where, break_foreign=overwrite, **({"name": name} if name else {}))
+
+    def skip(self, report: dict, extra_report: str | None) -> dict:
+        """Nothing to do: the complete result of the same work is here. The report again, marked skipped."""
+        skipped = {**report, "skipped": True}
+        write_extra_report(extra_report, skipped)
+        return skipped
+
+    def begin(self, writing: dict, at: str | None = None) -> None:
+        """The "writing" report, before any byte of data: at DST, or in the staging directory ``at``
+        when the complete old result keeps its own report until the swap."""
+        write_report(f"{at.rstrip('/')}/{REPORT_NAME}" if at else self.report_path, writing)
+
+    def clear(self, owns) -> None:
+        """Remove the report, then every name at DST that ``owns`` accepts; nothing else.
+
+        The report goes first: without it nothing reads as complete, so a crash part-way through
+        removing the data (file by file locally, batch by batch on GCS, in no useful order) cannot
+        leave a result with missing files that still reads as complete.
+        """
+        if not self.root.exists():
+            return
+        try:
+            path(self.report_path).unlink()
+        except FileNotFoundError:
+            pass
+        _remove_children(self.root, owns)
+
+    def swap_in(self, staged: str, writing: dict, retire_old) -> None:
+        """Replace the complete old result with the one staged (local only: renames).
+
+        The old result stays complete until here. The report first stops saying complete, under a
+        fingerprint no run resumes (a crash while the old data leaves is redone, never taken for new
+        data of the same names and sizes); ``retire_old`` removes or renames the old data; the report
+        then says what is being moved in, which a rerun may resume; the staged entries move in. The
+        caller proves the result whole and :meth:`commit` s it.
+        """
+        write_report(self.report_path, {**writing, "fingerprint": f"retiring-old-result-for-{writing['fingerprint']}"})
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(staged, REPORT_NAME))
+        retire_old()
+        write_report(self.report_path, writing)
+        self.move_in(staged)
+
+    def move_in(self, staged: str) -> None:
+        """Move every finished entry of the staging directory into DST, then remove it."""
+        for name in sorted(os.listdir(staged)):
+            if not name.endswith(PARTIAL) and name != REPORT_NAME:
+                os.replace(os.path.join(staged, name), os.path.join(self.uri, name))
+        shutil.rmtree(staged)
+
+    def commit(self, report: dict, extra_report: str | None) -> None:
+        """The one small final step: the report saying complete, written last (then ``--report``'s copy)."""
+        write_report(self.report_path, report)
+        write_extra_report(extra_report, report)
+
+
+def writing_report(fingerprint: str, started: str, **fields) -> dict:
+    """What a report says while its run writes: under way (or died), whose, since when."""
+    return {"status": Status.WRITING, "fingerprint": fingerprint, "started_at": started, **fields,
+            "pid": os.getpid(), "host": socket.gethostname()}

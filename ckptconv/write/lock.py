@@ -1,6 +1,6 @@
 """Who is writing a destination: a lock file the filesystem itself arbitrates.
 
-``DST/ckptconv.write.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
+``DST/ckptconv.lock`` is created with ``O_CREAT | O_EXCL``, which NFS (v3+) and local
 filesystems make atomic across hosts, so two conversions into one directory cannot both own
 it. It records host, boot id, pid and the process's start time: on the same host and boot, a
 holder whose pid is gone (or now belongs to a younger process) is stale and is taken over; a
@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ckptconv.errors import CkptConvError
+from ckptconv.errors import BusyError, StorageError
 
-LOCK_NAME = "ckptconv.write.lock"
+LOCK_NAME = "ckptconv.lock"
 
 
 def _boot_id() -> str:
@@ -120,13 +120,13 @@ class _GcsLock:
     """The lock as a GCS object: created with ``ifGenerationMatch=0`` (fails if it exists), removed
     with ``ifGenerationMatch`` of the holder we judged, so exactly one of two racing runs wins."""
 
-    def __init__(self, destination: str) -> None:
-        from ckptconv.read.remote_sources import gcs_client
+    def __init__(self, destination: str, name: str = LOCK_NAME) -> None:
+        from ckptconv.read.gcs import gcs_client
 
         bucket, _, prefix = destination[len("gs://"):].partition("/")
-        self.name = f"{destination.rstrip('/')}/{LOCK_NAME}"
+        self.name = f"{destination.rstrip('/')}/{name}"
         client = gcs_client(destination)  # no credentials: one line naming the fix, not a traceback
-        self._blob = client.bucket(bucket).blob(f"{prefix.strip('/')}/{LOCK_NAME}".lstrip("/"))
+        self._blob = client.bucket(bucket).blob(f"{prefix.strip('/')}/{name}".lstrip("/"))
 
     def create(self, text: str) -> bool:
         from google.api_core import exceptions as gexc
@@ -144,10 +144,10 @@ class _GcsLock:
             return False
         except gexc.GoogleAPICallError as err:  # no permission, out of quota: before anything is written
             message = " ".join(str(getattr(err, "message", err)).split())
-            raise CkptConvError(f"{self.name}: the bucket refused the lock object ({err.code} {message}); "
+            raise StorageError(f"{self.name}: the bucket refused the lock object ({err.code} {message}); "
                                 "nothing was written") from None
         except gexc.RetryError as err:  # refused again and again (429: out of quota, or too fast)
-            raise CkptConvError(f"{self.name}: the bucket refused the lock object for {deadlines.total_seconds:g}s "
+            raise StorageError(f"{self.name}: the bucket refused the lock object for {deadlines.total_seconds:g}s "
                                 f"(last: {_http_said(err.cause)}); nothing was written") from None
         return True
 
@@ -201,7 +201,7 @@ def hold(destination: str, *, break_foreign: bool = False, name: str = LOCK_NAME
     if "://" in destination and not destination.startswith("gs://"):
         yield
         return
-    store = _GcsLock(destination) if destination.startswith("gs://") else _LocalLock(destination, name)
+    store = _GcsLock(destination, name) if destination.startswith("gs://") else _LocalLock(destination, name)
     me = _me()
     mine = json.dumps(me)
     for _ in range(3):
@@ -217,11 +217,11 @@ def hold(destination: str, *, break_foreign: bool = False, name: str = LOCK_NAME
         if holder is None or stale(holder) or (break_foreign and foreign):
             store.remove(version)  # only if it is still the lock we judged
             continue
-        raise CkptConvError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
+        raise BusyError(f"{store.name}: another conversion ({_describe(holder or {})}) is writing this "
                             "destination; wait for it, or if it is gone (another host), rerun with --overwrite "
                             "to break the lock")
     else:
-        raise CkptConvError(f"{store.name}: could not take the lock (it keeps changing hands)")
+        raise BusyError(f"{store.name}: could not take the lock (it keeps changing hands)")
     try:
         yield
     finally:

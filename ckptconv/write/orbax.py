@@ -7,7 +7,7 @@ is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a cu
 
 Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
 of it) and no chunk spans two tiles (tensorstore would rebuild the chunk on every write
-and OCDBT would keep each old version): see FIELD-NOTES, "Writing a huge stacked leaf".
+and OCDBT would keep each old version of it).
 The chunk shapes come from the tile plan (:mod:`ckptconv.families.tiles`).
 
 Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and
@@ -37,8 +37,10 @@ from orbax.checkpoint._src.serialization import jax_array_handlers, ocdbt_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 from orbax.checkpoint._src.serialization import type_handler_registry, type_handlers
 
+from ckptconv import settings
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.tiles import Region, Tile
+from ckptconv.layout import is_gcs
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -49,8 +51,6 @@ TARGET_FILE_BYTES = 2 * 1024**3
 ZSTD_LEVEL = 1
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
-# Two writes in flight overlap making a tile with writing one: ~15% faster, one tile of RAM.
-WRITES_IN_FLIGHT = 2
 
 
 
@@ -168,7 +168,7 @@ def _zstd_level(node: Any, level: int) -> Any:
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
                   process_id: str | None = None) -> list[Any]:
-    """Write the tile stream (``WRITES_IN_FLIGHT`` at most), opening each leaf at its first tile and
+    """Write the tile stream (``settings.IN_FLIGHT.writes`` at most), opening each leaf at its first tile and
     letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata."""
     by_index = {value.index: n for n, value in enumerate(values)}
     stores: dict[int, Any] = {}
@@ -193,7 +193,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         del data
         if written[n] == math.prod(value.shape):
             del stores[n]  # complete: the writes in flight keep what they need
-        while len(in_flight) >= WRITES_IN_FLIGHT:
+        while len(in_flight) >= settings.IN_FLIGHT.writes:
             await _settle(*in_flight.popleft(), on_tile)
     while in_flight:
         await _settle(*in_flight.popleft(), on_tile)
@@ -355,8 +355,13 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True,
                                           use_compression=use_compression,
                                           type_handler_registry=registry)
+    # Orbax's clean-up of unfinished steps: locally it deletes ``*.orbax-checkpoint-tmp*`` names (the
+    # destination protocol has refused any that is not ours before this point); on GCS it would delete
+    # *every* directory under DST without a commit_success.txt, whoever wrote it (another team's files
+    # in a shared prefix, the partitions' staging before the finalize adopts it). There our protocol
+    # has already removed the leftovers that are ours, so Orbax's clean-up stays off.
     options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False,
-                                           cleanup_tmp_directories=True)
+                                           cleanup_tmp_directories=not is_gcs(destination))
     with ocp.CheckpointManager(destination, item_names=("items",), options=options,
                                item_handlers={"items": handler}) as manager:
         if 0 in manager.all_steps():

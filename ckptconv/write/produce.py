@@ -14,6 +14,7 @@ from typing import Callable, Collection, Iterable, Iterator
 
 import numpy as np
 
+from ckptconv import settings
 from ckptconv.errors import stop_if_terminated
 from ckptconv.families.tiles import ReadUnit, Tile
 from ckptconv.families.transforms import Box, apply_steps, box_shape, box_slices
@@ -72,9 +73,9 @@ def _finish(leaf: LeafPlan, data: np.ndarray) -> np.ndarray:
 _DONE = object()
 
 
-def prefetch(produce: Callable[[], Iterable[Tile]], depth: int = 2) -> Iterator[Tile]:
-    """Run ``produce`` in a thread, at most ``depth`` tiles ahead of the consumer."""
-    slots: queue.Queue = queue.Queue(maxsize=depth)
+def prefetch(produce: Callable[[], Iterable[Tile]]) -> Iterator[Tile]:
+    """Run ``produce`` in a thread, at most ``settings.IN_FLIGHT.prefetch`` tiles ahead of the consumer."""
+    slots: queue.Queue = queue.Queue(maxsize=settings.IN_FLIGHT.prefetch)
     stop = threading.Event()
 
     def put(item: object) -> bool:

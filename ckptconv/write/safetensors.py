@@ -20,11 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 from etils import epath
 
+from ckptconv import dtypes
 from ckptconv.plan.export import TensorEntry
-from ckptconv.read.safetensors_io import DTYPES
+from ckptconv.write.destination import PARTIAL
 
-DTYPE_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
-PARTIAL = ".partial"
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -40,7 +39,7 @@ class FileLayout:
         header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
         offset = 0
         for entry in self.tensors:
-            header[entry.name] = {"dtype": DTYPE_NAMES[entry.dtype], "shape": list(entry.shape),
+            header[entry.name] = {"dtype": dtypes.NAMES[entry.dtype], "shape": list(entry.shape),
                                   "data_offsets": [offset, offset + entry.nbytes]}
             offset += entry.nbytes
         text = json.dumps(header, separators=(",", ":")).encode()

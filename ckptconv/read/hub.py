@@ -1,257 +1,30 @@
-"""Sources on Google Cloud Storage (``gs://bucket/dir``) and the Hugging Face hub (``hf://org/repo[@rev]``).
+"""Sources on the Hugging Face hub (``hf://org/repo[@rev]``), and its local cache when offline.
 
-Both list their directory once, when opened, and pin every later read to what that listing
-saw: the GCS object generations, or the hub commit the revision resolved to. A conversion
-therefore reads one consistent snapshot even if someone uploads mid-run, and its report
-says exactly which (``provenance()``).
+The revision is resolved to one commit when opened, and every later read is pinned to it, so
+a conversion reads one consistent snapshot and its report says which. Reads are ranged
+(:mod:`ckptconv.read.ranged`). Without the hub (``HF_HUB_OFFLINE=1``, or no connection at all)
+an ``hf://`` source is read from the local Hugging Face cache instead (:class:`CachedHubSource`),
+as huggingface_hub itself would.
 
-Reads are ranged GETs streamed straight into a buffer of the requested size: no shard is
-downloaded whole and nothing touches the disk, so memory is what the caller asked for.
-Transient failures (429, 5xx, dropped connections, short bodies) are retried with
-exponential backoff, resuming from the last byte received; anything else fails at once
-with one line naming the file.
-
-Without the hub (``HF_HUB_OFFLINE=1``, or no connection at all) an ``hf://`` source is read from
-the local Hugging Face cache instead (:class:`CachedHubSource`), as huggingface_hub itself would.
-
-Credentials: GCS uses Application Default Credentials (``google.auth.default``). The hub
-uses the token in ``hf_token_file`` if given, else huggingface_hub's own lookup (``HF_TOKEN``,
-then a saved ``hf auth login``). The token lives only in request headers: it is never part
-of a message, a ``repr``, the provenance or anything written.
+Credentials: the token in ``hf_token_file`` if given, else huggingface_hub's own lookup
+(``HF_TOKEN``, then a saved ``hf auth login``). The token lives only in request headers: it is
+never part of a message, a ``repr``, the provenance or anything written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-import time
-from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import quote
 
-from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
+from ckptconv.errors import BadInputError, CkptConvError, RemoteError
 from ckptconv.read.sources import check_regular
-from ckptconv.read.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
+from ckptconv.read.waits import Deadlines, announced
+from ckptconv.read.ranged import (
+    CHECKPOINT_SUFFIXES, CONFIG_FILE, Retries, RetryPolicy, Sink, checkpoint_files, one_line, ranged_read,
+)
 
 log = logging.getLogger("ckptconv")
-
-# Files a conversion reads; provenance pins these (a README edit does not change a GCS fingerprint).
-CONFIG_FILE = "config.json"
-CHECKPOINT_SUFFIXES = (".safetensors", ".safetensors.index.json")
-GCS_ENDPOINT = "https://storage.googleapis.com"  # where clients go when no emulator is configured
-
-Sink = Callable[[bytes], None]
-
-
-def checkpoint_files(names) -> list[str]:
-    """The names among ``names`` that a conversion may read: config and safetensors files."""
-    return sorted(n for n in names if n == CONFIG_FILE or n.endswith(CHECKPOINT_SUFFIXES))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with jitter: waits ``first_wait * 2**k`` (capped) between attempts."""
-
-    attempts: int = 6
-    first_wait: float = 0.5
-    max_wait: float = 8.0
-
-    def wait(self, failures: int) -> float:
-        return min(self.max_wait, self.first_wait * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)
-
-
-def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int, Sink], None],
-                is_transient: Callable[[BaseException], bool], policy: RetryPolicy, deadlines: Deadlines,
-                endpoint: str) -> bytearray:
-    """``length`` bytes from ``offset``: ``fetch(start, count, sink)`` streams them into ``sink``.
-
-    A failed or short attempt is retried for the bytes still missing, so a dropped
-    connection late in a 100 MB range costs only the rest of it. Each attempt is announced
-    while it waits; the read gives up after ``policy.attempts`` failures in a row or
-    ``deadlines.total_seconds`` without a byte, in one line naming the endpoint.
-    """
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    done = 0
-
-    def sink(chunk: bytes) -> None:
-        nonlocal done
-        end = done + len(chunk)
-        if end > length:
-            raise CkptConvError(f"{where}: server sent more than the {length} bytes asked for at offset {offset}")
-        view[done:end] = chunk
-        done = end
-
-    retries = _Retries(where, endpoint, policy, deadlines)
-    while True:
-        before = done
-        try:
-            with announced(f"{where} (bytes {offset + done}-{offset + length - 1} from {endpoint})", deadlines):
-                fetch(offset + done, length - done, sink)
-            if done == length:
-                return buffer
-            error: BaseException = _ShortRead(f"body ended after {done - before} of {length - before} bytes")
-        except CkptConvError:
-            raise
-        except Exception as err:  # classified just below; the non-transient ones fail at once, in one line
-            if not is_transient(err):
-                raise CkptConvError(f"{where}: read failed at byte {offset + done}: {_one_line(err)}") from err
-            error = err
-        retries.failed(error, progressed=done > before, at=f" at byte {offset + done}")
-
-
-class _Retries:
-    """The retry budget of one remote operation: attempts in a row, and time without progress."""
-
-    def __init__(self, where: str, endpoint: str, policy: RetryPolicy, deadlines: Deadlines) -> None:
-        self.where, self.endpoint, self.policy, self.deadlines = where, endpoint, policy, deadlines
-        self.failures = 0
-        self.stalled_since = time.monotonic()
-
-    def failed(self, error: BaseException, progressed: bool = False, at: str = "") -> None:
-        """Sleep before the next attempt, or raise the one-line error if the budget is spent."""
-        now = time.monotonic()
-        if progressed:  # bytes arrived: the count and the clock start again
-            self.failures, self.stalled_since = 0, now
-        self.failures += 1
-        wait = self.policy.wait(self.failures)
-        stalled = now - self.stalled_since
-        if self.failures >= self.policy.attempts or stalled + wait > self.deadlines.total_seconds:
-            raise CkptConvError(
-                f"{self.where}: giving up on {self.endpoint} after {self.failures} failed attempts in {stalled:.0f}s "
-                f"({DEADLINE_ENV}={self.deadlines.total_seconds:g}s, {REQUEST_ENV}={self.deadlines.request_seconds:g}s)"
-                f"{at}: {_one_line(error)}")
-        stop_if_terminated()  # a stop signal does not wait out the backoff
-        log.warning("%s: transient error%s from %s (%s); retrying in %.1fs (attempt %d of %d, %.0fs left)",
-                    self.where, at, self.endpoint, _one_line(error), wait, self.failures + 1, self.policy.attempts,
-                    self.deadlines.total_seconds - stalled - wait)
-        time.sleep(wait)
-
-
-class _ShortRead(Exception):
-    """The server closed a response early without an error; the rest is asked for again."""
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
-
-
-class GcsSource:
-    """``gs://bucket/dir``, read through google-cloud-storage with generation-pinned ranged GETs."""
-
-    retry = RetryPolicy()
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri.rstrip("/")
-        bucket, _, prefix = self.uri[len("gs://"):].partition("/")
-        if not bucket:
-            raise BadInputError(f"{uri}: expected gs://BUCKET/DIR")
-        self._prefix = f"{prefix}/" if prefix else ""
-        self.deadlines = Deadlines.from_env()
-        self._client = gcs_client(uri)
-        self.endpoint = str(getattr(self._client, "api_endpoint", None) or GCS_ENDPOINT)
-        self._bucket = self._client.bucket(bucket)
-        self._blobs = {blob.name[len(self._prefix):]: blob for blob in self._list(uri)}
-        if not self._blobs:
-            raise BadInputError(f"{uri}: no files there (empty or missing GCS directory)")
-
-    @classmethod
-    def open(cls, uri: str, *, hf_token_file: str | None = None) -> GcsSource:
-        """Open ``uri`` with Application Default Credentials (``hf_token_file`` is for hf:// only)."""
-        return cls(uri)
-
-    def _list(self, uri: str) -> list:
-        from google.api_core import exceptions as gexc
-        from google.cloud.storage.retry import _should_retry
-
-        retries = _Retries(uri, self.endpoint, self.retry, self.deadlines)
-        timeout = self.deadlines.request_seconds
-        while True:
-            try:
-                with announced(f"the listing of {uri} from {self.endpoint}", self.deadlines):
-                    blobs = self._client.list_blobs(self._bucket, prefix=self._prefix, delimiter="/", retry=None,
-                                                    timeout=(timeout, timeout))
-                    return [blob for blob in blobs if not blob.name.endswith("/")]
-            except (gexc.Forbidden, gexc.Unauthorized) as err:
-                raise BadInputError(f"{uri}: permission denied listing the directory ({_one_line(err)}); "
-                                    "check the Application Default Credentials") from None
-            except gexc.NotFound:
-                raise BadInputError(f"{uri}: bucket not found") from None
-            except Exception as err:
-                if not _should_retry(err):
-                    raise CkptConvError(f"{uri}: listing failed at {self.endpoint}: {_one_line(err)}") from None
-                retries.failed(err)
-
-    def _blob(self, name: str):
-        blob = self._blobs.get(name)
-        if blob is None:
-            raise BadInputError(f"{self.uri}/{name}: file not found")
-        return blob
-
-    def exists(self, name: str) -> bool:
-        return name in self._blobs
-
-    def size(self, name: str) -> int:
-        return int(self._blob(name).size)
-
-    def read_range(self, name: str, offset: int, length: int) -> bytearray:
-        from google.api_core import exceptions as gexc
-        from google.cloud.storage.retry import _should_retry  # the library's own "transient" test
-
-        where = f"{self.uri}/{name}"
-        listed = self._blob(name)
-        if offset + length > listed.size:
-            raise BadInputError(f"{where}: file ends at byte {listed.size}, expected {length} bytes "
-                                f"from offset {offset} (truncated?)")
-        if length == 0:
-            return bytearray()
-        pinned = self._bucket.blob(listed.name, generation=listed.generation)
-
-        def fetch(start: int, count: int, sink: Sink) -> None:
-            try:
-                pinned.download_to_file(_SinkFile(sink), start=start, end=start + count - 1, raw_download=True,
-                                        checksum=None, retry=None, timeout=(timeout, timeout))
-            except gexc.NotFound:
-                raise CkptConvError(f"{where}: generation {listed.generation} is gone "
-                                    "(the object changed during the conversion?)") from None
-            except (gexc.Forbidden, gexc.Unauthorized) as err:
-                raise BadInputError(f"{where}: permission denied ({_one_line(err)}); "
-                                    "check the Application Default Credentials") from None
-
-        timeout = self.deadlines.request_seconds
-        return ranged_read(where, offset, length, fetch, _should_retry, self.retry, self.deadlines, self.endpoint)
-
-    def list_names(self) -> list[str]:
-        return sorted(self._blobs)
-
-    def provenance(self) -> dict:
-        return {"uri": self.uri, "kind": "gcs",
-                "generations": {name: int(self._blobs[name].generation) for name in checkpoint_files(self._blobs)}}
-
-
-def gcs_client(uri: str):
-    """A storage client on ADC; reads need no project, so none is required."""
-    import google.auth.exceptions
-    from google.cloud import storage
-
-    try:
-        return storage.Client(project=None)
-    except google.auth.exceptions.DefaultCredentialsError as err:
-        raise BadInputError(f"{uri}: no Google credentials ({_one_line(err)}); run "
-                            "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
-
-
-class _SinkFile:
-    """The file-like object google-cloud-storage downloads into: forwards every write to a sink."""
-
-    def __init__(self, sink: Sink) -> None:
-        self._sink = sink
-
-    def write(self, data: bytes) -> int:
-        self._sink(data)
-        return len(data)
 
 
 class HubSource:
@@ -272,7 +45,7 @@ class HubSource:
         info = self._model_info(HfApi(endpoint=self._endpoint), token)
         self.commit = info.sha
         if not self.commit:
-            raise CkptConvError(f"{self.uri}: the hub did not say which commit {self.revision!r} is")
+            raise RemoteError(f"{self.uri}: the hub did not say which commit {self.revision!r} is")
         self._sizes = {s.rfilename: s.size for s in info.siblings or [] if "/" not in s.rfilename}
         self._blob_ids = {s.rfilename: (s.lfs.sha256 if s.lfs else s.blob_id) for s in info.siblings or []}
 
@@ -294,13 +67,13 @@ class HubSource:
             return cls(uri, token)
         except _Unreachable as err:
             return CachedHubSource.find(uri, repo, revision, why=f"cannot reach {err.endpoint} ({err.reason})",
-                                        missing=CkptConvError)
+                                        missing=RemoteError)
 
     def _model_info(self, api, token: str | None):
         from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
                                             RevisionNotFoundError)
 
-        retries = _Retries(self.uri, self._endpoint, self.retry, self.deadlines)
+        retries = Retries(self.uri, self._endpoint, self.retry, self.deadlines)
         while True:
             try:
                 with announced(f"the file list of {self.uri} from {self._endpoint}", self.deadlines):
@@ -319,13 +92,13 @@ class HubSource:
                 if status in (401, 403):
                     raise BadInputError(f"{self.uri}: access denied (HTTP {status}); check the token") from None
                 if status not in self.transient_status:
-                    raise CkptConvError(f"{self.uri}: hub API error: {_one_line(err)}") from None
+                    raise RemoteError(f"{self.uri}: hub API error: {one_line(err)}") from None
                 error: BaseException = err
             except Exception as err:
                 if not self._transient(err):
                     raise
                 if _unreachable(err):  # no network: the cache's copy, or one line saying there is none
-                    raise _Unreachable(self._endpoint, _one_line(err)) from None
+                    raise _Unreachable(self._endpoint, one_line(err)) from None
                 error = err
             retries.failed(error)
 
@@ -345,7 +118,7 @@ class HubSource:
             raise BadInputError(f"{self.uri}/{name}: file not found at commit {self.commit}")
         size = self._sizes[name]
         if size is None:
-            raise CkptConvError(f"{self.uri}/{name}: the hub did not report the file size")
+            raise RemoteError(f"{self.uri}/{name}: the hub did not report the file size")
         return size
 
     def read_range(self, name: str, offset: int, length: int) -> bytearray:
@@ -372,7 +145,7 @@ class HubSource:
                                         "(token missing or lacks access?)")
                 whole = status == 200 and start == 0 and count == size
                 if status != 206 and not whole:
-                    raise CkptConvError(f"{where}: expected 206 Partial Content for a range read, got HTTP {status}")
+                    raise RemoteError(f"{where}: expected 206 Partial Content for a range read, got HTTP {status}")
                 for chunk in response.iter_bytes():  # as it arrives: a cut keeps what came
                     sink(chunk)
 

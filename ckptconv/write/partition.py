@@ -1,4 +1,6 @@
-"""One conversion split over N workers: which jobs each partition writes, and where.
+"""One conversion split over N workers: which jobs each partition writes, where its share waits,
+and how the finalize proves every share whole before it commits (the destination protocol's staging
+and proof for partitions, :mod:`ckptconv.write.destination`).
 
 Partition ``i`` of ``N`` writes the leaves of its share of the plan's jobs into
 ``DST/ckptconv-partitions/ocdbt.process_partition<i>`` (as host ``i`` of a multi-host Orbax save
@@ -17,15 +19,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptconv.errors import BadInputError, CkptConvError, stop_if_terminated
-from ckptconv.plan.conversion import ConversionPlan
+from etils import epath
 
-STAGING = "ckptconv-partitions"
+from ckptconv.errors import BadInputError, UnfinishedError, stop_if_terminated
+from ckptconv.plan.conversion import ConversionPlan
+from ckptconv.write.destination import STAGING, write_report
+
 READ_BYTES = 16 * 2**20  # checksums read files in pieces of this size (bounded memory)
 
 
@@ -71,15 +74,21 @@ def assign(plan: ConversionPlan, count: int) -> tuple[int, ...]:
     return tuple(owner)
 
 
-def staging_dir(destination: str) -> Path:
-    return Path(destination) / STAGING
+def staging_dir(destination: str) -> epath.Path:
+    """Where the partitions meet: a directory every worker shares (local disk, a shared filesystem or
+    the destination's bucket on gs://)."""
+    return epath.Path(destination) / STAGING["partitions"]
 
 
-def require_local(destination: str) -> None:
-    """Partitions meet in one directory the workers share (local disk or a shared filesystem)."""
-    if "://" in destination:
-        raise BadInputError(f"{destination}: --partition/--finalize need a local or shared-filesystem destination "
-                            "(the partitions' data is linked into the final step, not copied)")
+def _gcs_objects(directory: epath.Path):
+    """The bucket, the directory's object prefix (ending in ``/``) and the objects under it, with the
+    sizes and crc32c the bucket lists for them."""
+    from ckptconv.read.gcs import gcs_client
+
+    uri = str(directory).rstrip("/")
+    bucket, _, prefix = uri[len("gs://"):].partition("/")
+    client = gcs_client(uri)
+    return client.bucket(bucket), f"{prefix}/", list(client.list_blobs(bucket, prefix=f"{prefix}/"))
 
 
 def read_marker(destination: str, partition: Partition) -> dict | None:
@@ -91,14 +100,21 @@ def read_marker(destination: str, partition: Partition) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def data_dir(destination: str, partition: Partition) -> Path:
+def data_dir(destination: str, partition: Partition) -> epath.Path:
     return staging_dir(destination) / f"ocdbt.process_{partition.process_id}"
 
 
-def file_sums(directory: Path) -> dict[str, list[int]]:
-    """``{relative path: [size, crc32]}`` of every file under ``directory``: what a marker vouches for."""
+def file_sums(directory: epath.Path) -> dict[str, list]:
+    """``{relative path: [size, checksum]}`` of every file under ``directory``: what a marker vouches for.
+
+    Locally the checksum is a crc32 of the bytes, read in bounded pieces; on gs:// it is the crc32c
+    the bucket computed when the object was written (listing it reads no data, so a finalize of a
+    terabyte checkpoint does not download it to prove it)."""
+    if str(directory).startswith("gs://"):
+        _, prefix, blobs = _gcs_objects(directory)
+        return {blob.name[len(prefix):]: [int(blob.size), blob.crc32c] for blob in blobs}
     sums = {}
-    for root, _, files in os.walk(directory):
+    for root, _, files in os.walk(str(directory)):
         for name in files:
             path = Path(root) / name
             crc, size = 0, 0
@@ -106,7 +122,7 @@ def file_sums(directory: Path) -> dict[str, list[int]]:
                 while piece := f.read(READ_BYTES):
                     stop_if_terminated()  # a finalize reads every staged byte: a signal need not wait
                     crc, size = zlib.crc32(piece, crc), size + len(piece)
-            sums[path.relative_to(directory).as_posix()] = [size, crc]
+            sums[path.relative_to(str(directory)).as_posix()] = [size, crc]
     return sums
 
 
@@ -117,7 +133,7 @@ def damaged_files(destination: str, partition: Partition, record: dict) -> list[
     directory = data_dir(destination, partition)
     if not isinstance(recorded, dict) or not recorded:
         return [f"{directory} (its marker records no files)"]
-    found = file_sums(directory) if directory.is_dir() else {}
+    found = file_sums(directory)
     problems = []
     for name, want in sorted(recorded.items()):
         got = found.get(name)
@@ -126,22 +142,19 @@ def damaged_files(destination: str, partition: Partition, record: dict) -> list[
         elif got[0] != want[0]:
             problems.append(f"{directory / name} has {got[0]} bytes, {want[0]} written")
         elif got[1] != want[1]:
-            problems.append(f"{directory / name} changed since it was written (crc32)")
+            problems.append(f"{directory / name} changed since it was written (checksum)")
     return problems
 
 
 def write_marker(destination: str, partition: Partition, record: dict) -> None:
     """Written last, atomically: a marker means the partition's data is all on disk."""
-    path = staging_dir(destination) / partition.marker_name
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    write_report(str(staging_dir(destination) / partition.marker_name), record)
 
 
 def reset(destination: str, partition: Partition) -> None:
     """Forget this partition's earlier, unfinished or stale attempt (its marker first)."""
     (staging_dir(destination) / partition.marker_name).unlink(missing_ok=True)
-    shutil.rmtree(staging_dir(destination) / f"ocdbt.process_{partition.process_id}", ignore_errors=True)
+    _remove_tree(data_dir(destination, partition))
 
 
 def finished(destination: str, count: int, fingerprint: str) -> list[dict]:
@@ -156,32 +169,49 @@ def finished(destination: str, count: int, fingerprint: str) -> list[dict]:
         else:
             records.append(record)
     if missing:
-        raise CkptConvError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
+        raise UnfinishedError(f"{destination}: cannot finalize: partition(s) {', '.join(missing)} not finished; "
                             f"run `ckptconv convert SRC DST --partition I/{count}` for each")
     # a marker says the data was whole when written; only the data itself says it still is
     for index, record in enumerate(records):
         problems = damaged_files(destination, Partition(index, count), record)
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise CkptConvError(f"{destination}: cannot finalize: partition {index}/{count}'s staged data is not as "
+            raise UnfinishedError(f"{destination}: cannot finalize: partition {index}/{count}'s staged data is not as "
                                 f"written: {shown}; rerun `ckptconv convert SRC DST --partition {index}/{count}`")
     return records
 
 
 def link_partitions(destination: str, count: int):
-    """``adopt`` for the writer: hard-link each partition's files into the step's items directory
-    (no copy; the staging copy stays whole until the commit, so a crashed finalize loses nothing)."""
+    """``adopt`` for the writer: put each partition's files into the step's items directory, locally as
+    hard links (no copy), on gs:// as copies made by the bucket itself (no byte passes through this
+    host). The staging copy stays whole until the commit, so a crashed finalize loses nothing."""
     def adopt(items_dir) -> None:
         for index in range(count):
             name = f"ocdbt.process_{Partition(index, count).process_id}"
             source = staging_dir(destination) / name
-            for root, _, files in os.walk(source):
-                target = Path(str(items_dir)) / name / Path(root).relative_to(source)
+            if str(source).startswith("gs://"):
+                _copy_in_bucket(source, epath.Path(str(items_dir)) / name)
+                continue
+            for root, _, files in os.walk(str(source)):
+                target = Path(str(items_dir)) / name / Path(root).relative_to(str(source))
                 target.mkdir(parents=True, exist_ok=True)
                 for file in files:
                     os.link(Path(root) / file, target / file)
     return adopt
 
 
+def _copy_in_bucket(source: epath.Path, target: epath.Path) -> None:
+    bucket, source_prefix, blobs = _gcs_objects(source)
+    target_prefix = str(target).rstrip("/")[len(f"gs://{bucket.name}/"):] + "/"
+    for blob in blobs:
+        stop_if_terminated()
+        bucket.copy_blob(blob, bucket, target_prefix + blob.name[len(source_prefix):])
+
+
+def _remove_tree(directory: epath.Path) -> None:
+    if directory.exists():
+        directory.rmtree()
+
+
 def remove_staging(destination: str) -> None:
-    shutil.rmtree(staging_dir(destination), ignore_errors=True)
+    _remove_tree(staging_dir(destination))

@@ -1,0 +1,54 @@
+"""The facts every stage shares, each written down once: the defaults a run takes, what it may hold
+in flight, the names of its stages and the statuses its reports and partitions say.
+
+The memory prediction (:mod:`ckptconv.plan.estimate`) is computed from :data:`IN_FLIGHT`, and the
+runtime (the reader's tiling, the prefetch thread, the writer, the quantised decoders) takes its
+limits from the same object: the estimate and the run cannot disagree. Importing this module is
+cheap (no NumPy), so the CLI reads its defaults from here before any command starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- defaults (CLI, Prefect tasks and flows, deployments) ---
+DEVICES = 16  # simulated CPU devices each weight is sharded across (1: unsharded)
+SCAN_LAYERS = True  # layers stacked on axis 1, as MaxText's scan_layers=true
+DTYPE = "bfloat16"  # dtype of the written weights
+OUTPUT_DTYPES = ("bfloat16", "float32")  # what --dtype may be (numpy dtypes: ckptconv.dtypes.OUTPUT)
+SHARD_SIZE = "5GB"  # largest safetensors file an export writes
+PROGRESS = "bar"  # on a terminal a bar, else a line every few seconds
+
+# --- the pipeline's stages, in order (timings, reports, artifacts) ---
+STAGES = ("plan", "read", "transform", "write", "commit")
+
+
+class Status:
+    """What a report, a partition marker or a zoo entry says of its run."""
+
+    WRITING = "writing"  # under way, or died: never taken for done
+    COMPLETE = "complete"  # committed: the one state a rerun skips
+    PARTITION_COMPLETE = "partition complete"  # one partition's share staged, waiting for the finalize
+    SKIPPED = "skipped"  # a zoo entry whose output was already complete and identical
+    FAILED = "failed"
+    NEVER_STARTED = "never started"  # a zoo entry no worker picked up in time
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What a conversion or export may hold at once. Each limit is what the runtime obeys and what
+    the memory prediction counts, so the prediction stays an upper bound when one changes."""
+
+    read_bytes: int = 16 * 1024 * 1024  # source bytes per read unit: few commits, still a stream
+    prefetch: int = 2  # tiles the producer thread queues ahead of the writer
+    writes: int = 2  # tile writes in flight (tensorstore copies): overlaps making one with writing one, ~15% faster
+    decode_elements: int = 1 << 20  # quantised values decoded through float32 at a time (4 MiB)
+
+    @property
+    def tiles_alive(self) -> int:
+        """Tiles that can be alive together: those queued, the one the producer holds while the queue
+        is full, the one the writer is handing over, and the writes in flight."""
+        return self.prefetch + 1 + 1 + self.writes
+
+
+IN_FLIGHT = InFlight()

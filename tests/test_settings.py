@@ -1,0 +1,57 @@
+"""One settings object for what a run holds in flight: the runtime obeys it and the memory prediction
+counts it, so a change to one limit moves both (the estimate and the run cannot disagree)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from ckptconv import settings
+from ckptconv.commands import synth
+from ckptconv.plan import estimate
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
+from ckptconv.write.produce import prefetch
+
+
+def _produced_ahead(expected: int) -> int:
+    """How many items the prefetch thread makes while its consumer holds the first one: waits (up to
+    10 s, for a loaded machine) until ``expected`` are made, then a moment more for any beyond them."""
+    made = []
+
+    def produce():
+        for n in range(100):
+            made.append(n)
+            yield n
+
+    stream = prefetch(produce)
+    next(stream)  # the consumer holds one; the producer fills what it may, then blocks on the full queue
+    deadline = time.monotonic() + 10
+    while len(made) < expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # one more would show up now if the queue let it
+    ahead = len(made)
+    stream.close()
+    return ahead
+
+
+def test_the_prefetch_thread_holds_what_the_setting_allows(monkeypatch):
+    for depth in (1, 2, 4):
+        monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, prefetch=depth))
+        # the one the consumer took, `depth` queued, and the one the producer holds while the queue is full
+        assert _produced_ahead(1 + depth + 1) == 1 + depth + 1
+
+
+def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeypatch):
+    synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
+    plan = make_plan(LocalSource(str(tmp_path)), devices=16)
+    alive = settings.IN_FLIGHT.tiles_alive
+    tile = max(((estimate.tile_bytes(job, plan), estimate.work_bytes(job)) for job in plan.jobs),
+               key=lambda tw: alive * tw[0] + tw[1])[0]  # the tile of the job the prediction is sized by
+    base = estimate.predicted_peak_bytes(plan)
+    for field in ("prefetch", "writes"):
+        more = dataclasses.replace(settings.IN_FLIGHT, **{field: getattr(settings.IN_FLIGHT, field) + 1})
+        monkeypatch.setattr(settings, "IN_FLIGHT", more)
+        assert estimate.predicted_peak_bytes(plan) - base >= tile, field  # one more tile alive, counted
+        monkeypatch.undo()
+    assert settings.IN_FLIGHT.tiles_alive == settings.IN_FLIGHT.prefetch + settings.IN_FLIGHT.writes + 2
