@@ -60,6 +60,7 @@ def convert(src, dst, scan: bool, devices: int, dtype: str = "float32"):
     return json.loads((dst / "ckptconv-report.json").read_text())
 
 
+CONFIGS = {"qwen3_next": hub_checkpoints.qwen3_next_config, "qwen3_5_moe": hub_checkpoints.qwen3_5_moe_config}
 CASES = {  # name: (config, scan, devices)
     "qwen3_next": (hub_checkpoints.qwen3_next_config(), True, 4),
     "qwen3_next-remainder": (hub_checkpoints.qwen3_next_config(num_hidden_layers=6), True, 4),
@@ -119,6 +120,12 @@ def maxtext_tree(config: dict, scan: bool) -> dict[str, tuple]:
             tree |= {f"decoder/layers_{i}/{k}": v for k, v in (kind | experts_tree).items()}
         return {f"params/params/{k}": v for k, v in tree.items()}
     blocks, rest = divmod(layers, period)
+    if config["model_type"] == "qwen3_5_moe":  # Qwen3_5ScannableBlock: layer_{p} over the periods
+        for p in range(period):
+            kind = full if p == period - 1 else linear
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), False) for k, v in kind.items()}
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), True) for k, v in experts_tree.items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
     for prefix, kind, axes in (("decoder/layers/local_layers", linear, (blocks, period - 1)),
                                ("decoder/layers/global_layer", full, (blocks,)),
                                ("decoder/layers_remainder/local_layers", linear, (rest,))):
@@ -128,15 +135,14 @@ def maxtext_tree(config: dict, scan: bool) -> dict[str, tuple]:
     return {f"params/params/{k}": v for k, v in tree.items()}
 
 
-@pytest.mark.parametrize("layers, scan", [(8, True), (6, True), (5, False)])
-def test_plan_is_maxtexts_tree(tmp_path, layers, scan):
-    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=layers)
+@pytest.mark.parametrize("family, layers, scan", [("qwen3_next", 8, True), ("qwen3_next", 6, True),
+                                                   ("qwen3_next", 5, False), ("qwen3_5_moe", 8, True),
+                                                   ("qwen3_5_moe", 5, False)])
+def test_plan_is_maxtexts_tree(tmp_path, family, layers, scan):
+    config = CONFIGS[family](num_hidden_layers=layers)
     hub_checkpoints.write_hub(str(tmp_path), hub_checkpoints.hub_tensors(hub_checkpoints.build(config), config), config)
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
     assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_tree(config, scan)
-
-
-CONFIGS = {"qwen3_next": hub_checkpoints.qwen3_next_config, "qwen3_5_moe": hub_checkpoints.qwen3_5_moe_config}
 
 
 @pytest.mark.parametrize("family", CONFIGS)
@@ -162,8 +168,8 @@ def test_export_gives_the_hub_files_back_bit_for_bit(tmp_path, family, scan):
         assert "model.language_model.layers.0.linear_attn.in_proj_qkv.weight" in exported
 
 
-def bad_checkpoint(tmp_path, change) -> tuple:
-    config = hub_checkpoints.qwen3_next_config(num_hidden_layers=4)
+def bad_checkpoint(tmp_path, change, family: str = "qwen3_next") -> tuple:
+    config = CONFIGS[family](num_hidden_layers=4)
     tensors = hub_checkpoints.hub_tensors(hub_checkpoints.build(config), config)
     change(config, tensors)
     src = tmp_path / "hf"
@@ -227,3 +233,107 @@ def test_full_size_releases_plan_under_one_and_a_half_gib(tmp_path, name, family
               planned["predicted_seconds"], planned["largest_read_bytes"] / 2**20)
         assert 0.9 * billions * 2 * 10**9 < planned["source_bytes"] < 1.1 * billions * 2 * 10**9
         assert planned["predicted_peak_rss_bytes"] <= 1.5 * 2**30
+
+
+L35 = "model.language_model.layers."
+
+
+def _narrow_qkv(config, tensors):
+    tensors[L35 + "1.linear_attn.in_proj_qkv.weight"] = tensors[L35 + "1.linear_attn.in_proj_qkv.weight"][:-2]
+
+
+def _no_z(config, tensors):
+    del tensors[L35 + "2.linear_attn.in_proj_z.weight"]
+
+
+def _gate_up_of_the_wrong_width(config, tensors):
+    tensors[L35 + "0.mlp.experts.gate_up_proj"] = tensors[L35 + "0.mlp.experts.gate_up_proj"][:, :-2]
+
+
+@pytest.mark.parametrize("change, message", [
+    (_narrow_qkv, "tensor 'model.language_model.layers.1.linear_attn.in_proj_qkv.weight' has shape [126, 64], "
+                  "config.json implies [128, 64]"),
+    (_no_z, "missing tensor 'model.language_model.layers.2.linear_attn.in_proj_z.weight' (with "
+            "'model.language_model.layers.2.linear_attn.in_proj_qkv.weight', it makes MaxText's in_proj_qkvz)"),
+    (_gate_up_of_the_wrong_width, "tensor 'model.language_model.layers.0.mlp.experts.gate_up_proj' has shape "
+                                  "[4, 62, 64], config.json implies [4, 64, 64]"),
+])
+def test_qwen3_5_bad_input_is_one_line_exit_2_nothing_written(tmp_path, change, message):
+    src, dst = bad_checkpoint(tmp_path, change, "qwen3_5_moe")
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and ".safetensors" in lines[0], lines
+    assert not dst.exists()
+
+
+def test_qwen3_5_scanned_needs_whole_periods(tmp_path):
+    """MaxText's qwen3_5 scan holds whole periods only: 6 layers convert unscanned, and are refused scanned."""
+    config = hub_checkpoints.qwen3_5_moe_config(num_hidden_layers=6)
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    hub_checkpoints.make(str(src), config)
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"ckptconv: error: {src}/config.json: num_hidden_layers=6 is not a multiple of full_attention_interval=4: "
+        "MaxText's qwen3_5 scan holds whole periods only (convert with --no-scan-layers)"]
+    assert not dst.exists()
+
+
+# --- the pieces: TakePart / PutPart, the Join input -------------------------------------------------
+
+def test_take_part_splits_halves_and_put_part_restores_them():
+    from ckptconv.families import transforms as t
+    from ckptconv.families.qwen3_5_moe import GATE, SWAP_LAST, UP
+    from ckptconv.read.spec import ModelSpec
+
+    spec = ModelSpec("qwen3_5_moe", "qwen3_5_moe", 1, {})
+    fused = np.random.default_rng(0).standard_normal((3, 8, 5)).astype(np.float32)  # (experts, 2 * mlp, emb)
+    gate, up = (t.apply_steps(fused, (part, SWAP_LAST), spec) for part in (GATE, UP))
+    np.testing.assert_array_equal(gate, fused[:, :4].transpose(0, 2, 1))  # MaxText's process_wi_0_wi_1
+    np.testing.assert_array_equal(up, fused[:, 4:].transpose(0, 2, 1))
+    assert t.chain_quantum(1, fused.shape, (GATE, SWAP_LAST), spec)[0] == t.WHOLE  # a read holds both halves
+    assert t.chain_quantum(0, fused.shape, (GATE, SWAP_LAST), spec)[0] == 1  # experts may be cut anywhere
+    back = np.empty_like(fused)
+    for leaf, part in ((gate, GATE), (up, UP)):
+        steps = (part, SWAP_LAST)
+        t.apply_inverse(leaf, steps, spec, t.inverse_boxes(t.full_box(fused.shape), fused.shape, steps, spec), back)
+    np.testing.assert_array_equal(back, fused)
+
+
+def test_join_regroups_per_key_head_as_maxtext_does():
+    """The Join of in_proj_qkv and in_proj_z equals MaxText 0.2.5's concat_qkvz_and_transpose (restated) before
+    its transpose, for every band of fused rows, including bands that cut groups and sections."""
+    from ckptconv.families.inputs import Plain, join_input
+    from ckptconv.families.qwen3_5_moe import JOINS
+    from ckptconv.read.safetensors_io import TensorInfo
+    from ckptconv.read.spec import ModelSpec
+
+    k_heads, v_heads, k_hd, v_hd, emb = 2, 6, 3, 2, 5
+    spec = ModelSpec("qwen3_5_moe", "qwen3_5_moe", 1, {"k_heads": k_heads, "v_heads": v_heads,
+                                                       "k_dim": k_heads * k_hd, "v_dim": v_heads * v_hd})
+    rng = np.random.default_rng(1)
+    qkv = rng.standard_normal((2 * k_heads * k_hd + v_heads * v_hd, emb)).astype(np.float32)
+    z = rng.standard_normal((v_heads * v_hd, emb)).astype(np.float32)
+
+    stored = {"x.linear_attn.in_proj_qkv.weight": qkv, "x.linear_attn.in_proj_z.weight": z}
+
+    class InMemory(Plain):  # a stored tensor whose bytes are an array here
+        def read(self, source, box):
+            return stored[self.name][tuple(slice(*b) for b in box)]
+
+    def find(name):
+        return InMemory(TensorInfo(name, "f.safetensors", np.dtype(np.float32), stored[name].shape, 0)), (name,)
+
+    joined, consumed = join_input("x.linear_attn.in_proj_qkvz.weight", JOINS[0], spec, find)
+    assert consumed == ("x.linear_attn.in_proj_qkv.weight", "x.linear_attn.in_proj_z.weight")
+    q, k, v = qkv[:k_heads * k_hd], qkv[k_heads * k_hd:2 * k_heads * k_hd], qkv[2 * k_heads * k_hd:]
+    per_k = v_heads // k_heads
+    expected = np.concatenate([q.reshape(k_heads, k_hd, -1), k.reshape(k_heads, k_hd, -1),
+                               v.reshape(k_heads, per_k * v_hd, -1), z.reshape(k_heads, per_k * v_hd, -1)],
+                              axis=1).reshape(-1, emb)
+    assert joined.shape == expected.shape
+    for band in (1, 3, 7, len(expected)):
+        for start in range(0, len(expected), band):
+            stop = min(start + band, len(expected))
+            np.testing.assert_array_equal(joined.read(None, ((start, stop), (0, emb))), expected[start:stop])
