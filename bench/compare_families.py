@@ -45,7 +45,8 @@ class Case:
     maxtext_unscanned: bool = False  # MaxText cannot write this scanned layout: compare with its unscanned, restacked
     dequantize: str | None = None  # MaxText's route for a quantised release: its dequantiser first (fp8, mxfp4)
     extra: dict = field(default_factory=dict)
-    hub: dict | None = None  # a config of tests/hub_checkpoints.py: made by transformers' own class, stored as the hub does
+    # a config of tests/hub_checkpoints.py: the model made by transformers' own class, stored as the hub does
+    hub: dict | None = None
 
     def config(self) -> dict:
         return self.hub if self.hub is not None else self.model.config()
@@ -81,7 +82,8 @@ def overrides(case: Case) -> list[str]:
     layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
               "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
-              "base_mlp_dim": text.get("intermediate_size", text.get("moe_intermediate_size")), "base_num_decoder_layers": layers,
+              "base_mlp_dim": text.get("intermediate_size", text.get("moe_intermediate_size")),
+              "base_num_decoder_layers": layers,
               "scan_layers": str(case.scan).lower()}
     if not model_type.startswith("gemma"):
         values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)

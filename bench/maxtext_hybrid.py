@@ -62,6 +62,7 @@ def overrides(config: dict, scan: bool, **extra) -> dict:
     """MaxText config overrides giving its model the checkpoint's sizes (float32, exact matmuls)."""
     t = config.get("text_config", config)
     rope = t.get("rope_parameters", {})
+    sections = {"mrope_section": json.dumps(rope["mrope_section"]).replace(" ", "")} if "mrope_section" in rope else {}
     return {"base_emb_dim": t["hidden_size"], "base_num_query_heads": t["num_attention_heads"],
             "base_num_kv_heads": t["num_key_value_heads"], "head_dim": t["head_dim"],
             "base_mlp_dim": t["moe_intermediate_size"], "base_moe_mlp_dim": t["moe_intermediate_size"],
@@ -74,8 +75,7 @@ def overrides(config: dict, scan: bool, **extra) -> dict:
             "rope_max_timescale": int(rope.get("rope_theta", t.get("rope_theta", 10000))),
             "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
             "normalization_layer_epsilon": t["rms_norm_eps"], "scan_layers": scan,
-            **({"mrope_section": json.dumps(rope["mrope_section"]).replace(" ", "")} if "mrope_section" in rope else {}),
-            **extra}
+            **sections, **extra}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -141,7 +141,8 @@ def run_case(case: Case) -> dict:
     if mine.returncode:
         return row | {"error": "ckptconv: " + error_line(mine)}
     settings = overrides(config, case.scan)
-    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home")}
+    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+              "HF_HOME": str(root / "hf-home")}
     converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", case.maxtext_model, hf, theirs,
                      *(f"{k}={v}" for k, v in settings.items()), "--", "--lazy_load_tensors=false",
                      "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1", "--save_dtype=float32"],

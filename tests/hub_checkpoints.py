@@ -34,11 +34,13 @@ MTP_TENSORS = {"mtp.fc.weight": ("emb", "2emb"), "mtp.norm.weight": ("emb",),
 
 
 def qwen3_next_config(**sizes: Any) -> dict:
-    """Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (as MaxText 0.2.5 copies it) with tiny sizes (and token ids inside the tiny vocabulary)."""
+    """Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (as MaxText 0.2.5 copies it) with tiny sizes (and
+    token ids inside the tiny vocabulary)."""
     s = {**QWEN3_NEXT_SIZES, **sizes}
     return {"architectures": ["Qwen3NextForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
             "decoder_sparse_step": 1, "eos_token_id": 2, "hidden_act": "silu", "initializer_range": 0.05,
-            "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next", "norm_topk_prob": True,
+            "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next",
+            "norm_topk_prob": True,
             "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None,
             "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "tie_word_embeddings": False,
             "torch_dtype": "bfloat16", "transformers_version": "4.57.0.dev0", "use_cache": True, **s}

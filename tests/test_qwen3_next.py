@@ -337,3 +337,40 @@ def test_join_regroups_per_key_head_as_maxtext_does():
         for start in range(0, len(expected), band):
             stop = min(start + band, len(expected))
             np.testing.assert_array_equal(joined.read(None, ((start, stop), (0, emb))), expected[start:stop])
+
+
+@pytest.mark.parametrize("name", ["QWEN3_NEXT_80B", "QWEN3_5_35B"])
+def test_fp8_releases_are_refused_in_one_line(name):
+    """Qwen3.5-*-FP8 (and an FP8 Qwen3-Next): not converted yet, and said so by name."""
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import family_for
+    from ckptconv.plan.conversion import read_spec
+    from tests import published_configs
+
+    config = {**getattr(published_configs, name), "quantization_config": {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head", "model.language_model.embed_tokens"]}}
+    with pytest.raises(BadInputError, match="quantised releases of this family .* are not supported yet"):
+        read_spec(family_for(config["model_type"], "config.json"), config, "config.json")
+
+
+@pytest.mark.parametrize("family", CONFIGS)
+def test_configs_written_by_transformers_parse(family):
+    """transformers 5 writes these configs its own way: rope_parameters, layer_types and no
+    full_attention_interval (Qwen3-Next), no attn_output_gate or mRoPE sections (Qwen3.5)."""
+    import transformers
+
+    from ckptconv.families import family_for
+    from ckptconv.plan.conversion import read_spec
+
+    sizes = dict(vocab_size=128, hidden_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                 num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4)
+    if family == "qwen3_next":
+        config = transformers.Qwen3NextConfig(**sizes)
+    else:
+        config = transformers.Qwen3_5MoeConfig(text_config=sizes, vision_config={"depth": 1})
+    data = json.loads(config.to_json_string())
+    spec = read_spec(family_for(data["model_type"], "config.json"), data, "config.json")
+    qkvz = 2 * 2 * 128 + 2 * 4 * 128  # key and value head dims: transformers' default 128
+    assert (spec.num_layers, spec.value("period"), spec.dim("qkvz"), spec.dim("experts")) == (8, 4, qkvz, 4)

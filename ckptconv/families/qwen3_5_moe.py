@@ -25,7 +25,7 @@ from ckptconv.families.base import Family, LayerStack, LayoutError, Output, Rule
 from ckptconv.families.decoder import make_spec
 from ckptconv.families.inputs import Join
 from ckptconv.families.qwen3_next import (
-    FULL_KIND, LINEAR_KIND, MTP_NOTE, global_rows, layer_rows, read_hybrid, unscanned_layout,
+    FULL_KIND, LINEAR_KIND, MTP_NOTE, global_rows, layer_rows, read_hybrid, refuse_quantized, unscanned_layout,
 )
 from ckptconv.families.transforms import Permute, TakePart
 from ckptconv.read.spec import ConfigReader, ModelSpec
@@ -50,6 +50,7 @@ JOINS = (
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
+    refuse_quantized(cfg)  # the release's quantization_config sits beside text_config
     cfg.runtime("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config")
     tied = cfg.bool("tie_word_embeddings", False)
     text = cfg.nested("text_config")

@@ -5,8 +5,9 @@ DeltaNet linear attention (``linear_attn``: the fused projections ``in_proj_qkvz
 key head as [q|k|v|z], and ``in_proj_ba``; a depthwise ``conv1d``; ``A_log``, ``dt_bias``; a
 gated RMSNorm over the value head dim; ``out_proj``) and the last is full attention whose
 ``q_proj`` also carries the output gate (per head [query|gate]: MaxText's query kernel is
-(emb, heads, 2 * head_dim); its output kernel stays flat, (heads * head_dim, emb)) with q/k norms. Every layer has a sparse MoE with one shared
-expert scaled by a sigmoid gate (``shared_expert_gate``, a (1, emb) linear).
+(emb, heads, 2 * head_dim); its output kernel stays flat, (heads * head_dim, emb)) with q/k
+norms. Every layer has a sparse MoE with one shared expert scaled by a sigmoid gate
+(``shared_expert_gate``, a (1, emb) linear).
 
 MaxText keeps HF's layouts (its converter only transposes kernels, turns the conv kernel
 (channels, 1, taps) into (taps, 1, channels) and splits the heads of the full attention), and
@@ -83,9 +84,10 @@ def layer_rows(prefix: str, experts: tuple[Rule, ...]) -> tuple[Rule, ...]:
 def expert_rows(prefix: str) -> tuple[Rule, ...]:
     """Routed experts stored one by one (``mlp.experts.{expert}.*``), stacked on a leading axis."""
     experts = prefix + f"mlp.experts.{EXPERT}."
+    projections = (("gate_proj", "wi_0", ("moe_mlp", "emb")), ("up_proj", "wi_1", ("moe_mlp", "emb")),
+                   ("down_proj", "wo", ("emb", "moe_mlp")))
     return tuple(rule(experts + f"{hf}.weight", ("mlp", "routed_experts", mt), shape, KERNEL)
-                 for hf, mt, shape in (("gate_proj", "wi_0", ("moe_mlp", "emb")), ("up_proj", "wi_1", ("moe_mlp", "emb")),
-                                       ("down_proj", "wo", ("emb", "moe_mlp"))))
+                 for hf, mt, shape in projections)
 
 
 def global_rows(prefix: str) -> tuple[Rule, ...]:
@@ -108,6 +110,7 @@ def read_hybrid(cfg: ConfigReader) -> tuple[dict[str, int], int, int]:
     cfg.require("hidden_act", ("silu",), "silu")
     cfg.require("attention_bias", (False,), False)
     cfg.require("decoder_sparse_step", (1,), 1)
+    refuse_quantized(cfg)
     cfg.require("mlp_only_layers", ([],), [])
     cfg.require("attn_output_gate", (True,), True)
     _, rope_type, _ = cfg.rope()
@@ -135,6 +138,14 @@ def read_hybrid(cfg: ConfigReader) -> tuple[dict[str, int], int, int]:
              "conv_dim": 2 * k_heads * k_hd + v_heads * v_hd, "conv_taps": cfg.int("linear_conv_kernel_dim"),
              "experts": read_experts(cfg, ("num_experts",)), "moe_mlp": moe_mlp, "shared_mlp": shared_mlp}
     return dims, layers, period
+
+
+def refuse_quantized(cfg: ConfigReader) -> None:
+    """The FP8 releases (e4m3 weights with 128x128 block scales, kept quantised in MaxText's ``-fp8``
+    models) are not converted yet: say so, rather than 'unknown field'."""
+    if cfg.has("quantization_config"):
+        cfg.fail("quantised releases of this family (quantization_config) are not supported yet; convert the "
+                 "bfloat16 release")
 
 
 def _period(cfg: ConfigReader, layers: int) -> int:
