@@ -61,7 +61,8 @@ class Case:
         else:
             from tests import hub_checkpoints
 
-            hub_checkpoints.make(str(directory), self.hub)
+            make = hub_checkpoints.make_fp8 if "quantization_config" in self.hub else hub_checkpoints.make
+            make(str(directory), self.hub)
 
 
 def overrides(case: Case) -> list[str]:
@@ -162,6 +163,10 @@ CASES = [
     Case("qwen3.5-transformers", None, "qwen3.5-35b-a3b", hub=hub_checkpoints.qwen3_5_moe_config()),
     Case("qwen3.5-transformers-noscan-1dev", None, "qwen3.5-35b-a3b", scan=False, devices=1,
          loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_config()),
+    # its FP8 release (e4m3 kept, bf16 block scales, experts one by one) as MaxText's qwen3.5-*-fp8 model holds it
+    Case("qwen3.5-fp8-transformers", None, "qwen3.5-35b-a3b-fp8", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    Case("qwen3.5-fp8-transformers-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1,
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),

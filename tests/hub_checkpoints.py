@@ -156,3 +156,100 @@ def make(directory: str, config: dict, tokens: np.ndarray | None = None, seed: i
     model = build(config, seed)
     write_hub(directory, hub_tensors(model, config), config)
     return None if tokens is None else logits(model, tokens)
+
+
+# --- FP8 releases (Qwen/Qwen3.5-35B-A3B-FP8, -397B-A17B-FP8) ---------------------------------------
+
+FP8_BLOCK = 128
+# sizes whose kernels span whole 128-blocks (the FP8 release's grid), still tiny
+QWEN3_5_FP8_SIZES = {"vocab_size": 128, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                     "head_dim": 128, "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+                     "linear_key_head_dim": 128, "linear_value_head_dim": 128, "moe_intermediate_size": 128,
+                     "shared_expert_intermediate_size": 128, "num_hidden_layers": 4}
+FP8_QUANTIZED = ("proj.weight", "in_proj_qkv.weight", "in_proj_z.weight")  # the decoder's linear layers
+# modules the release keeps in bfloat16 (its quantization_config.modules_to_not_convert, by name ending)
+FP8_NOT_QUANTIZED = ("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight", "shared_expert_gate.weight",
+                     "conv1d.weight", "in_proj_a.weight", "in_proj_b.weight", "norm.weight", "layernorm.weight",
+                     "A_log", "dt_bias")
+
+
+def qwen3_5_moe_fp8_config(**sizes: Any) -> dict:
+    """Qwen/Qwen3.5-35B-A3B-FP8's config.json with tiny sizes: the bf16 release's plus its quantization_config."""
+    config = qwen3_5_moe_config(**{**QWEN3_5_FP8_SIZES, **sizes})
+    config["text_config"]["rope_parameters"]["mrope_section"] = [8, 8, 0]  # rotary dim 32: 16 frequencies
+    config["quantization_config"] = {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head", "model.language_model.embed_tokens", "model.visual",
+                                   "mlp.gate", "shared_expert_gate", "linear_attn.conv1d", "linear_attn.in_proj_a",
+                                   "linear_attn.in_proj_b", "norm", "A_log", "dt_bias"]}
+    return config
+
+
+def quantize_fp8_bf16_scales(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 codes, bfloat16 block scales) as the FP8 releases store a (rows, cols) weight: each 128x128
+    block divided by its (bfloat16) scale, amax / 448."""
+    import ml_dtypes
+
+    rows, cols = values.shape
+    grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    padded = np.zeros((grid[0] * FP8_BLOCK, grid[1] * FP8_BLOCK), np.float32)
+    padded[:rows, :cols] = np.abs(values)
+    amax = padded.reshape(grid[0], FP8_BLOCK, grid[1], FP8_BLOCK).max(axis=(1, 3))
+    scale = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(ml_dtypes.bfloat16)
+    expanded = np.repeat(np.repeat(scale.astype(np.float32), FP8_BLOCK, 0), FP8_BLOCK, 1)[:rows, :cols]
+    return (values / expanded).astype(ml_dtypes.float8_e4m3fn), scale
+
+
+def fp8_tensors(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A bf16 release's tensors as its FP8 release stores them: experts one by one, the linear layers as
+    e4m3 with a bfloat16 ``weight_scale_inv`` per 128x128 block (values in their storage dtypes)."""
+    import ml_dtypes
+
+    out: dict[str, np.ndarray] = {}
+    for name, array in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            half = array.shape[1] // 2
+            base = name.removesuffix("gate_up_proj")
+            out |= {f"{base}{e}.{p}_proj.weight": part for e in range(array.shape[0])
+                    for p, part in (("gate", array[e, :half]), ("up", array[e, half:]))}
+        elif name.endswith("mlp.experts.down_proj"):
+            out |= {f"{name.removesuffix('down_proj')}{e}.down_proj.weight": array[e] for e in range(array.shape[0])}
+        else:
+            out[name] = array
+    stored = {}
+    for name, array in out.items():
+        if (name.startswith("model.language_model.layers.") and name.endswith(FP8_QUANTIZED)
+                and not name.endswith(FP8_NOT_QUANTIZED)):
+            stored[name], stored[name + "_scale_inv"] = quantize_fp8_bf16_scales(array)
+        else:
+            stored[name] = array.astype(ml_dtypes.bfloat16)
+    return stored
+
+
+def write_stored(directory: str, tensors: dict[str, np.ndarray], config: dict, files: int = 3) -> None:
+    """Like :func:`write_hub`, each tensor in its own dtype (FP8 releases: e4m3, bfloat16)."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    names = sorted(tensors)
+    per_file = math.ceil(len(names) / files)
+    weight_map = {}
+    for index in range(files):
+        file = f"model-{index + 1:05d}-of-{files:05d}.safetensors"
+        part = names[index * per_file:(index + 1) * per_file]
+        save_file({n: np.ascontiguousarray(tensors[n]) for n in part}, os.path.join(directory, file),
+                  metadata={"format": "pt"})
+        weight_map |= {n: file for n in part}
+    total = sum(t.nbytes for t in tensors.values())
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def make_fp8(directory: str, config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Write the FP8 release of ``config`` (made from transformers' model, as :func:`make`); returns its tensors."""
+    bf16_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    stored = fp8_tensors(hub_tensors(build(bf16_config, seed), bf16_config))
+    write_stored(directory, stored, config)
+    return stored

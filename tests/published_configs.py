@@ -119,3 +119,12 @@ QWEN3_5_397B = {
                     "shared_expert_intermediate_size": 1024},
     "vision_config": {**QWEN3_5_35B["vision_config"], "out_hidden_size": 4096},
 }
+# Qwen/Qwen3.5-35B-A3B-FP8 and -397B-A17B-FP8: the bf16 releases' configs with the FP8 quantization_config
+# (e4m3, 128x128 blocks; modules kept in bfloat16 as /work/shared/HUB-FORMATS.md lists them).
+FP8_QUANTIZATION = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+    "modules_to_not_convert": ["lm_head", "model.language_model.embed_tokens", "model.visual", "mlp.gate",
+                               "shared_expert_gate", "linear_attn.conv1d", "linear_attn.in_proj_a",
+                               "linear_attn.in_proj_b", "norm", "A_log", "dt_bias"]}
+QWEN3_5_35B_FP8 = {**QWEN3_5_35B, "quantization_config": FP8_QUANTIZATION}
+QWEN3_5_397B_FP8 = {**QWEN3_5_397B, "quantization_config": FP8_QUANTIZATION}

@@ -468,6 +468,9 @@ def join_input(name: str, join: Join, spec, find) -> tuple[Joined, tuple[str, ..
 
 # the quantisation schemes a spec may name
 FP8_BLOCK, MXFP4_SCHEME, INT4_SCHEME = "fp8-block-128", "mxfp4", "int4-group-32"
+# FP8 releases MaxText keeps quantised (Qwen3.5's -fp8 models): the e4m3 weights read as stored, their
+# block scales (``weight_scale_inv``) by rules of their own into ``*_scale`` leaves; nothing decoded.
+FP8_KEPT = "fp8-block-128-kept"
 
 
 def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[Input, tuple[str, ...]] | None:

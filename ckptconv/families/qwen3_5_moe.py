@@ -21,36 +21,82 @@ layer (``mtp.*``) are not part of MaxText's text decoder and are named in the re
 
 from __future__ import annotations
 
-from ckptconv.families.base import Family, LayerStack, LayoutError, Output, Rule, rule
-from ckptconv.families.decoder import make_spec
-from ckptconv.families.inputs import Join
+from ckptconv.families.base import EXPERT, Family, LayerStack, LayoutError, Output, Rule, rule
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, make_spec
+from ckptconv.families.inputs import FP8_KEPT, Join
 from ckptconv.families.qwen3_next import (
-    FULL_KIND, LINEAR_KIND, MTP_NOTE, global_rows, layer_rows, read_hybrid, refuse_quantized, unscanned_layout,
+    EXPERT_PROJECTIONS, FULL, FULL_KIND, LINEAR, LINEAR_KIND, MTP_NOTE, expert_rows, global_rows, layer_rows,
+    read_hybrid, unscanned_layout,
 )
-from ckptconv.families.transforms import Permute, TakePart
+from ckptconv.families.transforms import Permute, Step, TakePart
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 PREFIX = "model.language_model.layers.{layer}."
 SWAP_LAST = Permute("swap_last_two", (0, 2, 1))  # HF (experts, out, in) -> MaxText (experts, in, out)
 GATE, UP = TakePart("gate_part", 1, 0, 2), TakePart("up_part", 1, 1, 2)
+BLOCK = 128  # the FP8 releases' weight_block_size, both axes
+
+
+def fp8(spec: ModelSpec) -> bool:
+    return spec.values.get("quantization") == FP8_KEPT
+
+
+def bf16(spec: ModelSpec) -> bool:
+    return not fp8(spec)
+
+
+FP8_ONLY = "tensor of an FP8 release (experts one by one, block scales), in a bfloat16 one"
+BF16_ONLY = "fused experts of a bfloat16 release, in an FP8 one (which stores them one by one)"
 
 FUSED_EXPERTS = (
     Rule(PREFIX + "mlp.experts.gate_up_proj", ("experts", "moe_mlp2", "emb"),
          (Output(("mlp", "routed_experts", "wi_0"), (GATE, SWAP_LAST)),
-          Output(("mlp", "routed_experts", "wi_1"), (UP, SWAP_LAST)))),
+          Output(("mlp", "routed_experts", "wi_1"), (UP, SWAP_LAST))), when=bf16, note=BF16_ONLY),
     rule(PREFIX + "mlp.experts.down_proj", ("mlp", "routed_experts", "wo"), ("experts", "emb", "moe_mlp"),
-         (SWAP_LAST,)),
+         (SWAP_LAST,), when=bf16, note=BF16_ONLY),
 )
+
+
+def scale(weight: str, path: tuple[str, ...], blocks: tuple[str, ...], steps: tuple[Step, ...] = KERNEL,
+          kinds: frozenset[str] | None = None) -> Rule:
+    """The block scales of an FP8 weight (``weight_scale_inv``, (out / 128, in / 128)) -> its MaxText scale
+    leaf, through the steps MaxText's hooks give the weight's scales (a transpose, heads split out)."""
+    return rule(PREFIX + weight + "_scale_inv", path, blocks, steps, when=fp8, kinds=kinds, note=FP8_ONLY)
+
+
+A, ATT, MLP = ("attention",), ("attention", "attention"), ("mlp",)
+FP8_ROWS = expert_rows(PREFIX, when=fp8, note=FP8_ONLY) + (
+    scale("linear_attn.in_proj_qkvz.weight", (*A, "in_proj_qkvz", "kernel_scale"), ("qkvz_b", "emb_b"), kinds=LINEAR),
+    scale("linear_attn.out_proj.weight", (*A, "out_proj", "kernel_scale"), ("emb_b", "v_dim_b"), kinds=LINEAR),
+    scale("self_attn.q_proj.weight", (*ATT, "query", "kernel_scale"), ("q_gate_b", "emb_b"), Q_KERNEL, FULL),
+    scale("self_attn.k_proj.weight", (*ATT, "key", "kernel_scale"), ("kv_b", "emb_b"), KV_KERNEL, FULL),
+    scale("self_attn.v_proj.weight", (*ATT, "value", "kernel_scale"), ("kv_b", "emb_b"), KV_KERNEL, FULL),
+    scale("self_attn.o_proj.weight", (*ATT, "out", "kernel_scale"), ("emb_b", "q_b"), KERNEL, FULL),
+    scale("mlp.shared_expert.gate_proj.weight", (*MLP, "shared_expert", "wi_0", "kernel_scale"),
+          ("shared_mlp_b", "emb_b")),
+    scale("mlp.shared_expert.up_proj.weight", (*MLP, "shared_expert", "wi_1", "kernel_scale"),
+          ("shared_mlp_b", "emb_b")),
+    scale("mlp.shared_expert.down_proj.weight", (*MLP, "shared_expert", "wo", "kernel_scale"),
+          ("emb_b", "shared_mlp_b")),
+) + tuple(scale(f"mlp.experts.{EXPERT}.{hf}.weight", (*MLP, "routed_experts", f"{mt}_scale"),
+                tuple(f"{d}_b" for d in shape)) for hf, mt, shape in EXPERT_PROJECTIONS)
+
 JOINS = (
     Join("linear_attn.in_proj_qkvz.weight", (("linear_attn.in_proj_qkv.weight", ("k_dim", "k_dim", "v_dim")),
                                              ("linear_attn.in_proj_z.weight", ("v_dim",))), "k_heads"),
     Join("linear_attn.in_proj_ba.weight", (("linear_attn.in_proj_b.weight", ("v_heads",)),
                                            ("linear_attn.in_proj_a.weight", ("v_heads",))), "k_heads"),
+    # an FP8 release's scales, regrouped as the weights they scale (MaxText's concat_qkvz_scales_and_transpose)
+    Join("linear_attn.in_proj_qkvz.weight_scale_inv",
+         (("linear_attn.in_proj_qkv.weight_scale_inv", ("k_dim_b", "k_dim_b", "v_dim_b")),
+          ("linear_attn.in_proj_z.weight_scale_inv", ("v_dim_b",))), "k_heads"),
 )
+# the kernels an FP8 release quantises, by their dims: each must hold whole 128-blocks
+BLOCKED = ("emb", "q_gate", "q", "kv", "k_dim", "v_dim", "shared_mlp", "moe_mlp")
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
-    refuse_quantized(cfg)  # the release's quantization_config sits beside text_config
+    quantization = read_fp8(cfg)
     cfg.runtime("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config")
     tied = cfg.bool("tie_word_embeddings", False)
     text = cfg.nested("text_config")
@@ -59,7 +105,29 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         text.fail(f"tie_word_embeddings={not tied} differs from the model's tie_word_embeddings={tied}")
     dims, layers, period = read_hybrid(text)
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
-    return make_spec(cfg, "qwen3_5_moe", dims, {"tie_word_embeddings": tied, "period": period}, layers)
+    dims |= {f"{d}_b": dims[d] // BLOCK for d in BLOCKED}
+    dims["qkvz_b"] = dims["qkvz"] // BLOCK
+    if quantization:
+        uneven = [f"{d}={dims[d]}" for d in BLOCKED if dims[d] % BLOCK]
+        per_group = (dims["k_dim"] // dims["k_heads"], dims["v_dim"] // dims["k_heads"])
+        if uneven or any(size % BLOCK for size in per_group):
+            cfg.fail(f"an FP8 release whose quantised kernels do not hold whole {BLOCK}-blocks "
+                     f"({', '.join(uneven) or f'a key head group of {per_group}'}) is not supported")
+    return make_spec(cfg, "qwen3_5_moe", dims, {"tie_word_embeddings": tied, "period": period,
+                                                 "quantization": quantization}, layers)
+
+
+def read_fp8(cfg: ConfigReader) -> str | None:
+    """An FP8 release (128x128 block-scaled e4m3, as Qwen3.5-*-FP8 ship): kept quantised, as MaxText's
+    ``qwen3.5-*-fp8`` models hold it; which modules it quantises is read from the tensors' dtypes."""
+    if not cfg.has("quantization_config"):
+        return None
+    q = cfg.nested("quantization_config")
+    q.require("quant_method", ("fp8",), None)
+    q.require("fmt", ("e4m3",), "e4m3")
+    q.require("weight_block_size", ([BLOCK, BLOCK],), None)
+    q.runtime("activation_scheme", "modules_to_not_convert")
+    return FP8_KEPT
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
@@ -78,7 +146,7 @@ FAMILY = Family(
     name="qwen3_5_moe",
     model_types=("qwen3_5_moe",),
     decoder_block="qwen3_5",
-    rules=layer_rows(PREFIX, FUSED_EXPERTS) + global_rows("model.language_model."),
+    rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model."),
     read_spec=read_spec,
     layout=layout,
     not_converted=lambda spec: (("model.visual.", "vision tower"), ("mtp.", MTP_NOTE)),

@@ -24,7 +24,9 @@ hub files carry (``mtp.*``) are not part of MaxText's decoder and are named in t
 
 from __future__ import annotations
 
-from ckptconv.families.base import EXPERT, Family, LayerStack, Rule, rule, untied
+from typing import Callable
+
+from ckptconv.families.base import EXPERT, Family, LayerStack, Rule, always, rule, untied
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
@@ -81,13 +83,15 @@ def layer_rows(prefix: str, experts: tuple[Rule, ...]) -> tuple[Rule, ...]:
     ) + experts
 
 
-def expert_rows(prefix: str) -> tuple[Rule, ...]:
+EXPERT_PROJECTIONS = (("gate_proj", "wi_0", ("moe_mlp", "emb")), ("up_proj", "wi_1", ("moe_mlp", "emb")),
+                      ("down_proj", "wo", ("emb", "moe_mlp")))
+
+
+def expert_rows(prefix: str, when: Callable[[ModelSpec], bool] = always, note: str = "") -> tuple[Rule, ...]:
     """Routed experts stored one by one (``mlp.experts.{expert}.*``), stacked on a leading axis."""
     experts = prefix + f"mlp.experts.{EXPERT}."
-    projections = (("gate_proj", "wi_0", ("moe_mlp", "emb")), ("up_proj", "wi_1", ("moe_mlp", "emb")),
-                   ("down_proj", "wo", ("emb", "moe_mlp")))
-    return tuple(rule(experts + f"{hf}.weight", ("mlp", "routed_experts", mt), shape, KERNEL)
-                 for hf, mt, shape in projections)
+    return tuple(rule(experts + f"{hf}.weight", ("mlp", "routed_experts", mt), shape, KERNEL, when=when, note=note)
+                 for hf, mt, shape in EXPERT_PROJECTIONS)
 
 
 def global_rows(prefix: str) -> tuple[Rule, ...]:

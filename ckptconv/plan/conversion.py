@@ -21,7 +21,7 @@ from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
-from ckptconv.families.inputs import Input, join_input, resolve
+from ckptconv.families.inputs import FP8_KEPT, Input, join_input, resolve
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
 from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
@@ -183,7 +183,7 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
-    _check_shapes_and_dtypes(expected, inputs)
+    _check_shapes_and_dtypes(expected, inputs, scheme)
     out_dtype = dtypes.OUTPUT[dtype]
     jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
     _check_devices_shard_something(jobs, devices)
@@ -370,13 +370,18 @@ def _check_extra(source: Source, family: Family, tensors: dict[str, TensorInfo],
         )
 
 
-def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
+def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: str | None) -> None:
     for name, (_, shape) in expected.items():
         found = inputs[name]
         if found.shape != shape:
             raise BadInputError(
                 f"{found.file}: tensor {found.name!r} has shape {list(found.shape)}, config.json implies {list(shape)}"
             )
+        if scheme == FP8_KEPT and name + "_scale_inv" in expected:  # kept quantised: e4m3 as its scales imply
+            if found.dtype != dtypes.SAFETENSORS["F8_E4M3"]:
+                raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, but the FP8 "
+                                    f"release stores it as float8_e4m3fn with {name + '_scale_inv'!r}")
+            continue
         if found.dtype not in dtypes.FLOAT_SOURCES:
             raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
 
