@@ -253,3 +253,43 @@ def make_fp8(directory: str, config: dict, seed: int = 0) -> dict[str, np.ndarra
     stored = fp8_tensors(hub_tensors(build(bf16_config, seed), bf16_config))
     write_stored(directory, stored, config)
     return stored
+
+
+def dequantized(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The FP8 release's values (e4m3 x its block's scale, exact in float32), its experts fused again as
+    transformers holds them; the scales themselves dropped."""
+    values: dict[str, np.ndarray] = {}
+    for name, array in stored.items():
+        if name.endswith("_scale_inv"):
+            continue
+        scale = stored.get(name + "_scale_inv")
+        array = array.astype(np.float32)
+        if scale is not None:
+            expanded = np.repeat(np.repeat(scale.astype(np.float32), FP8_BLOCK, 0), FP8_BLOCK, 1)
+            array = array * expanded[:array.shape[0], :array.shape[1]]
+        values[name] = array
+    fused: dict[str, np.ndarray] = {}
+    for name in [n for n in values if ".mlp.experts.0." in n]:
+        base, projection = name.split(".mlp.experts.0.")
+        count = sum(1 for n in values if n.startswith(base + ".mlp.experts.") and n.endswith(projection))
+        fused.setdefault(base, {})[projection] = np.stack(
+            [values.pop(f"{base}.mlp.experts.{e}.{projection}") for e in range(count)])
+    for base, parts in fused.items():
+        values[f"{base}.mlp.experts.gate_up_proj"] = np.concatenate(
+            [parts["gate_proj.weight"], parts["up_proj.weight"]], axis=1)
+        values[f"{base}.mlp.experts.down_proj"] = parts["down_proj.weight"]
+    return values
+
+
+def fp8_logits(config: dict, stored: dict[str, np.ndarray], tokens: np.ndarray, seed: int = 0) -> np.ndarray:
+    """transformers' float32 logits of the FP8 release's values (what MaxText's runtime dequantises to)."""
+    import torch
+
+    bf16_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    model = build(bf16_config, seed)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, array in dequantized(stored).items():
+            if name in state:
+                state[name].copy_(torch.from_numpy(array))
+    return logits(model, tokens)

@@ -323,9 +323,32 @@ def _shared_expert_moe(h, mlp, sem: Semantics):
     return routed + gate * shared
 
 
+def dequantize(tree: dict) -> dict:
+    """An FP8 model's tree (Qwen3.5's -fp8: kernels with ``kernel_scale``, experts with ``wi_0_scale``...)
+    with every kernel multiplied by its block scales, in float32, as MaxText's runtime dequantises:
+    an axis whose scale has as many entries as the kernel (heads, stacked layers) is not blocked."""
+    out = {}
+    for key, node in tree.items():
+        if isinstance(node, dict):
+            out[key] = dequantize(node)
+        elif key.endswith("_scale"):
+            continue
+        else:
+            scale = tree.get("kernel_scale" if key == "kernel" else f"{key}_scale")
+            value = np.asarray(node, np.float32)
+            if scale is not None:
+                scale = np.asarray(scale, np.float32)
+                for axis, (dim, blocks) in enumerate(zip(value.shape, scale.shape)):
+                    scale = np.repeat(scale, dim // blocks, axis=axis)
+                value = value * scale
+            out[key] = value
+    return out
+
+
 def hybrid_forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
     """Logits (T, vocab) of a Qwen3-Next / Qwen3.5 MaxText tree (``sem.layout``: qwen3_next or qwen3_5)."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    params = dequantize(params)
     period = sem.extra["period"]
     x = f32(params["token_embedder"]["embedding"])[tokens]
     positions = np.arange(len(tokens), dtype=np.float64)

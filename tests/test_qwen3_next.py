@@ -372,3 +372,74 @@ def test_configs_written_by_transformers_parse(family):
     spec = read_spec(family_for(data["model_type"], "config.json"), data, "config.json")
     qkvz = 2 * 2 * 128 + 2 * 4 * 128  # key and value head dims: transformers' default 128
     assert (spec.num_layers, spec.value("period"), spec.dim("qkvz"), spec.dim("experts")) == (8, 4, qkvz, 4)
+
+
+# --- Qwen3.5's FP8 releases, kept quantised as MaxText's qwen3.5-*-fp8 models hold them --------------
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_fp8_release_logits_and_export(tmp_path, scan):
+    """e4m3 weights as shipped and their block scales as MaxText's scale leaves: the tree dequantised as
+    MaxText's runtime does gives transformers' logits of the release's values; export gives back the
+    release's own files (e4m3 weights, bfloat16 weight_scale_inv, its quantization_config) bit for bit."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=4 if scan else 5)
+    src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
+    stored = hub_checkpoints.make_fp8(str(src), config)
+    expected = hub_checkpoints.fp8_logits(config, stored, TOKENS)
+    convert(src, dst, scan, 4, dtype="bfloat16")
+    params = unflatten(restore(dst))["params"]["params"]
+    leaf = params["decoder"]["layers"]["layer_3"] if scan else params["decoder"]["layers_3"]
+    assert "kernel_scale" in leaf["attention"]["attention"]["query"]
+    got = maxtext_forward.hybrid_forward(params, TOKENS, semantics(config), scan=scan)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+    result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+
+    def raw(directory) -> dict:
+        return {name: (str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
+                for path in sorted(directory.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
+
+    source = {k: v for k, v in raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
+    assert raw(back) == source
+    assert source["model.language_model.layers.0.linear_attn.in_proj_qkv.weight"][0] == "torch.float8_e4m3fn"
+    assert json.loads((back / "config.json").read_text())["quantization_config"] == config["quantization_config"]
+
+
+def _fp8_without_scale(config, tensors):
+    del tensors[L35 + "0.linear_attn.out_proj.weight_scale_inv"]
+
+
+def _fp8_scale_of_the_wrong_grid(config, tensors):
+    tensors[L35 + "3.self_attn.q_proj.weight_scale_inv"] = tensors[L35 + "3.self_attn.q_proj.weight_scale_inv"][:, :1]
+
+
+def _fp8_weight_left_bfloat16(config, tensors):
+    import ml_dtypes
+
+    name = L35 + "1.mlp.shared_expert.up_proj.weight"
+    tensors[name] = tensors[name].astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("change, message", [
+    (_fp8_without_scale, "missing tensor 'model.language_model.layers.0.linear_attn.out_proj.weight_scale_inv' "
+                         "(needed for MaxText leaf attention/out_proj/kernel_scale)"),
+    (_fp8_scale_of_the_wrong_grid, "tensor 'model.language_model.layers.3.self_attn.q_proj.weight_scale_inv' has "
+                                   "shape [4, 1], config.json implies [4, 2]"),
+    (_fp8_weight_left_bfloat16, "tensor 'model.language_model.layers.1.mlp.shared_expert.up_proj.weight' has dtype "
+                                "bfloat16, but the FP8 release stores it as float8_e4m3fn"),
+])
+def test_fp8_bad_input_is_one_line_exit_2_nothing_written(tmp_path, change, message):
+    config = hub_checkpoints.qwen3_5_moe_fp8_config()
+    bf16_config = {k: v for k, v in config.items() if k != "quantization_config"}
+    tensors = hub_checkpoints.fp8_tensors(hub_checkpoints.hub_tensors(hub_checkpoints.build(bf16_config), bf16_config))
+    change(config, tensors)
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    hub_checkpoints.write_stored(str(src), tensors, config)
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not dst.exists()

@@ -29,7 +29,7 @@ import numpy as np
 
 from ckptconv import __version__, layout, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
-from ckptconv.families.inputs import Joined
+from ckptconv.families.inputs import FP8_KEPT, Joined
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -281,7 +281,8 @@ def _config_text(plan: ExportPlan) -> str:
     """``--like``'s config as it was, unless the weights' format changed: no ``quantization_config``
     for dequantised weights, ``torch_dtype`` saying the dtype written."""
     config = dict(plan.config)
-    config.pop("quantization_config", None)
+    if plan.spec.values.get("quantization") != FP8_KEPT:  # kept quantised: written back as the release stores it
+        config.pop("quantization_config", None)
     dtype_name = plan.dtype.name
     for key in ("torch_dtype", "dtype"):
         if key in config and config[key] != dtype_name:
@@ -341,7 +342,7 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
                 regions = _leaf_regions(plan, job, items, stores, where, box)
             for n, index in enumerate(members):
                 with timer.stage("transform"):
-                    out = np.empty(box_shape(box), plan.dtype)
+                    out = np.empty(box_shape(box), job.pieces[index].dtype)
                     for leaf, shape, region in zip(job.leaves, shapes, regions):
                         piece = region[_member(shape.stack_axes, len(region.shape), n)]
                         apply_inverse(piece, leaf.steps, plan.spec,
@@ -379,7 +380,7 @@ def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: Stage
                 with timer.stage("read"):
                     regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
                 with timer.stage("transform"):
-                    out = np.empty(box_shape(box), plan.dtype)
+                    out = np.empty(box_shape(box), part.dtype)
                     for leaf, shape, region in zip(job.leaves, job.shapes, regions):
                         apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
                                       inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)

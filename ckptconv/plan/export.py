@@ -22,7 +22,7 @@ from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
-from ckptconv.families.inputs import Joined
+from ckptconv.families.inputs import FP8_KEPT, Joined
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -119,16 +119,27 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
             continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: _target(family, spec, name, shape, out_dtype) for name, (_, shape) in expected.items()}
+        targets = {name: _target(family, spec, name, shape, _stored_dtype(spec, name, expected, out_dtype))
+                   for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
         candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
     hf_names = _hf_names(like, family, [p.name for job in jobs for piece in job.pieces for p in written(piece)])
-    tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape)
+    tensors = tuple(TensorEntry(hf_names[p.name], p.dtype, p.shape)
                     for job in jobs for piece in job.pieces for p in written(piece))
     return ExportPlan(family, spec, config, config_text, scan, out_dtype, jobs, hf_names, tensors,
                       _not_exported(family, spec, jobs))
+
+
+def _stored_dtype(spec: ModelSpec, name: str, expected: dict, dtype: np.dtype) -> np.dtype:
+    """The dtype an HF tensor is written in: ``--dtype``'s, except in an FP8 release MaxText keeps quantised,
+    whose weights go back to e4m3 (the values are e4m3's) beside their bfloat16 block scales."""
+    if spec.values.get("quantization") != FP8_KEPT:
+        return dtype
+    if name.endswith("_scale_inv"):
+        return dtypes.BF16
+    return dtypes.SAFETENSORS["F8_E4M3"] if name + "_scale_inv" in expected else dtype
 
 
 def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Target | Joined:
@@ -137,7 +148,8 @@ def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], 
     if join is None:
         return Target(name, shape, dtype)
     sections = join.sections(spec)
-    parts = tuple(Target(part, (sum(sizes), *shape[1:]), dtype) for part, sizes in zip(join.part_names(name), sections))
+    parts = tuple(Target(part, (sum(sizes), *shape[1:]), dtype)  # a part's dtype is its fused tensor's
+                  for part, sizes in zip(join.part_names(name), sections))
     return Joined(name, parts, sections, spec.dim(join.groups))
 
 
@@ -244,7 +256,7 @@ def _not_exported(family: Family, spec: ModelSpec, jobs: tuple[Job, ...]) -> tup
             if rows > kept:
                 notes.append({"what": f"rows {kept}..{rows - 1} are not in MaxText's vocabulary of {kept} rows: "
                                       "written as zeros", "tensors": [job.pieces[0].name]})
-    if spec.values.get("quantization"):
+    if spec.values.get("quantization") not in (None, FP8_KEPT):
         notes.append({"what": f"quantised release ({spec.values['quantization']}): exported dequantised; "
                               "config.json without quantization_config", "tensors": []})
     return tuple(notes)
