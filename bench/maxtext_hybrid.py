@@ -41,10 +41,13 @@ class Case:
     maxtext_model: str
     scan: bool
     layers: int = 8
+    fp8: bool = False  # the FP8 release, kept quantised (MaxText's qwen3.5-*-fp8 model, weight_dtype float8)
 
     def config(self) -> dict:
         from tests import hub_checkpoints
 
+        if self.fp8:
+            return hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=self.layers)
         make = hub_checkpoints.qwen3_next_config if self.family == "qwen3_next" else hub_checkpoints.qwen3_5_moe_config
         return make(num_hidden_layers=self.layers)
 
@@ -55,6 +58,8 @@ CASES = [
     Case("qwen3-next-scan-remainder", "qwen3_next", "qwen3-next-80b-a3b", True, layers=6),
     Case("qwen3.5-scan", "qwen3_5_moe", "qwen3.5-35b-a3b", True),
     Case("qwen3.5-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b", False),
+    Case("qwen3.5-fp8-scan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", True, layers=4, fp8=True),
+    Case("qwen3.5-fp8-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", False, layers=4, fp8=True),
 ]
 
 
@@ -132,7 +137,11 @@ def run_case(case: Case) -> dict:
     root.mkdir(parents=True)
     hf, ours, theirs = root / "hf", root / "ckptconv", root / "maxtext"
     config = case.config()
-    np.save(root / "hf_logits.npy", hub_checkpoints.make(str(hf), config, np.array(TOKENS)))
+    if case.fp8:  # transformers' logits of the release's values (e4m3 x block scale)
+        stored = hub_checkpoints.make_fp8(str(hf), config)
+        np.save(root / "hf_logits.npy", hub_checkpoints.fp8_logits(config, stored, np.array(TOKENS)))
+    else:
+        np.save(root / "hf_logits.npy", hub_checkpoints.make(str(hf), config, np.array(TOKENS)))
     row = {"case": case.name, "family": case.family, "maxtext_model": case.maxtext_model, "scan": case.scan,
            "layers": case.layers}
     mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--dtype", "float32", "--devices", "1",
@@ -140,7 +149,7 @@ def run_case(case: Case) -> dict:
                env={"PYTHONPATH": str(REPO)})
     if mine.returncode:
         return row | {"error": "ckptconv: " + error_line(mine)}
-    settings = overrides(config, case.scan)
+    settings = overrides(config, case.scan, **({"weight_dtype": "float8_e4m3fn"} if case.fp8 else {}))
     mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "HF_HOME": str(root / "hf-home")}
     converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", case.maxtext_model, hf, theirs,
