@@ -27,26 +27,30 @@ sys.path.insert(0, str(REPO))
 
 from bench.giants import convert, plan_of  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
-from tests.published_configs import QWEN3_5_35B, QWEN3_5_397B, QWEN3_NEXT_80B  # noqa: E402
+from tests.published_configs import QWEN3_5_35B, QWEN3_5_397B, QWEN3_5_397B_FP8, QWEN3_NEXT_80B  # noqa: E402
 
 GIB = 1024**3
 
 
 def at_widths(config: dict, family: str, layers: int, experts: int) -> synth.SynthModel:
-    """The release's widths with ``layers`` layers and ``experts`` experts a layer."""
+    """The release's widths with ``layers`` layers and ``experts`` experts a layer (its FP8 release if the
+    config has a quantization_config: e4m3 weights, bfloat16 block scales)."""
     text = config.get("text_config", config)
     overrides = {**text, "num_hidden_layers": layers, "num_experts": experts}
     if "layer_types" in text:
         overrides["layer_types"] = text["layer_types"][:layers]
-    return synth.SynthModel(model_type=family, tie_word_embeddings=False, config_overrides=overrides)
+    return synth.SynthModel(model_type=family, tie_word_embeddings=False, config_overrides=overrides,
+                            quantization="fp8" if "quantization_config" in config else None)
 
 
 MEASURED = {  # name: (model, what)
     "qwen3-next-80b-widths-4-layers-64-experts": at_widths(QWEN3_NEXT_80B, "qwen3_next", 4, 64),
     "qwen3.5-397b-widths-4-layers-32-experts": at_widths(QWEN3_5_397B, "qwen3_5_moe", 4, 32),
+    "qwen3.5-397b-fp8-widths-4-layers-32-experts": at_widths(QWEN3_5_397B_FP8, "qwen3_5_moe", 4, 32),
 }
 PLANNED = {"Qwen3-Next-80B-A3B": (QWEN3_NEXT_80B, "qwen3_next"), "Qwen3.5-35B-A3B": (QWEN3_5_35B, "qwen3_5_moe"),
-           "Qwen3.5-397B-A17B": (QWEN3_5_397B, "qwen3_5_moe")}
+           "Qwen3.5-397B-A17B": (QWEN3_5_397B, "qwen3_5_moe"),
+           "Qwen3.5-397B-A17B-FP8": (QWEN3_5_397B_FP8, "qwen3_5_moe")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         src = WORK / f"{name}-headers"
         shutil.rmtree(src, ignore_errors=True)
         model = synth.SynthModel(model_type=family, tie_word_embeddings=config["tie_word_embeddings"],
-                                 config_overrides=dict(config.get("text_config", config)))
+                                 config_overrides=dict(config.get("text_config", config)),
+                                 quantization="fp8" if "quantization_config" in config else None)
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, header_only=True)
         (src / "config.json").write_text(json.dumps(config))
         plans[name] = [plan_of(src, devices) | {"devices": devices} for devices in (16, 1)]
@@ -89,8 +94,9 @@ def write(rows: dict, plans: dict, path: Path) -> None:
         f"Written by `bench/hybrid_memory.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, 2 cores shared "
         "with other work. Peak RSS: the conversion process's own high-water mark (VmHWM); wall: from outside. "
         "Synthetic checkpoints in the hub's layout (Qwen3.5: `in_proj_qkv`/`in_proj_z`/`in_proj_b`/`in_proj_a` "
-        "apart, experts fused (experts, 2 x 1024, 4096)), one period of layers (3 linear-attention + 1 full), "
-        "scanned; the released vocabulary, hidden size, heads and expert widths.",
+        "apart, experts fused (experts, 2 x 1024, 4096); its FP8 release: e4m3 linear layers with bfloat16 "
+        "128x128 block scales, experts one by one, kept quantised), one period of layers (3 linear-attention + "
+        "1 full), scanned; the released vocabulary, hidden size, heads and expert widths.",
         "",
         "| synthetic checkpoint (hub format) | source | output | devices | peak RSS | predicted | wall |",
         "|---|---|---|---|---|---|---|",

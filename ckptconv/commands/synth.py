@@ -178,6 +178,9 @@ def _qwen3_next(m: SynthModel) -> dict:
                     router_aux_loss_coef=0.001)
 
 
+FP8_KEPT_TYPES = ("qwen3_5_moe",)  # FP8 releases whose block scales MaxText keeps as leaves
+
+
 def _qwen3_5_moe(m: SynthModel) -> dict:
     """Qwen3.5-MoE's config.json: Qwen3-Next's text decoder in ``text_config`` (transformers-5 spelling,
     mRoPE sections), a vision tower's settings beside it."""
@@ -188,9 +191,13 @@ def _qwen3_5_moe(m: SynthModel) -> dict:
     text.update(model_type="qwen3_5_moe_text", attn_output_gate=True, attention_bias=False,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                  "mrope_interleaved": True, "mrope_section": [1, 1, 0]})
-    return {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text,
-            "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
-            "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+              "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
+              "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+    if m.quantization == "fp8":  # the -FP8 release: e4m3 linear layers with bfloat16 128x128 block scales
+        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [128, 128]}
+    return config
 
 
 _CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
@@ -292,7 +299,10 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
 
 
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
-    """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts."""
+    """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
+    Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
+    if model.quantization == "fp8" and model.model_type in FP8_KEPT_TYPES:
+        return None
     if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
         return "fp8"
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
@@ -340,10 +350,13 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     shapes = tensor_shapes(model)
     entries = [entry for name, shape in shapes.items()
                for entry in _stored_entries(model, name, shape, st_name, dtype.itemsize)]
+    # a kept-FP8 release (Qwen3.5's): every weight with a block scale of its own is stored e4m3
+    entries = [_Stored(e.name, "F8_E4M3", e.shape, e.logical, 1) if e.name + "_scale_inv" in shapes else e
+               for e in entries]
     groups = _group(entries, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
-    make = _Maker(rng, dtype, pool)
+    make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")))
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -375,13 +388,18 @@ def _group(entries: list[_Stored], max_bytes: int | None) -> list[list[_Stored]]
 class _Maker:
     """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
 
-    def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None) -> None:
+    def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None,
+                 kept_scales: frozenset[str] = frozenset()) -> None:
         self.rng, self.dtype, self.pool = rng, dtype, pool
+        self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
     def chunks(self, entry: _Stored):
         if entry.name in self.pending:
             yield self.pending.pop(entry.name).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name + "_scale_inv" in self.kept_scales:
+            codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
+            yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
         elif entry.st_dtype == "F8_E4M3":
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale_inv"] = scale
