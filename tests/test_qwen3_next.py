@@ -224,7 +224,8 @@ def test_full_size_releases_plan_under_one_and_a_half_gib(tmp_path, name, family
     config = getattr(published_configs, name)
     fp8 = "quantization_config" in config
     model = synth.SynthModel(model_type=family, tie_word_embeddings=config["tie_word_embeddings"],
-                             config_overrides=dict(config.get("text_config", config)), quantization="fp8" if fp8 else None)
+                             config_overrides=dict(config.get("text_config", config)),
+                             quantization="fp8" if fp8 else None)
     synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
     (tmp_path / "config.json").write_text(json.dumps(config))  # the published file itself, not synth's spelling
     for devices in (1, 16):
