@@ -329,7 +329,8 @@ def test_join_regroups_per_key_head_as_maxtext_does():
     def find(name):
         return InMemory(TensorInfo(name, "f.safetensors", np.dtype(np.float32), stored[name].shape, 0)), (name,)
 
-    joined, consumed = join_input("x.linear_attn.in_proj_qkvz.weight", JOINS[0], spec, find)
+    fused_shape = (len(qkv) + len(z), emb)
+    joined, consumed = join_input("x.linear_attn.in_proj_qkvz.weight", JOINS[0], spec, fused_shape, find)
     assert consumed == ("x.linear_attn.in_proj_qkv.weight", "x.linear_attn.in_proj_z.weight")
     q, k, v = qkv[:k_heads * k_hd], qkv[k_heads * k_hd:2 * k_heads * k_hd], qkv[2 * k_heads * k_hd:]
     per_k = v_heads // k_heads
@@ -447,3 +448,19 @@ def test_fp8_bad_input_is_one_line_exit_2_nothing_written(tmp_path, change, mess
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert not dst.exists()
+
+
+def test_qwen3_5_saved_by_transformers_converts(tmp_path):
+    """transformers' own save_pretrained writes Qwen3.5's experts one by one (not fused, as the hub does):
+    they are read stacked, and the logits match."""
+    config = hub_checkpoints.qwen3_5_moe_config()
+    model = hub_checkpoints.build(config)
+    expected = hub_checkpoints.logits(model, TOKENS)
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    model.save_pretrained(str(src))
+    assert "model.language_model.layers.0.mlp.experts.0.gate_proj.weight" in load_file(
+        str(src / "model.safetensors"))
+    convert(src, dst, True, 4)
+    got = maxtext_forward.hybrid_forward(unflatten(restore(dst))["params"]["params"], TOKENS, semantics(config),
+                                         scan=True)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)

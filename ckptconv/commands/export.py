@@ -29,7 +29,7 @@ import numpy as np
 
 from ckptconv import __version__, layout, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
-from ckptconv.families.inputs import FP8_KEPT, Joined
+from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -330,6 +330,9 @@ def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str
         if isinstance(job.pieces[0], Joined):
             yield from _joined_chunks(plan, job, items, stores, timer, skip)
             continue
+        if isinstance(job.pieces[0], StackedExperts):
+            yield from _expert_chunks(plan, job, items, stores, timer, skip)
+            continue
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
@@ -385,6 +388,31 @@ def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: Stage
                         apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
                                       inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
                 yield name, out
+
+
+def _expert_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                   skip: set[str]) -> Iterator[Chunk]:
+    """A layer's fused experts (Qwen3.5's gate_up_proj) written back as an FP8 release stores them: one
+    expert at a time, its parts (gate, then up) one after the other."""
+    rest = tuple((0, dim) for dim in job.source_shape[1:])
+    for index, piece in enumerate(job.pieces):
+        rows = piece.parts[0].shape[0]
+        for e in range(piece.shape[0]):
+            parts = piece.parts[e * piece.per_expert:(e + 1) * piece.per_expert]
+            names = [plan.hf_names[part.name] for part in parts]
+            if all(name in skip for name in names):
+                continue
+            box = ((e, e + 1), *rest)
+            with timer.stage("read"):
+                regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+            with timer.stage("transform"):
+                out = np.empty(box_shape(box), parts[0].dtype)
+                for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+                    apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                                  inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+            for k, name in enumerate(names):
+                if name not in skip:
+                    yield name, np.ascontiguousarray(out[0, k * rows:(k + 1) * rows])
 
 
 def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:

@@ -249,9 +249,8 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for name, (_, shape) in expected.items():
         join = family.join_for(name)
-        if join is not None:  # stored in parts (Qwen3.5's in_proj_qkv and in_proj_z)
-            for part, sizes in zip(join.part_names(name), join.sections(spec)):
-                shapes[part] = (sum(sizes), *shape[1:])
+        if join is not None:  # stored in parts (Qwen3.5's in_proj_qkv and in_proj_z; its FP8 experts)
+            shapes.update(join.part_shapes(name, spec, shape))
             continue
         shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ckptconv.families.inputs import Join
+from ckptconv.families.inputs import ExpertJoin, Join
 from ckptconv.families.transforms import Step
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -183,9 +183,9 @@ class Family:
     not_converted: Callable[[ModelSpec], tuple[tuple[str, str], ...]] = lambda spec: ()
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
     # Tensors the rules read fused that checkpoints may store in parts (Qwen3.5's in_proj_qkv + in_proj_z).
-    joins: tuple[Join, ...] = ()
+    joins: tuple[Join | ExpertJoin, ...] = ()
 
-    def join_for(self, name: str) -> Join | None:
+    def join_for(self, name: str) -> Join | ExpertJoin | None:
         return next((join for join in self.joins if name.endswith(join.fused)), None)
 
     def active_rules(self, spec: ModelSpec) -> tuple[Rule, ...]:

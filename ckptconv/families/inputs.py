@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar, Iterable, Protocol
+from typing import Callable, ClassVar, Iterable, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -357,13 +357,24 @@ class Join:
     fused: str
     parts: tuple[tuple[str, tuple[str, ...]], ...]
     groups: str
+    # the releases that store it in parts, so that export writes it so (a conversion reads parts wherever
+    # the fused tensor is absent)
+    in_parts: Callable[..., bool] = lambda spec: True
 
-    def part_names(self, name: str) -> tuple[str, ...]:
+    def part_names(self, name: str, spec) -> tuple[str, ...]:
         base = name[:-len(self.fused)]
         return tuple(base + suffix for suffix, _ in self.parts)
 
     def sections(self, spec) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(spec.dim(d) for d in dims) for _, dims in self.parts)
+
+    def part_shapes(self, name: str, spec, shape: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each part's name and the shape config.json implies for it, given the fused ``shape``."""
+        return tuple((part, (sum(sizes), *shape[1:]))
+                     for part, sizes in zip(self.part_names(name, spec), self.sections(spec)))
+
+    def compose(self, name: str, spec, parts: tuple) -> "Joined":
+        return Joined(name, parts, self.sections(spec), spec.dim(self.groups))
 
 
 @dataclass(frozen=True)
@@ -440,28 +451,107 @@ class Joined:
         return out
 
 
-def join_input(name: str, join: Join, spec, find) -> tuple[Joined, tuple[str, ...]] | None:
-    """The :class:`Joined` input of the rules' tensor ``name`` (``find``: a part's name -> (input, stored
-    names) or None), checking each part's shape against the sections config.json implies; None when
-    no part is stored (the caller names the missing tensor)."""
-    names = join.part_names(name)
-    found = [find(part) for part in names]
+@dataclass(frozen=True)
+class ExpertJoin:
+    """A layer's experts MaxText reads from one fused tensor (Qwen3.5's ``mlp.experts.gate_up_proj``,
+    (experts, 2 * mlp, emb), gate first) that a checkpoint stores one by one
+    (``mlp.experts.{e}.gate_proj.weight``, ``up_proj.weight``: its FP8 releases): expert ``e`` of the
+    fused tensor is its ``parts`` stacked along their first axis."""
+
+    fused: str  # "mlp.experts.gate_up_proj"
+    parts: tuple[str, ...]  # ("gate_proj.weight", "up_proj.weight")
+    inner: str = "mlp.experts."  # what precedes the expert index in a part's name
+    in_parts: Callable[..., bool] = lambda spec: True  # as Join's
+
+    def part_names(self, name: str, spec) -> tuple[str, ...]:
+        base = name[:-len(self.fused)] + self.inner
+        return tuple(f"{base}{e}.{part}" for e in range(spec.dim("experts")) for part in self.parts)
+
+    def part_shapes(self, name: str, spec, shape: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        rows = shape[1] // len(self.parts)
+        return tuple((part, (rows, *shape[2:])) for part in self.part_names(name, spec))
+
+    def compose(self, name: str, spec, parts: tuple) -> "StackedExperts":
+        return StackedExperts(name, parts, len(self.parts))
+
+
+@dataclass(frozen=True)
+class StackedExperts:
+    """The fused tensor of an :class:`ExpertJoin`, read from its per-expert parts (expert-major)."""
+
+    fused_name: str
+    parts: tuple[Input, ...]
+    per_expert: int
+
+    @property
+    def name(self) -> str:
+        return self.fused_name
+
+    @property
+    def file(self) -> str:
+        return self.parts[0].file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows, *rest = self.parts[0].shape
+        return (len(self.parts) // self.per_expert, rows * self.per_expert, *rest)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return tuple(sorted({a + 1 for p in self.parts for a in p.whole_axes}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def decode_bytes(self) -> int:
+        return self.dtype.itemsize + max(p.decode_bytes for p in self.parts)
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (e0, e1), (r0, r1), rest = box[0], box[1], box[2:]
+        rows = self.parts[0].shape[0]
+        out = np.empty((e1 - e0, r1 - r0, *(stop - start for start, stop in rest)), self.dtype)
+        for e in range(e0, e1):
+            for k in range(self.per_expert):
+                lo, hi = max(r0, k * rows), min(r1, (k + 1) * rows)
+                if lo < hi:
+                    part = self.parts[e * self.per_expert + k]
+                    out[e - e0, lo - r0:hi - r0] = part.read(source, ((lo - k * rows, hi - k * rows), *rest))
+        return out
+
+
+def join_input(name: str, join: Join | ExpertJoin, spec, shape: tuple[int, ...],
+               find) -> tuple[Joined | StackedExperts, tuple[str, ...]] | None:
+    """The fused input of the rules' tensor ``name`` (of the ``shape`` config.json implies) read from its
+    parts (``find``: a part's name -> (input, stored names) or None), each part's shape checked; None
+    when no part is stored (the caller names the missing tensor)."""
+    expected = join.part_shapes(name, spec, shape)
+    found = [find(part) for part, _ in expected]
     if not any(found):
         return None
-    sections = join.sections(spec)
-    groups = spec.dim(join.groups)
-    missing = next((part for part, hit in zip(names, found) if hit is None), None)
+    missing = next((part for (part, _), hit in zip(expected, found) if hit is None), None)
     if missing is not None:
         present = next(hit[0] for hit in found if hit is not None)
         raise BadInputError(f"{present.file}: missing tensor {missing!r} (with {present.name!r}, it makes "
-                            f"MaxText's {join.fused.split('.')[-2]})")
-    inputs = [hit[0] for hit in found]
-    for piece, sizes in zip(inputs, sections):
-        want = (sum(sizes), *inputs[0].shape[1:])
-        if piece.shape != want or piece.dtype != inputs[0].dtype or any(size % groups for size in sizes):
+                            f"MaxText's {join.fused.removesuffix('.weight').split('.')[-1]})")
+    inputs = tuple(hit[0] for hit in found)
+    for piece, (_, want) in zip(inputs, expected):
+        if piece.shape != want:
             raise BadInputError(f"{piece.file}: tensor {piece.name!r} has shape {list(piece.shape)}, config.json "
                                 f"implies {list(want)}")
-    return Joined(name, tuple(inputs), sections, groups), tuple(n for hit in found for n in hit[1])
+        if piece.dtype != inputs[0].dtype:
+            raise BadInputError(f"{piece.file}: tensor {piece.name!r} has dtype {piece.dtype}, but "
+                                f"{inputs[0].name!r}, which it is fused with, has {inputs[0].dtype}")
+    return join.compose(name, spec, inputs), tuple(n for hit in found for n in hit[1])
 
 
 # --- which stored tensors make a logical one ----------------------------------------------

@@ -10,7 +10,15 @@ differences the rules absorb:
   :class:`~ckptconv.families.inputs.Join`), and export splits it back;
 - each layer's routed experts are stored fused: ``experts.gate_up_proj`` (experts, 2 * mlp, emb),
   gate first, feeds ``wi_0`` and ``wi_1``; ``experts.down_proj`` (experts, emb, mlp) is ``wo``
-  with its last two axes swapped.
+  with its last two axes swapped (checkpoints that store them one by one, as the FP8 releases and
+  transformers' ``save_pretrained`` do, are read stacked: an :class:`~ckptconv.families.inputs.ExpertJoin`).
+
+The FP8 releases (``-FP8``: e4m3 linear layers, bfloat16 ``weight_scale_inv`` per 128x128 block) are
+kept quantised, as MaxText's ``qwen3.5-*-fp8`` models hold them: the e4m3 values as shipped (exact
+in bfloat16) and each block-scale grid, by rules of its own, as the weight's ``kernel_scale`` (experts:
+``wi_0_scale``, ``wi_1_scale``, ``wo_scale``), through the steps MaxText's hooks give it (a transpose,
+heads split out; in_proj_qkvz's joined and regrouped per key head like its weights). Export writes
+the release's own files back.
 
 Scanned, MaxText scans whole periods as ``decoder/layers/layer_{position}`` over the periods (axis 1);
 its scan holds only whole periods (the layers after the last would be dropped), so such a model
@@ -23,9 +31,9 @@ from __future__ import annotations
 
 from ckptconv.families.base import EXPERT, Family, LayerStack, LayoutError, Output, Rule, rule
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, make_spec
-from ckptconv.families.inputs import FP8_KEPT, Join
+from ckptconv.families.inputs import FP8_KEPT, ExpertJoin, Join
 from ckptconv.families.qwen3_next import (
-    EXPERT_PROJECTIONS, FULL, FULL_KIND, LINEAR, LINEAR_KIND, MTP_NOTE, expert_rows, global_rows, layer_rows,
+    EXPERT_PROJECTIONS, FULL, FULL_KIND, LINEAR, LINEAR_KIND, MTP_NOTE, global_rows, layer_rows,
     read_hybrid, unscanned_layout,
 )
 from ckptconv.families.transforms import Permute, Step, TakePart
@@ -41,19 +49,15 @@ def fp8(spec: ModelSpec) -> bool:
     return spec.values.get("quantization") == FP8_KEPT
 
 
-def bf16(spec: ModelSpec) -> bool:
-    return not fp8(spec)
+FP8_ONLY = "block scales of an FP8 release, in a bfloat16 one"
 
-
-FP8_ONLY = "tensor of an FP8 release (experts one by one, block scales), in a bfloat16 one"
-BF16_ONLY = "fused experts of a bfloat16 release, in an FP8 one (which stores them one by one)"
-
+# Read fused (the bfloat16 releases store them so; the FP8 ones one by one: ExpertJoin below)
 FUSED_EXPERTS = (
     Rule(PREFIX + "mlp.experts.gate_up_proj", ("experts", "moe_mlp2", "emb"),
          (Output(("mlp", "routed_experts", "wi_0"), (GATE, SWAP_LAST)),
-          Output(("mlp", "routed_experts", "wi_1"), (UP, SWAP_LAST))), when=bf16, note=BF16_ONLY),
+          Output(("mlp", "routed_experts", "wi_1"), (UP, SWAP_LAST)))),
     rule(PREFIX + "mlp.experts.down_proj", ("mlp", "routed_experts", "wo"), ("experts", "emb", "moe_mlp"),
-         (SWAP_LAST,), when=bf16, note=BF16_ONLY),
+         (SWAP_LAST,)),
 )
 
 
@@ -65,7 +69,7 @@ def scale(weight: str, path: tuple[str, ...], blocks: tuple[str, ...], steps: tu
 
 
 A, ATT, MLP = ("attention",), ("attention", "attention"), ("mlp",)
-FP8_ROWS = expert_rows(PREFIX, when=fp8, note=FP8_ONLY) + (
+FP8_ROWS = (
     scale("linear_attn.in_proj_qkvz.weight", (*A, "in_proj_qkvz", "kernel_scale"), ("qkvz_b", "emb_b"), kinds=LINEAR),
     scale("linear_attn.out_proj.weight", (*A, "out_proj", "kernel_scale"), ("emb_b", "v_dim_b"), kinds=LINEAR),
     scale("self_attn.q_proj.weight", (*ATT, "query", "kernel_scale"), ("q_gate_b", "emb_b"), Q_KERNEL, FULL),
@@ -90,6 +94,9 @@ JOINS = (
     Join("linear_attn.in_proj_qkvz.weight_scale_inv",
          (("linear_attn.in_proj_qkv.weight_scale_inv", ("k_dim_b", "k_dim_b", "v_dim_b")),
           ("linear_attn.in_proj_z.weight_scale_inv", ("v_dim_b",))), "k_heads"),
+    # the FP8 releases store the experts one by one (each with its scale: the expert scale rules)
+    ExpertJoin("mlp.experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"), in_parts=fp8),
+    ExpertJoin("mlp.experts.down_proj", ("down_proj.weight",), in_parts=fp8),
 )
 # the kernels an FP8 release quantises, by their dims: each must hold whole 128-blocks
 BLOCKED = ("emb", "q_gate", "q", "kv", "k_dim", "v_dim", "shared_mlp", "moe_mlp")

@@ -334,7 +334,7 @@ def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo], sch
         found = resolve(name, tensors, scheme)
         join = family.join_for(name) if found is None else None
         if join is not None:
-            found = join_input(name, join, spec, lambda part: resolve(part, tensors, scheme))
+            found = join_input(name, join, spec, expected[name][1], lambda part: resolve(part, tensors, scheme))
         if found is None:
             missing.append(name)
             continue
@@ -344,7 +344,7 @@ def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo], sch
         rule = expected[missing[0]][0]
         leaves = ", ".join("/".join(o.path) for o in rule.outputs)
         join = family.join_for(missing[0])
-        shown = join.part_names(missing[0])[0] if join is not None else missing[0]
+        shown = join.part_names(missing[0], spec)[0] if join is not None else missing[0]
         raise BadInputError(
             f"{source.uri}: missing tensor {shown!r} (needed for MaxText leaf {leaves})"
             f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
@@ -370,6 +370,13 @@ def _check_extra(source: Source, family: Family, tensors: dict[str, TensorInfo],
         )
 
 
+def _scaled(name: str, found: Input, expected: dict) -> bool:
+    """Whether a tensor has block scales among the rules' tensors: its own, or every one of its parts'
+    (an FP8 release's experts, stored one by one, each with its scale)."""
+    parts = [p.name for p in getattr(found, "parts", ())]
+    return name + "_scale_inv" in expected or bool(parts) and all(p + "_scale_inv" in expected for p in parts)
+
+
 def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: str | None) -> None:
     for name, (_, shape) in expected.items():
         found = inputs[name]
@@ -377,7 +384,7 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: s
             raise BadInputError(
                 f"{found.file}: tensor {found.name!r} has shape {list(found.shape)}, config.json implies {list(shape)}"
             )
-        if scheme == FP8_KEPT and name + "_scale_inv" in expected:  # kept quantised: e4m3 as its scales imply
+        if scheme == FP8_KEPT and _scaled(name, found, expected):  # kept quantised: e4m3 as its scales imply
             if found.dtype != dtypes.SAFETENSORS["F8_E4M3"]:
                 raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, but the FP8 "
                                     f"release stores it as float8_e4m3fn with {name + '_scale_inv'!r}")

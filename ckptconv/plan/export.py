@@ -22,7 +22,7 @@ from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
-from ckptconv.families.inputs import FP8_KEPT, Joined
+from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -119,8 +119,7 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
             continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: _target(family, spec, name, shape, _stored_dtype(spec, name, expected, out_dtype))
-                   for name, (_, shape) in expected.items()}
+        targets = {name: _target(family, spec, name, shape, expected, out_dtype) for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
         candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
@@ -142,20 +141,22 @@ def _stored_dtype(spec: ModelSpec, name: str, expected: dict, dtype: np.dtype) -
     return dtypes.SAFETENSORS["F8_E4M3"] if name + "_scale_inv" in expected else dtype
 
 
-def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Target | Joined:
-    """The tensor a rule's piece becomes: itself, or the parts a checkpoint of this family stores it in."""
+def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], expected: dict,
+            dtype: np.dtype) -> Target | Joined | StackedExperts:
+    """The tensor a rule's piece becomes: itself, or the parts this release stores it in. A part is
+    e4m3 where its fused tensor has block scales (in_proj_qkvz) or it has its own (an FP8 expert)."""
+    own = _stored_dtype(spec, name, expected, dtype)
     join = family.join_for(name)
-    if join is None:
-        return Target(name, shape, dtype)
-    sections = join.sections(spec)
-    parts = tuple(Target(part, (sum(sizes), *shape[1:]), dtype)  # a part's dtype is its fused tensor's
-                  for part, sizes in zip(join.part_names(name), sections))
-    return Joined(name, parts, sections, spec.dim(join.groups))
+    if join is None or not join.in_parts(spec):
+        return Target(name, shape, own)
+    parts = tuple(Target(part, part_shape, own if own != dtype else _stored_dtype(spec, part, expected, dtype))
+                  for part, part_shape in join.part_shapes(name, spec, shape))
+    return join.compose(name, spec, parts)
 
 
-def written(piece: Target | Joined) -> tuple[Target, ...]:
+def written(piece: Target | Joined | StackedExperts) -> tuple[Target, ...]:
     """The HF tensors a piece is written as, in order."""
-    return piece.parts if isinstance(piece, Joined) else (piece,)
+    return piece.parts if isinstance(piece, (Joined, StackedExperts)) else (piece,)
 
 
 def check_recorded_model(spec: ModelSpec, recorded: dict, like: str, report: str, same_tool: bool = True) -> None:
