@@ -10,10 +10,15 @@ projections, ``mtp.*``, an index over several files). Each is converted with the
   reproduce transformers' float32 logits;
 - ``export`` gives the hub's files back bit for bit;
 - bad input (a fused projection of the wrong width, a layer of the wrong kind) is one line, exit 2,
-  and nothing is written.
+  and nothing is written;
+- Qwen3.5's FP8 releases are kept quantised (e4m3 weights, their block scales as MaxText's scale
+  leaves): dequantised as MaxText's runtime does, the tree gives transformers' logits of the release's
+  values, and export gives the release's own files back;
+- the full releases (Qwen3.5-397B-A17B: 512 experts a layer) plan under 1.5 GiB from header-only files.
 
 Bit-for-bit equality with MaxText's own converter is measured by ``bench/compare_families.py``
-(bench/FAMILIES.md), which needs MaxText's venv.
+(bench/FAMILIES.md), MaxText's own forward pass by ``bench/maxtext_hybrid.py`` (bench/HYBRID.md), the
+peak memory at the releases' widths by ``bench/hybrid_memory.py`` (bench/HYBRID-MEMORY.md).
 """
 
 from __future__ import annotations
