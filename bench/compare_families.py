@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
+from ckptconv.families import olmo3  # noqa: E402
 from tests import hub_checkpoints  # noqa: E402
 
 
@@ -44,6 +45,9 @@ class Case:
     loader: str = "lazy"  # MaxText's tensor loading: lazy (safe_open) or eager "transformers" (Gemma 3 needs it)
     maxtext_unscanned: bool = False  # MaxText cannot write this scanned layout: compare with its unscanned, restacked
     dequantize: str | None = None  # MaxText's route for a quantised release: its dequantiser first (fp8, mxfp4)
+    # who writes the HF checkpoint: "synth" (the hub's names and config.json) or "transformers" (the family's
+    # own class in MaxText's venv, from synth's config.json: bench/hf_tiny.py; what save_pretrained writes)
+    maker: str = "synth"
     extra: dict = field(default_factory=dict)
     # a config of tests/hub_checkpoints.py: the model made by transformers' own class, stored as the hub does
     hub: dict | None = None
@@ -81,8 +85,9 @@ def overrides(case: Case) -> list[str]:
         return [f"{k}={v}" for k, v in values.items()]
     text = config.get("text_config", config)
     layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
+    head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])  # OLMo 3 has no field
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
-              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": head_dim,
               "base_mlp_dim": text.get("intermediate_size", text.get("moe_intermediate_size")),
               "base_num_decoder_layers": layers,
               "scan_layers": str(case.scan).lower()}
@@ -108,6 +113,10 @@ def overrides(case: Case) -> list[str]:
 
 LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 64}
+OLMO3 = synth.SynthModel(model_type="olmo3", num_layers=8, num_kv_heads=2, vocab_size=300)
+OLMO3_YARN = synth.SynthModel(model_type="olmo3", num_layers=4, num_heads=5, num_kv_heads=1, hidden_size=80,
+                              vocab_size=300, config_overrides={"rope_scaling": olmo3.YARN,
+                                                                "max_position_embeddings": 65536})
 CASES = [
     Case("qwen3", synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), "qwen3-0.6b"),
     Case("llama3.1", synth.SynthModel(model_type="llama", tie_word_embeddings=False,
@@ -174,6 +183,12 @@ CASES = [
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", scan=False,
         devices=1, loader="safetensors", dequantize="mxfp4"),
+    # OLMo 3: made by transformers' own Olmo3ForCausalLM (8 layers: two blocks of 3 sliding + 1 full; GQA), and
+    # in the hub's form by synth with an Instruct release's YaRN
+    Case("olmo3", OLMO3, "olmo3-7b", maker="transformers"),
+    Case("olmo3-noscan-1dev", OLMO3, "olmo3-7b", scan=False, devices=1, loader="safetensors", maker="transformers"),
+    Case("olmo3-32b-yarn-hub", OLMO3_YARN, "olmo3-32b"),
+    Case("olmo3-32b-yarn-hub-noscan-1dev", OLMO3_YARN, "olmo3-32b", scan=False, devices=1, loader="safetensors"),
 ]
 
 
@@ -189,7 +204,17 @@ def run_case(case: Case, ctx: dict) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     hf, ours, theirs = root / "hf", root / "ckptconv", root / "maxtext"
-    case.write(hf)
+    if case.maker == "transformers":
+        config = root / "synth-config.json"
+        config.write_text(json.dumps(case.model.config()))
+        made = run([ctx["mt_python"], str(BENCH / "hf_tiny.py"), str(config), str(hf)], env=ctx["mt_env"],
+                   log=root / "hf_tiny.log")
+        if made.returncode:
+            return {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
+                    "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
+                    "ckptconv_exit": "-", "maxtext_exit": "-", "error": made.stderr[-600:]}
+    else:
+        case.write(hf)
     layout = ["--devices", str(case.devices), "--dtype", case.dtype, "--scan-layers" if case.scan else "--no-scan-layers"]
     mine = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), "--progress", "none", *layout],
                log=root / "ckptconv.log")
@@ -210,6 +235,7 @@ def run_case(case: Case, ctx: dict) -> dict:
               f"--save_dtype={case.dtype}"], env=ctx["mt_env"], log=root / "maxtext.log")
     row = {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
            "maxtext_layout": ("unscanned, restacked" if case.maxtext_unscanned else "same")
+                             + (", made by transformers' class" if case.maker == "transformers" else "")
                              + (f", after MaxText's {case.dequantize} dequantiser" if case.dequantize else ""),
            "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
            "ckptconv_exit": mine.returncode, "maxtext_exit": mt.returncode}
@@ -217,7 +243,10 @@ def run_case(case: Case, ctx: dict) -> dict:
         row["error"] = (mine.stderr or mt.stderr)[-600:]
         return row
     restack = ["--stack-layers-of-b"] if case.maxtext_unscanned else []
-    compared = run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), *restack,
+    # MaxText's converter keeps DeepSeek's router bias in its own collection; ckptconv writes it under
+    # params/params, where every MaxText loader finds it (README, "What is written"): compared there
+    moved = ["--moved-in-b", "params/MoEBiasVar=params/params"]
+    compared = run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), *restack, *moved,
                     "--json", str(root / "compare.json")], env=ctx["mt_env"], log=root / "compare.log")
     result = json.loads((root / "compare.json").read_text())
     row |= {"identical": result["identical"], "leaves": result["leaves_compared"],
@@ -228,15 +257,27 @@ def run_case(case: Case, ctx: dict) -> dict:
     return row
 
 
-def write(rows: list[dict], ctx: dict, path: Path) -> None:
+def kept_rows(path: Path, rerun: set[str]) -> dict[str, str]:
+    """The table lines of an earlier ``FAMILIES.md`` for the cases not run again (``--merge``)."""
+    names = {case.name for case in CASES} - rerun
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {line.split("|")[1].strip(): line for line in lines
+            if line.startswith("| ") and line.split("|")[1].strip() in names}
+
+
+def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None = None) -> None:
+    fresh: dict[str, str] = {}
     lines = [
         "# Families: ckptconv vs MaxText 0.2.5's `to_maxtext`, leaf by leaf",
         "",
         f"Written by `bench/compare_families.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(MaxText {ctx['mt_versions'].get('maxtext')}, transformers {ctx['mt_versions'].get('transformers')}).",
-        "Each row: one random bf16 synthetic checkpoint with the hub's names and `config.json`, converted by both "
+        "Each row: one random bf16 synthetic checkpoint with the hub's names and `config.json` (or, where marked, "
+        "made by transformers' own model class and `save_pretrained`: `bench/hf_tiny.py`), converted by both "
         "tools with the same layout; both outputs restored with Orbax's public API and compared bit for bit. "
-        "Chunk shapes may differ (ckptconv's are finer, always inside one device's shard); MaxText reads any.",
+        "Chunk shapes may differ (ckptconv's are finer, always inside one device's shard); MaxText reads any. "
+        "DeepSeek's router bias: MaxText's converter writes it in `params/MoEBiasVar`, ckptconv under "
+        "`params/params` (where every MaxText 0.2.5 loader finds it; README), and it is compared there.",
         "",
         "| case | MaxText model_name | scan | devices | dtype | MaxText layout | leaves | MiB | result | metadata that differs |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -245,13 +286,17 @@ def write(rows: list[dict], ctx: dict, path: Path) -> None:
         if "error" in r:
             last = r["error"].strip().splitlines()[-1][:160].replace("|", "/")
             result = f"failed (ckptconv exit {r['ckptconv_exit']}, MaxText exit {r['maxtext_exit']}: `{last}`)"
-            lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} | {r['dtype']} "
-                         f"| {r['maxtext_layout']} | - | - | {result} | - |")
+            fresh[r["case"]] = (f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} "
+                                f"| {r['dtype']} | {r['maxtext_layout']} | - | - | {result} | - |")
             continue
         result = "**identical**" if r["identical"] else f"DIFFERENT: {r['value_mismatches'] or r['only_in_maxtext']}"
-        lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} | {r['dtype']} "
-                     f"| {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
-                     f"{', '.join(r['metadata_differences']) or 'none'} |")
+        fresh[r["case"]] = (f"| {r['case']} | {r['maxtext_model']} | {r['scan_layers']} | {r['devices']} "
+                            f"| {r['dtype']} | {r['maxtext_layout']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | {result} | "
+                            f"{', '.join(r['metadata_differences']) or 'none'} |")
+    if kept:
+        lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from earlier runs (`--merge`)."]
+    table = {**(kept or {}), **fresh}
+    lines += [table[case.name] for case in CASES if case.name in table]
     lines += ["", "Raw rows: `bench/work/families/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -261,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated case names or family names")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--out", default=str(BENCH / "FAMILIES.md"))
+    parser.add_argument("--merge", action="store_true", help="keep the earlier rows of the cases not run")
     args = parser.parse_args(argv)
     ctx = setup_maxtext()
     ctx["mt_env"] = {**ctx["mt_env"], **OFFLINE_ENV}
@@ -276,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(WORK / case.name / "hf", ignore_errors=True)
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps(rows, indent=2))
-    write(rows, ctx, Path(args.out))
+    kept = kept_rows(Path(args.out), {r["case"] for r in rows}) if args.merge else None
+    write(rows, ctx, Path(args.out), kept)
     return 0 if all(r.get("identical") for r in rows if "error" not in r) else 1
 
 

@@ -122,17 +122,35 @@ def stacked_view(meta: dict) -> dict:
     return rest
 
 
+def moved_view(meta: dict, moves: dict[tuple, tuple]) -> dict:
+    """B's leaves under a moved prefix seen where A keeps them (``("params", "MoEBiasVar")`` ->
+    ``("params", "params")``: where ckptconv writes the router bias so every MaxText loader finds it);
+    read from where B has them, compared by value."""
+    out = {}
+    for path, m in meta.items():
+        prefix = next((p for p in moves if path[:len(p)] == p), None)
+        if prefix is None:
+            out[path] = m
+        elif isinstance(m, tuple):  # a stack of B's layers: it keeps the axis B's collection stacks on
+            out[moves[prefix] + path[len(prefix):]] = m
+        else:
+            out[moves[prefix] + path[len(prefix):]] = ("at", path, m)
+    return out
+
+
 def load(items: Path, path: tuple, meta, raw: dict) -> np.ndarray:
     if isinstance(meta, tuple) and meta[0] == "stack":
         return np.stack([restore_leaf(items, p, raw[p]) for p in meta[1]], axis=meta[2])
+    if isinstance(meta, tuple) and meta[0] == "at":
+        return restore_leaf(items, meta[1], meta[2])
     return restore_leaf(items, path, meta)
 
 
-def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False) -> dict:
+def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False, moves: dict[tuple, tuple] | None = None) -> dict:
     start = time.perf_counter()
     items_a, items_b = items_dir(ckpt_a), items_dir(ckpt_b)
     meta_a, raw_b = leaf_metadata(items_a), leaf_metadata(items_b)
-    meta_b = stacked_view(raw_b) if stack_b else raw_b
+    meta_b = moved_view(stacked_view(raw_b) if stack_b else raw_b, moves or {})
     result = {"a": ckpt_a, "b": ckpt_b, "leaves_a": len(meta_a), "leaves_b": len(meta_b),
               "only_in_a": ["/".join(p) for p in sorted(set(meta_a) - set(meta_b))],
               "only_in_b": ["/".join(p) for p in sorted(set(meta_b) - set(meta_a))],
@@ -140,7 +158,7 @@ def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False) -> dict:
               "leaves": []}
     for path in sorted(set(meta_a) & set(meta_b)):
         name = "/".join(path)
-        if isinstance(meta_b[path], tuple):  # layers stacked from B's unscanned leaves: compare values only
+        if isinstance(meta_b[path], tuple):  # B's layers stacked, or a leaf B keeps elsewhere: values only
             a, b = restore_leaf(items_a, path, meta_a[path]), load(items_b, path, meta_b[path], raw_b)
             equal, why = same_bits(a, b)
             result["leaves_compared"] += 1
@@ -178,10 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a")
     parser.add_argument("b")
     parser.add_argument("--json", help="write the full result here")
+    parser.add_argument("--moved-in-b", action="append", default=[], metavar="FROM=TO",
+                        help="compare B's leaves under prefix FROM (a/b) as if they were under TO")
     parser.add_argument("--stack-layers-of-b", action="store_true",
                         help="B is unscanned: stack its layers_{i} leaves on axis 1 before comparing")
     args = parser.parse_args(argv)
-    result = compare(args.a, args.b, args.stack_layers_of_b)
+    moves = {tuple(old.split("/")): tuple(new.split("/")) for old, new in (m.split("=") for m in args.moved_in_b)}
+    result = compare(args.a, args.b, args.stack_layers_of_b, moves)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     for row in result["leaves"]:

@@ -5,8 +5,12 @@ their own axis, queries of Llama/Mistral/Mixtral/Gemma 2 arrive pre-scaled in th
 while Qwen and Gemma 3 scale at run time, Llama 3.1+ rotates *interleaved* pairs while the
 others rotate halves, norm scales are used as stored (Gemma's ``1 + w`` is in the weights),
 Gemma's embedding carries sqrt(hidden) and its tied logits are divided by it again, experts
-are stacked on a leading axis, and tied models take logits from the embedding. If a
-conversion gets any of that wrong, logits differ from the HF model's.
+are stacked on a leading axis, and tied models take logits from the embedding. OLMo 3's blocks
+are post-norm (each branch's output normalised before the residual add) and its q/k norms span
+all heads (a ``(heads * head_dim,)`` scale). DeepSeek's multi-head latent attention runs from its
+low-rank kernels (RoPE on the interleaved pairs of the rope dimensions, one rope key shared by all
+heads) and its MoE routes by sigmoid scores plus the router bias (stacked on axis 0 when scanned).
+If a conversion gets any of that wrong, logits differ from the HF model's.
 """
 
 from __future__ import annotations
@@ -28,12 +32,19 @@ class Semantics:
     rope_scaling: dict | None = None
     interleaved: bool = False
     runtime_query_scale: bool = False  # Qwen, Gemma 3: queries scaled by 1/sqrt(head_dim) at run time
-    moe: str | None = None  # "softmax_topk" (Qwen3-MoE), "topk_softmax" (Mixtral) or "gpt_oss" (biases, clamped SwiGLU)
+    # "softmax_topk" (Qwen3-MoE), "topk_softmax" (Mixtral), "gpt_oss" (biases, clamped SwiGLU) or "deepseek"
+    # (sigmoid scores, biased choice, routed_scaling_factor, shared experts)
+    moe: str | None = None
     top_k: int = 2
     gemma: bool = False  # four norms, GELU, embedding scaled, logits divided by sqrt(hidden)
     attn_softcap: float | None = None
     final_softcap: float | None = None
-    layout: str = "plain"  # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss (blocks of 2)
+    # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss, olmo3 (blocks of 2, 4) | deepseek
+    # (``dense_layers`` then ``moe_layers``; extra["dense_layers"] of them dense)
+    layout: str = "plain"
+    post_norm: bool = False  # OLMo 3: no pre-norms; attention and MLP outputs normalised before the residual add
+    sliding_window: int | None = None  # tokens a sliding layer sees (itself included)
+    sliding_layers: tuple[bool, ...] = ()  # per position in the layer pattern, repeated: is that layer sliding
     extra: dict = field(default_factory=dict)
 
 
@@ -78,11 +89,15 @@ def _take(node, index: int, axis: int):
 def layer_params(params: dict, i: int, sem: Semantics, scan: bool) -> dict:
     """HF layer ``i``'s parameters, wherever the layout put them (experts stay leading)."""
     decoder = params["decoder"]
+    if sem.layout == "deepseek":
+        dense = sem.extra["dense_layers"]
+        stack, n = ("dense_layers", i) if i < dense else ("moe_layers", i - dense)
+        return _deepseek_take(decoder[stack], n) if scan else decoder[f"{stack}_{n}"]
     if sem.layout == "gemma2":
         half = "local" if i % 2 == 0 else "global"
         node = _take(decoder["layers"], i // 2, 1) if scan else decoder[f"layers_{i // 2}"]
         return {k[: -len(half) - 1]: v for k, v in node.items() if k.endswith("_" + half)}
-    period = {"gemma3": 6, "gpt_oss": 2}.get(sem.layout)
+    period = {"gemma3": 6, "gpt_oss": 2, "olmo3": 4}.get(sem.layout)
     if period and scan:  # MaxText scans whole blocks: block position i % period, block i // period
         blocks = sem.num_layers // period
         if i < blocks * period:
@@ -98,6 +113,14 @@ def _stacked_take(node, i: int):
     if isinstance(node, dict):
         return {k: _stacked_take(v, i) for k, v in node.items()}
     return np.take(node, i, axis=1)
+
+
+def _deepseek_take(node, i: int, path: tuple[str, ...] = ()):
+    """DeepSeek's scanned leaves hold layers on axis 1, except the router bias (a MoEBiasVar in MaxText's
+    model, stacked as the model stacks it): axis 0."""
+    if isinstance(node, dict):
+        return {k: _deepseek_take(v, i, (*path, k)) for k, v in node.items()}
+    return np.take(node, i, axis=0 if path[-3:] == ("MoeBlock_0", "gate", "bias") else 1)
 
 
 def _gelu_tanh(x):
@@ -159,7 +182,58 @@ def _gpt_oss_moe(h, block, sem: Semantics):
     return out
 
 
-def _attention(h, att, positions, sem: Semantics):
+def _deepseek_moe(h, block, sem: Semantics):
+    """DeepSeek-V3: sigmoid scores; the top k of score + router bias chosen, weighted by their scores
+    (normalised, times routed_scaling_factor); plus the shared experts as one MLP."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    routed = block["MoeBlock_0"]
+    scores = 1 / (1 + np.exp(-(h @ f32(routed["gate"]["kernel"]))))
+    top = np.argsort(-(scores + f32(routed["gate"]["bias"])), axis=-1)[:, : sem.top_k]
+    weights = np.take_along_axis(scores, top, axis=-1)
+    if sem.extra.get("norm_topk_prob", True):
+        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    weights = weights * np.float32(sem.extra["routed_scaling_factor"])
+    out = _mlp(h, block["shared_experts"], _silu)
+    wi_0, wi_1, wo = f32(routed["wi_0"]), f32(routed["wi_1"]), f32(routed["wo"])
+    for t in range(h.shape[0]):
+        for k in range(sem.top_k):
+            e = top[t, k]
+            out[t] += weights[t, k] * ((_silu(h[t] @ wi_0[e]) * (h[t] @ wi_1[e])) @ wo[e])
+    return out
+
+
+def _mla_attention(h, att, positions, sem: Semantics):
+    """Multi-head latent attention: queries through wq_a, q_norm, wq_b; keys and values from wkv_a's latent
+    (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope dimensions."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    rope = sem.extra["qk_rope_head_dim"]
+    q = rms_norm(h @ f32(att["wq_a"]["kernel"]), att["q_norm"]["scale"], sem.eps)
+    q = np.einsum("tr,rhd->thd", q, f32(att["wq_b"]["kernel"]))
+    latent = h @ f32(att["wkv_a"]["kernel"])
+    kv = np.einsum("tr,rhd->thd", rms_norm(latent[:, :-rope], att["kv_norm"]["scale"], sem.eps),
+                   f32(att["wkv_b"]["kernel"]))
+    nope = q.shape[-1] - rope
+    inv_freq = rope_frequencies(rope, sem.theta, None)
+    q_rope = apply_rope(q[..., nope:], positions, inv_freq, interleaved=True)
+    k_rope = apply_rope(latent[:, None, -rope:], positions, inv_freq, interleaved=True)
+    q = np.concatenate([q[..., :nope], q_rope], axis=-1)
+    k = np.concatenate([kv[..., :nope], np.broadcast_to(k_rope, (*kv.shape[:2], rope))], axis=-1)
+    v = kv[..., nope:]
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.float32(math.sqrt(q.shape[-1]))
+    scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("thd,hde->te", np.einsum("hqk,khd->qhd", weights, v), f32(att["out"]["kernel"]))
+
+
+def _qk_norm(x, scale, eps):
+    """Per head (scale (head_dim,)), or over all heads at once (OLMo 3: scale (heads * head_dim,))."""
+    if scale.shape[-1] == x.shape[-1]:
+        return rms_norm(x, scale, eps)
+    return rms_norm(x.reshape(x.shape[0], -1), scale, eps).reshape(x.shape)
+
+
+def _attention(h, att, positions, sem: Semantics, window: int | None = None):
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
     k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
@@ -167,7 +241,7 @@ def _attention(h, att, positions, sem: Semantics):
     if "bias" in att["query"]:
         q, k, v = q + f32(att["query"]["bias"]), k + f32(att["key"]["bias"]), v + f32(att["value"]["bias"])
     if "query_norm" in att:
-        q, k = rms_norm(q, att["query_norm"]["scale"], sem.eps), rms_norm(k, att["key_norm"]["scale"], sem.eps)
+        q, k = _qk_norm(q, att["query_norm"]["scale"], sem.eps), _qk_norm(k, att["key_norm"]["scale"], sem.eps)
     head_dim = q.shape[-1]
     inv_freq = rope_frequencies(head_dim, sem.theta, sem.rope_scaling)
     q, k = apply_rope(q, positions, inv_freq, sem.interleaved), apply_rope(k, positions, inv_freq, sem.interleaved)
@@ -179,6 +253,8 @@ def _attention(h, att, positions, sem: Semantics):
     if sem.attn_softcap:
         scores = np.tanh(scores / sem.attn_softcap) * sem.attn_softcap
     scores = scores + np.triu(np.full(scores.shape[-2:], -np.inf), 1)
+    if window:  # a sliding layer: query t sees keys t - window + 1 .. t
+        scores = scores + np.tril(np.full(scores.shape[-2:], -np.inf), -window)
     if "sinks" in att:  # gpt-oss: a per-head logit that takes part in the softmax, then is dropped
         sinks = np.broadcast_to(f32(att["sinks"])[:, None, None], (*scores.shape[:2], 1))
         scores = np.concatenate([scores, sinks], axis=-1)
@@ -193,12 +269,20 @@ def _attention(h, att, positions, sem: Semantics):
 
 def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
     """Logits (T, vocab) for one sequence of ``tokens``."""
+    if sem.layout in ("qwen3_next", "qwen3_5"):  # the hybrid stack: its own forward, below
+        return hybrid_forward(params, tokens, sem, scan=scan)
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     embedding = f32(params["token_embedder"]["embedding"])
     x = embedding[tokens]
     positions = np.arange(len(tokens), dtype=np.float64)
     for i in range(sem.num_layers):
         p = layer_params(params, i, sem, scan)
+        if sem.post_norm:
+            sliding = sem.sliding_layers and sem.sliding_layers[i % len(sem.sliding_layers)]
+            h = _attention(x, p["attention"], positions, sem, sem.sliding_window if sliding else None)
+            x = x + rms_norm(h, p["post_self_attention_layer_norm"]["scale"], sem.eps)
+            x = x + rms_norm(_mlp(x, p["mlp"], _silu), p["post_mlp_layer_norm"]["scale"], sem.eps)
+            continue
         if sem.gemma:
             h = rms_norm(x, p["pre_self_attention_norm"]["scale"], sem.eps)
             h = _attention(h, p["self_attention"], positions, sem)
@@ -207,15 +291,19 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
             x = x + rms_norm(_mlp(h, p["mlp"], _gelu_tanh), p["post_ffw_norm"]["scale"], sem.eps)
             continue
         h = rms_norm(x, p["pre_self_attention_layer_norm"]["scale"], sem.eps)
-        x = x + _attention(h, p.get("self_attention", p.get("GptOssAttention")), positions, sem)
-        h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], sem.eps)
-        if sem.moe == "gpt_oss":
-            x = x + _gpt_oss_moe(h, p["GptOssMlp"], sem)
-        elif sem.moe:
-            block = p.get("moe_block", p.get("MoeBlock_0"))
-            x = x + _moe(h, block, sem)
+        if sem.layout == "deepseek":
+            x = x + _mla_attention(h, p["self_attention"], positions, sem)
         else:
+            x = x + _attention(h, p.get("self_attention", p.get("GptOssAttention")), positions, sem)
+        h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], sem.eps)
+        if "mlp" in p:  # a dense layer (every layer of a dense model; DeepSeek's first ones)
             x = x + _mlp(h, p["mlp"], _silu)
+        elif sem.moe == "deepseek":
+            x = x + _deepseek_moe(h, p["DeepSeekMoeBlock_0"], sem)
+        elif sem.moe == "gpt_oss":
+            x = x + _gpt_oss_moe(h, p["GptOssMlp"], sem)
+        else:
+            x = x + _moe(h, p.get("moe_block", p.get("MoeBlock_0")), sem)
     x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
     if "logits_dense" in params["decoder"]:
         logits = x @ f32(params["decoder"]["logits_dense"]["kernel"])

@@ -69,8 +69,25 @@ GPT_OSS_20B = {
 }
 GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128,
                 "layer_types": ["sliding_attention", "full_attention"] * 18}
+# allenai/Olmo-3-7B-Instruct config.json (the hub is not reachable from here: as MaxText's olmo3-7b.yml and
+# other public code restate it); Olmo-3.1-32B-Instruct: the same with MaxText olmo3-32b.yml's sizes.
+OLMO3_7B_INSTRUCT = {
+    "architectures": ["Olmo3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "eos_token_id": 100257,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 8,
+    "max_position_embeddings": 65536, "model_type": "olmo3", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0, "factor": 8.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "yarn"},
+    "rope_theta": 500000, "sliding_window": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.57.1", "use_cache": True, "vocab_size": 100278,
+}
+OLMO3_32B_INSTRUCT = {**OLMO3_7B_INSTRUCT, "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
+                      "num_hidden_layers": 64, "num_key_value_heads": 8,
+                      "layer_types": OLMO3_7B_INSTRUCT["layer_types"] * 2}
 PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
-             "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B}
+             "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "Olmo-3-7B-Instruct": OLMO3_7B_INSTRUCT,
+             "Olmo-3.1-32B-Instruct": OLMO3_32B_INSTRUCT}
 
 # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, as MaxText 0.2.5 copies it (hf_model_configs.py).
 QWEN3_NEXT_80B = {

@@ -14,6 +14,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckptconv.commands import synth
+from ckptconv.families import olmo3
 from tests.conftest import run_cli
 
 AXIS = "checkpoint_sharding_axis"
@@ -59,13 +60,21 @@ def expected_params(src, model: synth.SynthModel, scan: bool, dtype: str) -> dic
             name = {"q": "query", "k": "key", "v": "value"}[short]
             per_layer[f"self_attention/{name}/bias"] = (
                 lambda p, s=short, h=heads: hf[p + f"self_attn.{s}_proj.bias"].reshape(h, hd))
+    if mt == "olmo3":  # post-norm; module "attention"; q/k norms over all heads, copied (MaxText's hooks: identity)
+        per_layer = {name.replace("self_attention/", "attention/"): make for name, make in per_layer.items()
+                     if name != "pre_self_attention_layer_norm/scale"}
+        per_layer["post_mlp_layer_norm/scale"] = lambda p: hf[p + "post_feedforward_layernorm.weight"]
+        per_layer["attention/query_norm/scale"] = lambda p: hf[p + "self_attn.q_norm.weight"]
+        per_layer["attention/key_norm/scale"] = lambda p: hf[p + "self_attn.k_norm.weight"]
     params = {"token_embedder/embedding": hf["model.embed_tokens.weight"],
               "decoder/decoder_norm/scale": hf["model.norm.weight"]}
     if not model.tie_word_embeddings:
         params["decoder/logits_dense/kernel"] = hf["lm_head.weight"].T
     for name, make in per_layer.items():
         layers = [make(f"model.layers.{i}.") for i in range(model.num_layers)]
-        if scan:
+        if scan and mt == "olmo3":  # MaxText scans blocks of (3 sliding, 1 full): block position b holds b, b+4, ...
+            params |= {f"decoder/layers/layers_{b}/{name}": np.stack(layers[b::4], axis=1) for b in range(4)}
+        elif scan:
             params[f"decoder/layers/{name}"] = np.stack(layers, axis=1)
         else:
             params |= {f"decoder/layers_{i}/{name}": layer for i, layer in enumerate(layers)}
@@ -97,20 +106,23 @@ def maxtext_partition(shape, devices):
     return [None]
 
 
-CASES = [  # model_type, tied, scan, devices, dtype, extra config
-    ("qwen3", True, True, 16, "bfloat16", {}),
-    ("llama", False, True, 16, "bfloat16", {"rope_scaling": LLAMA31_ROPE}),
-    ("llama", True, False, 16, "float32", {}),
-    ("mistral", False, False, 1, "float32", {}),
-    ("qwen2", False, True, 1, "bfloat16", {}),
-    ("qwen3", False, False, 16, "float32", {}),
+CASES = [  # model_type, tied, scan, devices, dtype, extra config, layers
+    ("qwen3", True, True, 16, "bfloat16", {}, 2),
+    ("llama", False, True, 16, "bfloat16", {"rope_scaling": LLAMA31_ROPE}, 2),
+    ("llama", True, False, 16, "float32", {}, 2),
+    ("mistral", False, False, 1, "float32", {}, 2),
+    ("qwen2", False, True, 1, "bfloat16", {}, 2),
+    ("qwen3", False, False, 16, "float32", {}, 2),
+    ("olmo3", False, True, 16, "bfloat16", {"rope_scaling": olmo3.YARN}, 8),  # OLMo 3: whole blocks of 4
+    ("olmo3", False, False, 1, "float32", {}, 8),
 ]
 
 
-@pytest.mark.parametrize("model_type, tied, scan, devices, dtype, extra", CASES,
+@pytest.mark.parametrize("model_type, tied, scan, devices, dtype, extra, layers", CASES,
                          ids=[f"{c[0]}-{'scan' if c[2] else 'noscan'}-{c[3]}dev-{c[4]}" for c in CASES])
-def test_convert_layout_sharding_and_values(tmp_path, synth_dir, model_type, tied, scan, devices, dtype, extra):
-    model = synth.SynthModel(model_type=model_type, tie_word_embeddings=tied, config_overrides=extra)
+def test_convert_layout_sharding_and_values(tmp_path, synth_dir, model_type, tied, scan, devices, dtype, extra, layers):
+    model = synth.SynthModel(model_type=model_type, tie_word_embeddings=tied, num_layers=layers,
+                             config_overrides=extra)
     src, dst = synth_dir(model), tmp_path / "dst"
     flags = ["--scan-layers" if scan else "--no-scan-layers", "--devices", str(devices), "--dtype", dtype]
     result = run_cli("convert", str(src), str(dst), "--progress", "none", *flags)

@@ -7,6 +7,8 @@ safetensors reader, and ``transformers`` loads one exported directory.
 Through a bfloat16 MaxText checkpoint every step is exact except Gemma's ``1 + w`` norms: the
 sum is rounded to bfloat16 in the checkpoint (MaxText's converter does the same), so those
 norms come back within one bfloat16 step; through a float32 checkpoint Gemma is exact too.
+The models are every family's own round-trip examples (``Family.synthetic.round_trip``), so a family
+added to the registry is round-tripped here without touching this file.
 """
 
 import glob
@@ -19,29 +21,19 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckptconv.commands import synth
+from ckptconv.families import olmo3
 from ckptconv.commands.convert import ConvertRequest, convert
 from ckptconv.commands.export import PENDING, ExportRequest, export
 from ckptconv.errors import BadInputError, DestinationExistsError
+from ckptconv.families import FAMILIES
 from tests.conftest import run_cli
 
 MiB = 2**20
 MOE = {"num_experts": 4, "moe_intermediate_size": 32}
-MODELS = {
-    "qwen3": synth.SynthModel(model_type="qwen3"),
-    "qwen2": synth.SynthModel(model_type="qwen2", tie_word_embeddings=False),
-    "llama": synth.SynthModel(model_type="llama", tie_word_embeddings=False),
-    "llama3.1": synth.SynthModel(model_type="llama", config_overrides={"rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64}}),
-    "mistral": synth.SynthModel(model_type="mistral", tie_word_embeddings=False),
-    "qwen3_moe": synth.SynthModel(model_type="qwen3_moe", tie_word_embeddings=False, num_layers=3, **MOE),
-    "mixtral": synth.SynthModel(model_type="mixtral", tie_word_embeddings=False, num_experts=4),
-    "gemma2": synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96),
-    "gemma3": synth.SynthModel(model_type="gemma3", num_layers=8, vocab_size=96),  # a 6-layer block + 2 remainder
-    "deepseek_v3": synth.SynthModel(model_type="deepseek_v3", num_layers=3, **MOE),  # 1 dense, 2 MoE layers
-    "gpt_oss": synth.SynthModel(model_type="gpt_oss", num_layers=4, num_experts=4),
-}
-NORM_ROUNDED = ("gemma2", "gemma3")  # 1 + w rounded to bfloat16 in the checkpoint
+# Every family's round-trip examples (Family.synthetic.round_trip), by name: a new family brings its own.
+EXAMPLES = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.round_trip}
+MODELS = {name: synth.for_family(family, example.model) for name, (family, example) in EXAMPLES.items()}
+ROUNDED = {name: example.rounded for name, (_, example) in EXAMPLES.items() if example.rounded}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -86,9 +78,8 @@ def assert_same(source: dict, exported: dict, close: tuple[str, ...] = ()) -> No
 @pytest.mark.parametrize("name", MODELS)
 def test_round_trip_is_bit_identical(tmp_path, name, scan):
     model = MODELS[name]
-    src, _, hf, report = round_trip(tmp_path, model, scan, devices=16 if name in ("qwen3", "gpt_oss") else 1)
-    close = ("norm.weight",) if name in NORM_ROUNDED else ()
-    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf), close)
+    src, _, hf, report = round_trip(tmp_path, model, scan, devices=EXAMPLES[name][1].devices)
+    assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf), ROUNDED.get(name, ()))
     assert report["scan_layers"] is scan and report["status"] == "complete"
     assert json.loads((hf / "config.json").read_text()) == model.config()
     index = json.loads((hf / "model.safetensors.index.json").read_text())
@@ -96,8 +87,8 @@ def test_round_trip_is_bit_identical(tmp_path, name, scan):
     assert not (hf / PENDING).exists()
 
 
-@pytest.mark.parametrize("name", NORM_ROUNDED)
-def test_gemma_round_trip_through_float32_is_bit_identical(tmp_path, name):
+@pytest.mark.parametrize("name", ROUNDED)
+def test_rounded_round_trip_through_float32_is_bit_identical(tmp_path, name):
     src, _, hf, _ = round_trip(tmp_path, MODELS[name], scan=True, dtype="float32")
     assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
 
@@ -266,3 +257,23 @@ def test_export_peak_rss_does_not_grow_with_layers(tmp_path):
               f"{report['wall_seconds']:.1f} s")
         assert report["output_bytes"] > (layers * 30 * MiB)
     assert peaks[12] <= peaks[3] + 64 * MiB, {k: v / MiB for k, v in peaks.items()}
+
+
+def test_olmo3_saved_by_transformers_round_trips_bit_identical(tmp_path):
+    """An OLMo 3 made by transformers' own Olmo3ForCausalLM and save_pretrained (its transformers-5 config.json:
+    ``rope_parameters`` per layer type, YaRN on the full layers) converts and exports back bit for bit."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Olmo3Config(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=8,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=1,
+                                      max_position_embeddings=65536, rope_theta=500000.0,
+                                      rope_scaling=dict(olmo3.YARN))
+    src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
+    transformers.Olmo3ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(src))
+    assert "full_attention" in json.loads((src / "config.json").read_text())["rope_parameters"]
+    for scan in (True, False):
+        convert(ConvertRequest(str(src), str(mt), devices=16 if scan else 1, scan_layers=scan, progress="none",
+                               overwrite=True))
+        export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", overwrite=True))
+        assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))

@@ -5,18 +5,20 @@ tree, printed by building the model for each decoder block), not from ckptconv's
 """
 
 import json
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from ckptconv.commands import synth
+from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
 from ckptconv.families.base import always
 from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3", "gemma3_text",
-               "deepseek_v3", "kimi_k2", "gpt_oss"]
+MODEL_TYPES = [model_type for family in FAMILIES for model_type in family.model_types]  # every registered one
 
 
 def layer_tree(mt: str, m: synth.SynthModel) -> dict[str, tuple]:
@@ -119,11 +121,29 @@ def gpt_oss_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     return leaves
 
 
-def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
-    if mt in ("deepseek_v3", "kimi_k2"):
-        return deepseek_leaves(m, scan)
-    if mt == "gpt_oss":
-        return gpt_oss_leaves(m, scan)
+def olmo3_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's olmo3 tree (its Olmo3DecoderLayer): post-norm, module ``attention``, q/k norms over all heads;
+    scanned as blocks of (3 sliding, 1 full) layers, ``layers_0..3``, with no remainder."""
+    emb, nq, nkv, hd, mlp = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size
+    layer = {"attention/query/kernel": (emb, nq, hd), "attention/key/kernel": (emb, nkv, hd),
+             "attention/value/kernel": (emb, nkv, hd), "attention/out/kernel": (nq, hd, emb),
+             "attention/query_norm/scale": (nq * hd,), "attention/key_norm/scale": (nkv * hd,),
+             "post_self_attention_layer_norm/scale": (emb,), "post_mlp_layer_norm/scale": (emb,),
+             "mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
+    leaves = {"params/params/token_embedder/embedding": (m.vocab_size, emb),
+              "params/params/decoder/decoder_norm/scale": (emb,),
+              "params/params/decoder/logits_dense/kernel": (emb, m.vocab_size)}
+    for name, shape in layer.items():
+        if scan:
+            leaves |= {f"params/params/decoder/layers/layers_{b}/{name}": stacked(shape, m.num_layers // 4)
+                       for b in range(4)}
+        else:
+            leaves |= {f"params/params/decoder/layers_{i}/{name}": shape for i in range(m.num_layers)}
+    return leaves
+
+
+def decoder_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """The Llama-style decoders' trees (Llama, Mistral, Qwen, Mixtral, Gemma 2 and 3)."""
     layer, L = layer_tree(mt, m), m.num_layers
     vocab = {"gemma2": 256128, "gemma3": 262144, "gemma3_text": 262144}.get(mt, m.vocab_size)
     leaves = {"params/params/token_embedder/embedding": (vocab, m.hidden_size),
@@ -155,14 +175,88 @@ def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]
     return leaves
 
 
+def hybrid_leaves(config: dict, scan: bool) -> dict[str, tuple]:
+    """MaxText's qwen3_next / qwen3_5 trees (Qwen3NextDecoderLayer; Qwen3NextScannableBlock's nested scans:
+    local_layers on axes (1, 2), global_layer, a remainder; Qwen3_5ScannableBlock's layer_{p} over the periods)."""
+    t = config.get("text_config", config)
+    emb, heads, kv, hd = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    kh, vh, kd, vd = (t[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim"))
+    experts, moe, taps = t["num_experts"], t["moe_intermediate_size"], t["linear_conv_kernel_dim"]
+    period = t.get("full_attention_interval", 4)
+    common = {"input_layernorm/scale": (emb,), "post_attention_layernorm/scale": (emb,),
+              "mlp/routed_experts/gate/kernel": (emb, experts), "mlp/shared_expert/wi_0/kernel": (emb, moe),
+              "mlp/shared_expert/wi_1/kernel": (emb, moe), "mlp/shared_expert/wo/kernel": (moe, emb),
+              "mlp/shared_expert_gate/kernel": (emb, 1)}
+    experts_tree = {"mlp/routed_experts/wi_0": (experts, emb, moe), "mlp/routed_experts/wi_1": (experts, emb, moe),
+                    "mlp/routed_experts/wo": (experts, moe, emb)}
+    linear = common | {"attention/in_proj_qkvz/kernel": (emb, 2 * kh * kd + 2 * vh * vd),
+                       "attention/in_proj_ba/kernel": (emb, 2 * vh),
+                       "attention/conv1d/kernel": (taps, 1, 2 * kh * kd + vh * vd), "attention/A_log": (vh,),
+                       "attention/dt_bias": (vh,), "attention/norm/rms_norm/scale": (vd,),
+                       "attention/out_proj/kernel": (vh * vd, emb)}
+    full = common | {"attention/attention/query/kernel": (emb, heads, 2 * hd),
+                     "attention/attention/key/kernel": (emb, kv, hd), "attention/attention/value/kernel": (emb, kv, hd),
+                     "attention/attention/out/kernel": (heads * hd, emb),
+                     "attention/attention/query_norm/scale": (hd,), "attention/attention/key_norm/scale": (hd,)}
+    layers = t["num_hidden_layers"]
+    tree = {"token_embedder/embedding": (t["vocab_size"], emb), "decoder/decoder_norm/scale": (emb,)}
+    if not config.get("tie_word_embeddings", False):
+        tree["decoder/logits_dense/kernel"] = (emb, t["vocab_size"])
+
+    def stacked(shape: tuple, axes: tuple, expert: bool) -> tuple:  # expert leaves keep the expert axis first
+        return (shape[0], *axes, *shape[1:]) if expert or len(shape) > 1 else (*shape, *axes)
+
+    if not scan:
+        for i in range(layers):
+            kind = full if (i + 1) % period == 0 else linear
+            tree |= {f"decoder/layers_{i}/{k}": v for k, v in (kind | experts_tree).items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
+    blocks, rest = divmod(layers, period)
+    if config["model_type"] == "qwen3_5_moe":  # Qwen3_5ScannableBlock: layer_{p} over the periods
+        for p in range(period):
+            kind = full if p == period - 1 else linear
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), False) for k, v in kind.items()}
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), True) for k, v in experts_tree.items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
+    for prefix, kind, axes in (("decoder/layers/local_layers", linear, (blocks, period - 1)),
+                               ("decoder/layers/global_layer", full, (blocks,)),
+                               ("decoder/layers_remainder/local_layers", linear, (rest,))):
+        if all(axes):
+            tree |= {f"{prefix}/{k}": stacked(v, axes, False) for k, v in kind.items()}
+            tree |= {f"{prefix}/{k}": stacked(v, axes, True) for k, v in experts_tree.items()}
+    return {f"params/params/{k}": v for k, v in tree.items()}
+
+
+
+# MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
+MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
+    "deepseek": lambda mt, m, scan: deepseek_leaves(m, scan),
+    "gpt_oss": lambda mt, m, scan: gpt_oss_leaves(m, scan),
+    "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
+    "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
+    "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
+}
+
+
+def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    return MAXTEXT_TREES[BY_MODEL_TYPE[mt].name](mt, m, scan)
+
+
 def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
     if mt in ("deepseek_v3", "kimi_k2"):
         return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
                                 quantization="fp8" if tied else None)
     if mt == "gpt_oss":
         return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
+    if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
+        return synth.SynthModel(model_type=mt, num_layers=8, num_kv_heads=1,
+                                config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
+    if mt in ("qwen3_next", "qwen3_5_moe"):  # whole periods of 4 (Qwen3-Next: and a remainder of 2)
+        return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=6 if mt == "qwen3_next" else 8,
+                                num_experts=4, moe_intermediate_size=32)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,
                             num_experts=6 if mt in ("qwen3_moe", "mixtral") else 0, moe_intermediate_size=48)
 
@@ -178,6 +272,58 @@ def test_plan_matches_maxtext_tree(tmp_path, model_type, tied, scan):
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
     assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_leaves(model_type, model, scan)
     assert plan.tensor_count == len(synth.tensor_shapes(model))
+
+
+# Every example a family declares (its round-trip, logit and memory models, and the whole releases those stand
+# for), planned from header-only files: the same tree as MaxText's, scanned and not.
+EXAMPLES = {f"{kind}-{example.name}" + suffix: (family, fields)
+            for family in FAMILIES
+            for kind, examples in (("round_trip", family.synthetic.round_trip), ("logits", family.synthetic.logits),
+                                   ("memory", family.synthetic.memory))
+            for example in examples
+            for suffix, fields in (("", example.model), ("-fewer", getattr(example, "fewer", None)),
+                                   ("-full", getattr(example, "full", None)))
+            if fields}
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_plans_maxtexts_tree(tmp_path, name, scan):
+    family, fields = EXAMPLES[name]
+    model = synth.for_family(family, fields)
+    synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
+    plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=16)
+    assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_leaves(model.model_type, model, scan)
+
+
+def test_every_registered_family_is_complete():
+    """What a family's tests are derived from is there for every registered family: its synthetic config.json
+    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind),
+    MaxText's run-time semantics for the reference forward pass, MaxText's tree restated here, and a row in the
+    README's table of supported families."""
+    from tests.test_logits import SEMANTICS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    missing = []
+    for family in FAMILIES:
+        for kind in ("round_trip", "logits", "memory"):
+            if not getattr(family.synthetic, kind):
+                missing.append(f"{family.name}: no {kind} example")
+        for mt in family.model_types:
+            config = synth.SynthModel(model_type=mt).config()
+            if config["model_type"] != mt:
+                missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
+            if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
+                missing.append(f"{family.name}: no README row for {mt!r}")
+        if family.name not in SEMANTICS:
+            missing.append(f"{family.name}: no entry in tests/test_logits.py SEMANTICS")
+        if family.name not in MAXTEXT_TREES:
+            missing.append(f"{family.name}: no MaxText tree in tests/test_families.py MAXTEXT_TREES")
+    for kind in ("round_trip", "logits", "memory"):
+        names = [example.name for family in FAMILIES for example in getattr(family.synthetic, kind)]
+        missing += [f"{kind} example {name!r} named twice" for name in sorted(set(names)) if names.count(name) > 1]
+    assert missing == []
 
 
 def test_gemma3_scan_with_fewer_layers_than_a_block(tmp_path):
@@ -204,15 +350,15 @@ def test_registry_is_consistent():
 TRANSFORMERS_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
                         "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
                         "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "gpt_oss": "GptOssConfig",
-                        "deepseek_v3": "DeepseekV3Config"}
+                        "deepseek_v3": "DeepseekV3Config", "olmo3": "Olmo3Config"}
 
 
 @pytest.mark.parametrize("model_type", TRANSFORMERS_CONFIGS)
 def test_configs_written_by_transformers_parse(model_type):
     transformers = pytest.importorskip("transformers")
-    config = getattr(transformers, TRANSFORMERS_CONFIGS[model_type])(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16)
+    config = getattr(transformers, TRANSFORMERS_CONFIGS[model_type])(  # OLMo 3: whole blocks of 4 layers
+        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=4 if model_type == "olmo3" else 2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     data = json.loads(config.to_json_string())
     if model_type == "deepseek_v3":  # multi-head latent attention: as many KV heads as query heads
         data |= {"num_key_value_heads": 4, "first_k_dense_replace": 1}
@@ -268,6 +414,12 @@ def test_llama3_rope_scaling_turns_on_interleave():
     ("mixtral", "num_experts", 3, r"expert counts disagree"),
     ("gemma3", "sliding_window_pattern", 4, "'sliding_window_pattern' = 4 is not supported"),
     ("gemma3", "rms_norm_eps", float("nan"), None),
+    ("olmo3", "num_hidden_layers", 6, "num_hidden_layers=6 is not a multiple of 4"),
+    ("olmo3", "layer_types", ["sliding_attention", "full_attention"] * 2, "not the pattern MaxText runs"),
+    ("olmo3", "tie_word_embeddings", True, "'tie_word_embeddings' = True is not supported"),
+    ("olmo3", "attention_bias", True, "'attention_bias' = True is not supported"),
+    ("olmo3", "hidden_act", "gelu", "'hidden_act' = 'gelu' is not supported"),
+    ("olmo3", "sliding_window", 4096, None),
 ])
 def test_config_errors_name_the_field(model_type, field, value, message):
     model = synth.SynthModel(model_type=model_type, num_layers=4, config_overrides={field: value})
@@ -316,6 +468,20 @@ def test_published_giant_configs_parse(name):
     assert spec.num_layers == config["num_hidden_layers"]
     expected = {"gpt_oss": "mxfp4"}.get(config["model_type"], "fp8-block-128")
     assert spec.value("quantization") == ("int4-group-32" if name == "Kimi-K2-Thinking" else expected)
+
+
+@pytest.mark.parametrize("name, hidden, heads, kv_heads, layers", [
+    ("Olmo-3-7B-Instruct", 4096, 32, 32, 32), ("Olmo-3.1-32B-Instruct", 5120, 40, 8, 64)])
+def test_olmo3_published_configs_parse(name, hidden, heads, kv_heads, layers):
+    """The releases' config.json (transformers 4.57's form: rope_scaling YaRN, layer_types, no head_dim)."""
+    from tests.published_configs import PUBLISHED
+
+    spec = read_spec(BY_MODEL_TYPE["olmo3"], PUBLISHED[name], "config.json")
+    assert spec.num_layers == layers
+    assert {k: spec.dim(k) for k in ("emb", "heads", "kv_heads", "hd", "q", "kv", "mlp", "vocab")} == {
+        "emb": hidden, "heads": heads, "kv_heads": kv_heads, "hd": 128, "q": heads * 128, "kv": kv_heads * 128,
+        "mlp": PUBLISHED[name]["intermediate_size"], "vocab": 100278}
+    assert spec.runtime["rope_scaling"]["rope_type"] == "yarn" and spec.runtime["sliding_window"] == 4096
 
 
 @pytest.mark.parametrize("field, value, message", [

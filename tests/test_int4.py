@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
-from ckptconv.families import BY_MODEL_TYPE
+from ckptconv.families import BY_MODEL_TYPE, deepseek
 from ckptconv.families.inputs import INT4_SCHEME, INT4Groups, resolve
 from ckptconv.plan.conversion import read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -244,7 +244,7 @@ def test_unsupported_compressed_tensors_configs_are_refused(case):
 
 def test_compressed_tensors_is_read_only_where_a_family_reads_it():
     config = synth.SynthModel(model_type="gpt_oss", num_layers=2, num_experts=4, quantization="mxfp4").config()
-    config["quantization_config"] = synth.INT4_QUANTIZATION_CONFIG
+    config["quantization_config"] = deepseek.INT4_QUANTIZATION_CONFIG
     with pytest.raises(BadInputError, match="field 'quant_method' = 'compressed-tensors' is not supported"):
         read_spec(BY_MODEL_TYPE["gpt_oss"], config, "src/config.json")
 

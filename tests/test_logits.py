@@ -2,17 +2,22 @@
 
 HF side: ``transformers`` loads the HF checkpoint (float32, CPU). MaxText side: the checkpoint
 is restored with Orbax and run through ``tests/maxtext_forward.py`` with MaxText's semantics.
-Every model's weights are bf16-representable, so the two agree to float32 rounding.
+Every model's weights are bf16-representable, so the two agree to float32 rounding. The models
+are every family's own logit examples (``Family.synthetic.logits``); MaxText's run-time
+behaviour per family is the table ``SEMANTICS`` below.
 """
+
+from typing import Callable
 
 import numpy as np
 import pytest
 
 from ckptconv.commands import synth
+from ckptconv.families import BY_MODEL_TYPE, FAMILIES
 from tests import maxtext_forward
 from tests.conftest import run_cli
 from tests.maxtext_forward import Semantics
-from tests.test_convert import LLAMA31_ROPE, restore
+from tests.test_convert import restore
 
 
 def unflatten(flat: dict) -> dict:
@@ -26,62 +31,78 @@ def unflatten(flat: dict) -> dict:
     return tree
 
 
+def _base(model: synth.SynthModel, text: dict) -> dict:
+    return dict(family=model.model_type, num_layers=model.num_layers, eps=text["rms_norm_eps"],
+                theta=text.get("rope_theta", 10000.0))
+
+
+def _llama(model: synth.SynthModel, text: dict) -> Semantics:
+    scaling = text.get("rope_scaling")
+    return Semantics(**_base(model, text), rope_scaling=scaling,
+                     interleaved=bool(scaling and scaling.get("rope_type") == "llama3"))
+
+
+def hybrid_semantics(model_type: str, t: dict) -> Semantics:
+    """Qwen3-Next / Qwen3.5 (MaxText qwen3_next / qwen3_5): Gated DeltaNet, gated partial-RoPE attention,
+    softmax top-k experts with a gated shared expert; ``t`` the (text) config."""
+    rope = t.get("rope_parameters") or {}
+    return Semantics(family=model_type, num_layers=t["num_hidden_layers"], eps=t["rms_norm_eps"],
+                     theta=float(rope.get("rope_theta", t.get("rope_theta", 10000.0))), moe="softmax_topk",
+                     top_k=t["num_experts_per_tok"], layout="qwen3_5" if model_type == "qwen3_5_moe" else "qwen3_next",
+                     extra={"norm_topk_prob": t.get("norm_topk_prob", True),
+                            "period": t.get("full_attention_interval", 4),
+                            "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
+                            "k_heads": t["linear_num_key_heads"], "v_heads": t["linear_num_value_heads"],
+                            "k_hd": t["linear_key_head_dim"], "v_hd": t["linear_value_head_dim"]})
+
+
+# MaxText's run-time behaviour per family (its decoder block), for ``tests/maxtext_forward.py``: a family added
+# to the registry needs an entry here (the registry test checks it), its logit examples come from the family.
+SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
+    "llama": _llama,
+    "mistral": lambda m, t: Semantics(**_base(m, t)),
+    "qwen2": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True),
+    "qwen3": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True),
+    "qwen3_moe": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True, moe="softmax_topk",
+                                        top_k=t["num_experts_per_tok"], extra={"norm_topk_prob": t["norm_topk_prob"]}),
+    "mixtral": lambda m, t: Semantics(**_base(m, t), moe="topk_softmax", top_k=t["num_experts_per_tok"]),
+    "gemma2": lambda m, t: Semantics(**_base(m, t), gemma=True, attn_softcap=t["attn_logit_softcapping"],
+                                     final_softcap=t["final_logit_softcapping"], layout="gemma2"),
+    "gemma3": lambda m, t: Semantics(**_base(m, t), gemma=True, runtime_query_scale=True, layout="gemma3"),
+    "deepseek": lambda m, t: Semantics(**_base(m, t), moe="deepseek", top_k=t["num_experts_per_tok"],
+                                       layout="deepseek", extra={
+                                           "dense_layers": t["first_k_dense_replace"],
+                                           "qk_rope_head_dim": t["qk_rope_head_dim"],
+                                           "routed_scaling_factor": t["routed_scaling_factor"],
+                                           "norm_topk_prob": t["norm_topk_prob"]}),
+    "gpt_oss": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True, moe="gpt_oss",
+                                      top_k=t["num_experts_per_tok"], layout="gpt_oss",
+                                      extra={"swiglu_limit": t["swiglu_limit"], "swiglu_alpha": 1.702}),
+    "olmo3": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True, layout="olmo3", post_norm=True,
+                                    sliding_window=t["sliding_window"], sliding_layers=(True, True, True, False)),
+    "qwen3_next": lambda m, t: hybrid_semantics(m.model_type, t),
+    "qwen3_5_moe": lambda m, t: hybrid_semantics(m.model_type, t),
+}
+# transformers' default attention for these has no sinks: its eager one does
+EAGER = {"gpt_oss"}
+
+
 def semantics(model: synth.SynthModel) -> Semantics:
     """MaxText's run-time behaviour for this synthetic model's family."""
     config = model.config()
-    text = config.get("text_config", config)
-    mt = model.model_type
-    base = dict(family=mt, num_layers=model.num_layers, eps=text["rms_norm_eps"], theta=text.get("rope_theta", 10000.0))
-    if mt == "llama":
-        scaling = text.get("rope_scaling")
-        return Semantics(**base, rope_scaling=scaling, interleaved=bool(scaling and scaling.get("rope_type") == "llama3"))
-    if mt == "mistral":
-        return Semantics(**base)
-    if mt in ("qwen2", "qwen3"):
-        return Semantics(**base, runtime_query_scale=True)
-    if mt == "qwen3_moe":
-        return Semantics(**base, runtime_query_scale=True, moe="softmax_topk", top_k=text["num_experts_per_tok"],
-                         extra={"norm_topk_prob": text["norm_topk_prob"]})
-    if mt == "mixtral":
-        return Semantics(**base, moe="topk_softmax", top_k=text["num_experts_per_tok"])
-    if mt == "gemma2":
-        return Semantics(**base, gemma=True, attn_softcap=text["attn_logit_softcapping"],
-                         final_softcap=text["final_logit_softcapping"], layout="gemma2")
-    return Semantics(**base, gemma=True, runtime_query_scale=True, layout="gemma3")
+    return SEMANTICS[BY_MODEL_TYPE[model.model_type].name](model, config.get("text_config", config))
 
 
-# One RoPE for every Gemma 3 layer in these tiny models (HF uses a local and a global one).
-GEMMA3_ROPE = {"rope_theta": 10000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None}
-CASES = {  # name: (model, scan)
-    "qwen3": (synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), True),
-    "qwen2": (synth.SynthModel(model_type="qwen2", tie_word_embeddings=False), False),
-    # Llama 3.1+: interleaved RoPE, scaled q; Llama 2/3.0: half-split RoPE, scaled q, tied (like Llama 3.2 1B)
-    "llama3.1": (synth.SynthModel(model_type="llama", tie_word_embeddings=False,
-                                  config_overrides={"rope_scaling": LLAMA31_ROPE}), True),
-    "llama": (synth.SynthModel(model_type="llama", tie_word_embeddings=True), True),
-    "mistral": (synth.SynthModel(model_type="mistral", tie_word_embeddings=False), True),
-    "qwen3_moe": (synth.SynthModel(model_type="qwen3_moe", tie_word_embeddings=False, num_experts=8,
-                                   moe_intermediate_size=48, num_layers=3), True),
-    "qwen3_moe-noscan": (synth.SynthModel(model_type="qwen3_moe", tie_word_embeddings=True, num_experts=4,
-                                          moe_intermediate_size=32), False),
-    "mixtral": (synth.SynthModel(model_type="mixtral", tie_word_embeddings=False, num_experts=4), True),
-    "gemma2": (synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96), True),
-    "gemma2-noscan": (synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=96), False),
-    # like Gemma 2 27B: queries scaled by query_pre_attn_scalar (here 20 = hidden / heads), not head_dim
-    "gemma2-27b-like": (synth.SynthModel(model_type="gemma2", num_layers=2, vocab_size=96, hidden_size=80,
-                                         config_overrides={"query_pre_attn_scalar": 20}), True),
-    "gemma3_text": (synth.SynthModel(model_type="gemma3_text", num_layers=8, vocab_size=96,
-                                     config_overrides=GEMMA3_ROPE), True),
-    "gemma3_text-noscan": (synth.SynthModel(model_type="gemma3_text", num_layers=7, vocab_size=96,
-                                            config_overrides=GEMMA3_ROPE), False),
-}
+# Every family's logit examples (Family.synthetic.logits), by name: a new family brings its own.
+EXAMPLES = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.logits}
+CASES = {name: (synth.for_family(family, example.model), example.scan) for name, (family, example) in EXAMPLES.items()}
 
 
-def hf_logits(src, tokens: np.ndarray, conditional: bool = False) -> np.ndarray:
+def hf_logits(src, tokens: np.ndarray, conditional: bool = False, eager: bool = False) -> np.ndarray:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cls = transformers.Gemma3ForConditionalGeneration if conditional else transformers.AutoModelForCausalLM
-    hf_model = cls.from_pretrained(str(src), dtype=torch.float32)
+    hf_model = cls.from_pretrained(str(src), dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
     hf_model.eval()
     with torch.no_grad():
         return hf_model(torch.tensor(tokens[None])).logits[0].numpy()
@@ -95,13 +116,14 @@ def maxtext_logits(dst, tokens: np.ndarray, sem: Semantics, scan: bool, vocab: i
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_hf(tmp_path, synth_dir, case):
     model, scan = CASES[case]
+    family, example = EXAMPLES[case]
     src, dst = synth_dir(model), tmp_path / "dst"
-    flags = ["--devices", "4", "--dtype", "float32", "--scan-layers" if scan else "--no-scan-layers"]
+    flags = ["--devices", str(example.devices), "--dtype", "float32", "--scan-layers" if scan else "--no-scan-layers"]
     result = run_cli("convert", str(src), str(dst), "--progress", "none", *flags)
     assert result.returncode == 0, result.stderr
 
     tokens = np.random.default_rng(3).integers(0, model.vocab_size, size=12)
-    expected = hf_logits(src, tokens)
+    expected = hf_logits(src, tokens, eager=family.name in EAGER)
     got = maxtext_logits(dst, tokens, semantics(model), scan, model.vocab_size)
     assert np.abs(expected).max() > 1e-3  # a real signal, not zeros
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)

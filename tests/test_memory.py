@@ -1,9 +1,12 @@
 """Peak RSS must not grow with the model, and the plan's prediction must bound it tightly.
 
-- 4x the layers (4x the bytes) at the same widths: the same peak;
-- 4x the experts at the same widths: the same peak;
+The cases are every family's own memory examples (``Family.synthetic.memory``), among them:
+- 4x the layers (4x the bytes) at the same widths: the same peak (Qwen3);
+- 4x the experts at the same widths: the same peak (Qwen3-MoE; DeepSeek-V3's FP8 and Kimi-K2-Thinking's
+  INT4 releases);
 - Llama-3-70B widths (hidden 8192, MLP 28672, vocab 128256; a 2-layer model of 5 GB) convert
-  under 1 GiB with 1 and with 16 devices;
+  under 1 GiB with 1 and with 16 devices; one block of OLMo 3 32B under 1.5 GiB, and the whole
+  64-layer release planned alike;
 - for each, ``plan``'s predicted peak (what Prefect admission reserves) is >= the measured one
   and within 1.5x of it.
 
@@ -19,6 +22,7 @@ import shutil
 import pytest
 
 from ckptconv.commands import synth
+from ckptconv.families import FAMILIES
 from tests.conftest import run_cli
 
 MiB = 2**20
@@ -41,91 +45,41 @@ def convert_peak(src, dst, devices: int) -> tuple[int, int, int]:
     return measured, predicted, report["source_bytes"]
 
 
-def converted(synth_dir, tmp_path, model: synth.SynthModel, name: str, devices: int) -> tuple[int, int, int]:
-    src = synth_dir(model, name=name, fast=True)
-    return convert_peak(src, tmp_path / f"{name}-out{devices}", devices)
+# Every family's memory examples (Family.synthetic.memory), by name: a new family brings its own.
+EXAMPLES = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.memory}
 
 
 @pytest.mark.slow
-def test_peak_rss_does_not_grow_with_layers(synth_dir, tmp_path):
-    def model(layers):
-        return synth.SynthModel(vocab_size=8192, hidden_size=1024, num_layers=layers, num_heads=8, num_kv_heads=4,
-                                head_dim=128, intermediate_size=4096)
-
-    small_peak, _, small_bytes = converted(synth_dir, tmp_path, model(6), "layers6", 16)
-    big_peak, _, big_bytes = converted(synth_dir, tmp_path, model(24), "layers24", 16)
-    assert big_bytes - small_bytes > 500 * MiB  # the big model really is much bigger
-    assert big_peak <= small_peak + 64 * MiB, (small_peak / MiB, big_peak / MiB)
-
-
-@pytest.mark.slow
-def test_peak_rss_does_not_grow_with_experts(synth_dir, tmp_path):
-    """Qwen3-30B-A3B widths (hidden 2048, expert MLP 768), 2 layers, 8 vs 32 experts."""
-    def model(experts):
-        return synth.SynthModel(model_type="qwen3_moe", vocab_size=32000, hidden_size=2048, num_layers=2,
-                                num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144,
-                                num_experts=experts, moe_intermediate_size=768, tie_word_embeddings=False)
-
-    small_peak, _, small_bytes = converted(synth_dir, tmp_path, model(8), "experts8", 16)
-    big_peak, _, big_bytes = converted(synth_dir, tmp_path, model(32), "experts32", 16)
-    assert big_bytes - small_bytes > 400 * MiB
-    assert big_peak <= small_peak + 64 * MiB, (small_peak / MiB, big_peak / MiB)
-    one_device_peak, _, _ = convert_peak(tmp_path / "experts32", tmp_path / "experts32-out1", 1)  # also bounded
-    assert one_device_peak <= small_peak + 64 * MiB
-
-
-@pytest.mark.slow
-def test_fp8_release_peak_does_not_grow_with_experts(synth_dir, tmp_path):
-    """A DeepSeek-V3-shaped FP8 release (hidden 2048 and MLA ranks 512/256 here, 1 dense + 2 MoE
-    layers), 8 vs 32 routed experts: the experts are decoded read unit by read unit."""
-    def model(experts):
-        return synth.SynthModel(model_type="deepseek_v3", quantization="fp8", vocab_size=16384, hidden_size=2048,
-                                num_layers=3, num_heads=16, head_dim=128, intermediate_size=5632,
-                                moe_intermediate_size=1024, num_experts=experts,
-                                config_overrides={"q_lora_rank": 512, "kv_lora_rank": 256, "qk_rope_head_dim": 64})
-
-    small_peak, _, small_bytes = converted(synth_dir, tmp_path, model(8), "fp8-experts8", 16)
-    big_peak, _, big_bytes = converted(synth_dir, tmp_path, model(32), "fp8-experts32", 16)
-    assert big_bytes - small_bytes > 250 * MiB  # FP8 bytes: 24 more experts x 3 kernels x 2 layers x 2 MiB
-    assert big_peak <= small_peak + 64 * MiB, (small_peak / MiB, big_peak / MiB)
-
-
-@pytest.mark.slow
-def test_int4_release_peak_does_not_grow_with_experts(synth_dir, tmp_path):
-    """Kimi-K2-Thinking's format (INT4 experts, the rest bfloat16) at hidden 2048: 8 vs 32 experts."""
-    def model(experts):
-        return synth.SynthModel(model_type="kimi_k2", quantization="int4", vocab_size=16384, hidden_size=2048,
-                                num_layers=3, num_heads=16, head_dim=128, intermediate_size=5632,
-                                moe_intermediate_size=1024, num_experts=experts,
-                                config_overrides={"q_lora_rank": 512, "kv_lora_rank": 256, "qk_rope_head_dim": 64})
-
-    small_peak, _, small_bytes = converted(synth_dir, tmp_path, model(8), "int4-experts8", 16)
-    big_peak, _, big_bytes = converted(synth_dir, tmp_path, model(32), "int4-experts32", 16)
-    assert big_bytes - small_bytes > 140 * MiB  # INT4 bytes: 24 more experts x 3 kernels x 2 layers x 1.1 MiB
-    assert big_peak <= small_peak + 64 * MiB, (small_peak / MiB, big_peak / MiB)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 16])
-def test_llama_70b_widths_convert_under_one_gib(synth_dir, tmp_path_factory, devices):
-    """Two layers at Llama-3-70B widths (tied, to keep the suite's disk and time small: the widths
-    are what sets the memory). With --devices 1 no axis is sharded: tiles are cut from the
-    bytes budget alone, not from shards."""
-    src = _wide_source(tmp_path_factory)
-    measured, _, source_bytes = convert_peak(src, tmp_path_factory.mktemp(f"out{devices}") / "dst", devices)
-    assert source_bytes > 4.5 * GiB
-    assert measured <= 1 * GiB
-
-
-_WIDE: dict = {}
-
-
-def _wide_source(tmp_path_factory):
-    if "src" not in _WIDE:
-        model = synth.SynthModel(model_type="llama", vocab_size=128256, hidden_size=8192, num_layers=2, num_heads=64,
-                                 num_kv_heads=8, head_dim=128, intermediate_size=28672, tie_word_embeddings=True,
-                                 config_overrides={"rope_theta": 500000.0})
-        src = tmp_path_factory.mktemp("llama70b-widths") / "src"
-        synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, fast=True)
-        _WIDE["src"] = src
-    return _WIDE["src"]
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name):
+    """The family's memory example on each of its device counts: predicted >= measured >= predicted / 1.5;
+    no higher than the same widths with fewer layers or experts (``fewer``), under ``bound``; and the whole
+    release (``full``), planned from header-only files, predicted no higher than the example."""
+    family, example = EXAMPLES[name]
+    fewer_peak = fewer_bytes = None
+    if example.fewer:
+        fewer = synth_dir(synth.for_family(family, example.fewer), name=f"{name}-fewer", fast=True)
+        fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0])
+    src = synth_dir(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
+                    fast=True)
+    predictions = []
+    for devices in example.devices:
+        measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices)
+        predictions.append(predicted)
+        assert source_bytes > example.source_bytes  # the case really is as wide as it says
+        if example.bound:
+            assert measured <= example.bound, (measured / MiB, example.bound / MiB)
+        if fewer_peak is not None:
+            assert source_bytes - fewer_bytes > example.more_bytes  # the bigger model really is much bigger
+            assert measured <= fewer_peak + 64 * MiB, (fewer_peak / MiB, measured / MiB)
+    if example.full:
+        full = tmp_path / f"{name}-full"
+        synth.write_checkpoint(synth.for_family(family, example.full), str(full), max_shard_bytes=5 * 10**9,
+                               header_only=True)
+        for devices in example.devices:
+            planned = json.loads(run_cli("plan", str(full), "--devices", str(devices), "--json").stdout)
+            print(f"{name}, the whole release on {devices} devices: source {planned['source_bytes'] / GiB:.1f} GiB, "
+                  f"predicted peak {planned['predicted_peak_rss_bytes'] / MiB:.0f} MiB, "
+                  f"{planned['predicted_seconds'] / 60:.0f} min")
+            # the widths set the tiles; only the OCDBT node cache grows with the chunk count (full by then)
+            assert planned["predicted_peak_rss_bytes"] <= max(predictions) + 64 * MiB

@@ -35,6 +35,7 @@ from tests import hub_checkpoints, maxtext_forward
 from tests.conftest import run_cli
 from tests.maxtext_forward import Semantics
 from tests.test_export import hf_tensors
+from tests.test_families import hybrid_leaves
 from tests.test_logits import unflatten
 from tests.test_convert import restore
 
@@ -91,55 +92,6 @@ def test_logits_match_transformers(tmp_path, case):
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def maxtext_tree(config: dict, scan: bool) -> dict[str, tuple]:
-    """MaxText 0.2.5's qwen3_next parameter tree (Qwen3NextDecoderLayer, Qwen3NextScannableBlock), restated."""
-    t = config.get("text_config", config)
-    emb, heads, kv, hd = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
-    kh, vh, kd, vd = (t[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim"))
-    experts, moe, taps, period = t["num_experts"], t["moe_intermediate_size"], t["linear_conv_kernel_dim"], 4
-    common = {"input_layernorm/scale": (emb,), "post_attention_layernorm/scale": (emb,),
-              "mlp/routed_experts/gate/kernel": (emb, experts), "mlp/shared_expert/wi_0/kernel": (emb, moe),
-              "mlp/shared_expert/wi_1/kernel": (emb, moe), "mlp/shared_expert/wo/kernel": (moe, emb),
-              "mlp/shared_expert_gate/kernel": (emb, 1)}
-    experts_tree = {"mlp/routed_experts/wi_0": (experts, emb, moe), "mlp/routed_experts/wi_1": (experts, emb, moe),
-                    "mlp/routed_experts/wo": (experts, moe, emb)}
-    linear = common | {"attention/in_proj_qkvz/kernel": (emb, 2 * kh * kd + 2 * vh * vd),
-                       "attention/in_proj_ba/kernel": (emb, 2 * vh),
-                       "attention/conv1d/kernel": (taps, 1, 2 * kh * kd + vh * vd), "attention/A_log": (vh,),
-                       "attention/dt_bias": (vh,), "attention/norm/rms_norm/scale": (vd,),
-                       "attention/out_proj/kernel": (vh * vd, emb)}
-    full = common | {"attention/attention/query/kernel": (emb, heads, 2 * hd),
-                     "attention/attention/key/kernel": (emb, kv, hd), "attention/attention/value/kernel": (emb, kv, hd),
-                     "attention/attention/out/kernel": (heads * hd, emb),
-                     "attention/attention/query_norm/scale": (hd,), "attention/attention/key_norm/scale": (hd,)}
-    layers = t["num_hidden_layers"]
-    tree = {"token_embedder/embedding": (t["vocab_size"], emb), "decoder/decoder_norm/scale": (emb,),
-            "decoder/logits_dense/kernel": (emb, t["vocab_size"])}
-
-    def stacked(shape: tuple, axes: tuple, expert: bool) -> tuple:  # expert leaves keep the expert axis first
-        return (shape[0], *axes, *shape[1:]) if expert or len(shape) > 1 else (*shape, *axes)
-
-    if not scan:
-        for i in range(layers):
-            kind = full if (i + 1) % period == 0 else linear
-            tree |= {f"decoder/layers_{i}/{k}": v for k, v in (kind | experts_tree).items()}
-        return {f"params/params/{k}": v for k, v in tree.items()}
-    blocks, rest = divmod(layers, period)
-    if config["model_type"] == "qwen3_5_moe":  # Qwen3_5ScannableBlock: layer_{p} over the periods
-        for p in range(period):
-            kind = full if p == period - 1 else linear
-            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), False) for k, v in kind.items()}
-            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), True) for k, v in experts_tree.items()}
-        return {f"params/params/{k}": v for k, v in tree.items()}
-    for prefix, kind, axes in (("decoder/layers/local_layers", linear, (blocks, period - 1)),
-                               ("decoder/layers/global_layer", full, (blocks,)),
-                               ("decoder/layers_remainder/local_layers", linear, (rest,))):
-        if all(axes):
-            tree |= {f"{prefix}/{k}": stacked(v, axes, False) for k, v in kind.items()}
-            tree |= {f"{prefix}/{k}": stacked(v, axes, True) for k, v in experts_tree.items()}
-    return {f"params/params/{k}": v for k, v in tree.items()}
-
-
 @pytest.mark.parametrize("family, layers, scan", [("qwen3_next", 8, True), ("qwen3_next", 6, True),
                                                    ("qwen3_next", 5, False), ("qwen3_5_moe", 8, True),
                                                    ("qwen3_5_moe", 5, False)])
@@ -147,7 +99,7 @@ def test_plan_is_maxtexts_tree(tmp_path, family, layers, scan):
     config = CONFIGS[family](num_hidden_layers=layers)
     hub_checkpoints.write_hub(str(tmp_path), hub_checkpoints.hub_tensors(hub_checkpoints.build(config), config), config)
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=4)
-    assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_tree(config, scan)
+    assert {leaf.name: leaf.shape for leaf in plan.leaves} == hybrid_leaves(config, scan)
 
 
 @pytest.mark.parametrize("family", CONFIGS)
@@ -291,17 +243,17 @@ def test_qwen3_5_scanned_needs_whole_periods(tmp_path):
 
 # --- the pieces: TakePart / PutPart, the Join input -------------------------------------------------
 
-def test_take_part_splits_halves_and_put_part_restores_them():
+def test_gate_up_halves_split_and_join_back():
     from ckptconv.families import transforms as t
     from ckptconv.families.qwen3_5_moe import GATE, SWAP_LAST, UP
     from ckptconv.read.spec import ModelSpec
 
-    spec = ModelSpec("qwen3_5_moe", "qwen3_5_moe", 1, {})
+    spec = ModelSpec("qwen3_5_moe", "qwen3_5_moe", 1, {"moe_mlp": 4, "moe_mlp2": 8})
     fused = np.random.default_rng(0).standard_normal((3, 8, 5)).astype(np.float32)  # (experts, 2 * mlp, emb)
     gate, up = (t.apply_steps(fused, (part, SWAP_LAST), spec) for part in (GATE, UP))
     np.testing.assert_array_equal(gate, fused[:, :4].transpose(0, 2, 1))  # MaxText's process_wi_0_wi_1
     np.testing.assert_array_equal(up, fused[:, 4:].transpose(0, 2, 1))
-    assert t.chain_quantum(1, fused.shape, (GATE, SWAP_LAST), spec)[0] == t.WHOLE  # a read holds both halves
+    assert t.chain_quantum(1, fused.shape, (GATE, SWAP_LAST), spec)[0] == 8  # a read holds both halves
     assert t.chain_quantum(0, fused.shape, (GATE, SWAP_LAST), spec)[0] == 1  # experts may be cut anywhere
     back = np.empty_like(fused)
     for leaf, part in ((gate, GATE), (up, UP)):

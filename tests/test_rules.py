@@ -14,9 +14,10 @@ from safetensors.numpy import load_file
 from ckptconv import families, settings
 from ckptconv.commands import synth
 from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.families.base import Family, Output, Rule, rule
+from ckptconv.families.base import Family, Output, Rule, Synthetic, rule
 from ckptconv.families.decoder import (
-    GLOBAL_ROWS, KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_values, make_spec, read_dense_dims,
+    GLOBAL_ROWS, KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, Q_KERNEL, attention_rows, decoder_config, decoder_values,
+    make_spec, read_dense_dims,
 )
 from ckptconv.families.transforms import TRANSPOSE, TakeStrided
 from ckptconv.read import sources
@@ -42,13 +43,13 @@ FUSED = Family(
         rule(L + "mlp.down_proj.weight", ("mlp", "wo", "kernel"), ("emb", "mlp"), KERNEL),
     ),
     read_spec=read_spec,
+    synthetic=Synthetic(config=lambda m: decoder_config(m, "FusedToyForCausalLM")),
 )
 
 
 @pytest.fixture
 def fused_family(monkeypatch):
     monkeypatch.setitem(families.BY_MODEL_TYPE, "fused_toy", FUSED)
-    monkeypatch.setitem(synth._CONFIGS, "fused_toy", lambda m: synth._decoder(m, "FusedToyForCausalLM"))
 
 
 @pytest.mark.parametrize("budget", [None, 4096])

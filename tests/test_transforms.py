@@ -15,7 +15,7 @@ from ckptconv.read.spec import ModelSpec
 
 
 def spec(interleave: bool = True, **dims) -> ModelSpec:
-    base = {"emb": 16, "heads": 4, "kv_heads": 2, "hd": 8, "maxtext_vocab": 40}
+    base = {"emb": 16, "heads": 4, "kv_heads": 2, "hd": 8, "maxtext_vocab": 40, "qkv": 48, "group": 12}
     return ModelSpec("llama", "llama", 2, {**base, **dims},
                      {"interleave_rope": interleave, "query_scale": t.query_scale(8), "embed_scale": 4.0})
 
@@ -99,6 +99,10 @@ CHAINS = {
     "embedding cut": ((50, 16), (t.SCALE_EMBEDDING, t.RESIZE_VOCAB)),
     "bias": ((32,), (t.split_last("heads"),)),
     "fused experts": ((3, 16, 12), (t.Permute("swap", (0, 2, 1)), t.TakeStrided("odd", -1, 1, 2))),
+    # k of a fused [q (32) | k (8) | v (8)] projection: one period, the whole axis
+    "fused projection": ((48, 16), (t.TakeRanges("k", 0, "qkv", 32, 8), t.TRANSPOSE, t.split_last("kv_heads"))),
+    # v of head groups regrouped [q (4) | k (4) | v (4)] x 4: the same range of every group
+    "regrouped heads": ((48, 16), (t.TakeRanges("v", 0, "group", 8, 4), t.TRANSPOSE)),
 }
 
 
@@ -133,7 +137,8 @@ def test_misaligned_cut_is_refused():
     assert t.chain_quantum(1, (32, 16), (t.TRANSPOSE, t.split_last("heads")), s) == (1, 0)
 
 
-@pytest.mark.parametrize("name", [n for n in CHAINS if n != "fused experts"])
+@pytest.mark.parametrize("name", [n for n in CHAINS if n not in ("fused experts", "fused projection",
+                                                                  "regrouped heads")])
 def test_regions_invert_to_the_source_band(name):
     """What export does: the forward box of a band, read from the whole transform and undone,
     is the band itself (rows a truncating Resize dropped come back as zeros)."""
@@ -165,3 +170,24 @@ def test_put_strided_assembles_the_fused_tensor_from_both_leaves():
     np.testing.assert_array_equal(out, x)
     with pytest.raises(NotImplementedError):
         t.apply_steps(x, (t.TakeStrided("odd", -1, 1, 2).inverse(),), spec())
+
+
+def test_take_ranges_is_the_restated_split_and_its_inverse_the_join():
+    """A fused projection and regrouped heads split into their parts (against plain slicing), and the parts'
+    inverses join them back into the fused tensor, whole."""
+    x = np.arange(48 * 16, dtype=np.float32).reshape(48, 16)
+    fused = {"q": (0, 32), "k": (32, 8), "v": (40, 8)}  # one period: the whole axis
+    grouped = {"q": (0, 4), "k": (4, 4), "v": (8, 4)}  # every period of 12
+    for parts, period, restate in ((fused, "qkv", lambda a, b: x[a:a + b]),
+                                   (grouped, "group", lambda a, b: x.reshape(4, 12, 16)[:, a:a + b].reshape(-1, 16))):
+        out = np.full(x.shape, np.nan, np.float32)
+        for name, (start, width) in parts.items():
+            steps = (t.TakeRanges(name, 0, period, start, width), t.TRANSPOSE)
+            leaf = t.apply_steps(x, steps, spec())
+            np.testing.assert_array_equal(leaf, restate(start, width).T)
+            assert t.output_shape(x.shape, steps, spec()) == leaf.shape
+            t.apply_inverse(leaf, steps, spec(), t.inverse_boxes(t.full_box(x.shape), x.shape, steps, spec()), out)
+        np.testing.assert_array_equal(out, x)
+    assert t.TakeStrided("odd", -1, 1, 2) == t.TakeRanges("odd", -1, 2, 1, 1)  # interleaved: ranges one wide
+    with pytest.raises(t.Misaligned):
+        t.TakeRanges("k", 0, 10, 8, 4).shape((48, 16), spec())  # a range beyond its period

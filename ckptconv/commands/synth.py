@@ -1,9 +1,10 @@
 """Synthesise a small random HF checkpoint of any supported family (demo, tests, benchmarks).
 
-The ``config.json`` looks like the hub's for that family (Gemma 3 nests its decoder in
-``text_config`` and names tensors ``language_model.model.*``, as ``Gemma3ForConditionalGeneration``
-checkpoints ship). Tensor names and shapes come from the family's own rules through the
-planner, so a synthetic checkpoint is exactly what the planner expects. Weights are random but
+The ``config.json`` looks like the hub's for that family (each family writes its own:
+``Family.synthetic.config``; Gemma 3 nests its decoder in ``text_config`` and names tensors
+``language_model.model.*``, as ``Gemma3ForConditionalGeneration`` checkpoints ship). Tensor
+names and shapes come from the family's own rules through the planner, so a synthetic
+checkpoint is exactly what the planner expects. Weights are random but
 bf16-representable, so a float32 reference forward pass and the bf16 checkpoint agree. Files
 are written tensor by tensor, never holding the model, so benchmark-sized checkpoints (16 GB)
 can be made here too. ``header_only`` writes headers with sparse (unallocated) data, for
@@ -18,14 +19,14 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Mapping
 
 import ml_dtypes
 import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import LayoutError
+from ckptconv.families.base import Family, LayoutError
 
 
 @dataclass(frozen=True)
@@ -51,173 +52,19 @@ class SynthModel:
     extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
 
     def config(self) -> dict:
-        config = _drop_none(_CONFIGS[self.model_type](self))
+        """The ``config.json`` the family writes for these sizes (its ``synthetic.config``), plus the overrides."""
+        config = _drop_none(BY_MODEL_TYPE[self.model_type].synthetic.config(self))
         # after the template's unset fields are dropped: an override of None is written as null,
         # as real configs hold them (DeepSeek-V2-Lite's "q_lora_rank": null)
         (config["text_config"] if "text_config" in config else config).update(self.config_overrides)
         return config
 
 
-def _decoder(m: SynthModel, architecture: str, **extra: Any) -> dict:
-    return {
-        "architectures": [architecture],
-        "model_type": m.model_type,
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "intermediate_size": m.intermediate_size,
-        "tie_word_embeddings": m.tie_word_embeddings,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 4096,
-        "torch_dtype": m.dtype,
-        **extra,
-    }
+def for_family(family: Family, fields: Mapping[str, Any]) -> SynthModel:
+    """The synthetic model an :class:`~ckptconv.families.base.Example` of ``family`` describes
+    (``model_type`` defaults to the family's first)."""
+    return SynthModel(**{"model_type": family.model_types[0], **fields})
 
-
-def _qwen3_moe(m: SynthModel) -> dict:
-    return _decoder(m, "Qwen3MoeForCausalLM", num_experts=m.num_experts or 8,
-                    moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size // 2,
-                    num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                    attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=m.num_layers,
-                    output_router_logits=False, router_aux_loss_coef=0.001)
-
-
-def _mixtral(m: SynthModel) -> dict:
-    return _decoder(m, "MixtralForCausalLM", num_local_experts=m.num_experts or 8, num_experts_per_tok=2,
-                    sliding_window=None, output_router_logits=False, router_aux_loss_coef=0.02)
-
-
-def _gemma_text(m: SynthModel, model_type: str) -> dict:
-    config = _decoder(m, "Gemma2ForCausalLM" if model_type == "gemma2" else "Gemma3ForCausalLM",
-                      model_type=model_type, hidden_act=None, hidden_activation="gelu_pytorch_tanh",
-                      query_pre_attn_scalar=m.head_dim, sliding_window=64, attention_bias=False,
-                      tie_word_embeddings=True)
-    if model_type == "gemma2":
-        config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
-    else:
-        config.update(rope_local_base_freq=10000.0, rope_theta=1000000.0, sliding_window_pattern=6,
-                      rope_scaling={"factor": 8.0, "rope_type": "linear"})
-    return config
-
-
-def _gemma3(m: SynthModel) -> dict:
-    text = _gemma_text(m, "gemma3_text")
-    for key in ("architectures", "torch_dtype"):
-        text.pop(key)
-    return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
-            "vision_config": {"hidden_size": 32, "image_size": 28, "intermediate_size": 64,
-                              "model_type": "siglip_vision_model", "num_attention_heads": 2, "num_hidden_layers": 1,
-                              "patch_size": 14, "vision_use_head": False},
-            "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5, "mm_tokens_per_image": 4,
-            "torch_dtype": m.dtype}
-
-
-def _deepseek(m: SynthModel) -> dict:
-    """DeepSeek-V3's config.json with small sizes (MLA ranks scaled down; one dense layer first)."""
-    config = {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": m.model_type, "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
-        "moe_intermediate_size": m.moe_intermediate_size or m.intermediate_size // 2,
-        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_heads,
-        "n_routed_experts": m.num_experts or 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1,
-        "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "routed_scaling_factor": 2.5,
-        "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": 32,
-        "kv_lora_rank": 16, "qk_nope_head_dim": m.head_dim, "qk_rope_head_dim": 8, "v_head_dim": m.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
-        "tie_word_embeddings": False, "attention_bias": False, "num_nextn_predict_layers": 0, "torch_dtype": m.dtype,
-    }
-    if m.quantization == "fp8":
-        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                         "weight_block_size": [128, 128]}
-    if m.quantization == "int4":
-        config["quantization_config"] = json.loads(json.dumps(INT4_QUANTIZATION_CONFIG))
-    return config
-
-
-# Kimi-K2-Thinking's quantization_config: its routed experts in compressed-tensors INT4, the
-# modules ``ignore`` names (attention, shared experts, dense MLPs, lm_head) in bfloat16.
-INT4_QUANTIZATION_CONFIG = {
-    "config_groups": {"group_0": {
-        "input_activations": None, "output_activations": None, "targets": ["Linear"],
-        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
-                    "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True,
-                    "type": "int"}}},
-    "format": "pack-quantized",
-    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
-    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
-}
-
-
-def _gpt_oss(m: SynthModel) -> dict:
-    """gpt-oss's config.json with small sizes; ``quantization="mxfp4"`` stores its experts as released."""
-    config = _decoder(m, "GptOssForCausalLM", attention_bias=True, num_local_experts=m.num_experts or 4,
-                      num_experts_per_tok=2, experts_per_token=2, sliding_window=64, swiglu_limit=7.0,
-                      initial_context_length=4096, tie_word_embeddings=False, rms_norm_eps=1e-5,
-                      layer_types=["sliding_attention", "full_attention"] * (m.num_layers // 2))
-    if m.quantization == "mxfp4":
-        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-    return config
-
-
-def _qwen3_next(m: SynthModel) -> dict:
-    """Qwen3-Next's config.json as the hub ships it (transformers-4 spelling): linear attention with as
-    many key/value heads as the full attention's KV/query heads, a full-attention layer every 4."""
-    return _decoder(m, "Qwen3NextForCausalLM", num_experts=m.num_experts or 8,
-                    moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size // 2,
-                    shared_expert_intermediate_size=m.moe_intermediate_size or m.intermediate_size // 2,
-                    num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                    full_attention_interval=4, linear_conv_kernel_dim=4, linear_key_head_dim=m.head_dim,
-                    linear_value_head_dim=m.head_dim, linear_num_key_heads=m.num_kv_heads,
-                    linear_num_value_heads=m.num_heads, partial_rotary_factor=0.25, output_router_logits=False,
-                    router_aux_loss_coef=0.001)
-
-
-FP8_KEPT_TYPES = ("qwen3_5_moe",)  # FP8 releases whose block scales MaxText keeps as leaves
-
-
-def _qwen3_5_moe(m: SynthModel) -> dict:
-    """Qwen3.5-MoE's config.json: Qwen3-Next's text decoder in ``text_config`` (transformers-5 spelling,
-    mRoPE sections), a vision tower's settings beside it."""
-    text = _qwen3_next(m)
-    for key in ("architectures", "torch_dtype", "rope_theta", "partial_rotary_factor", "decoder_sparse_step",
-                "intermediate_size", "tie_word_embeddings"):
-        text.pop(key)
-    text.update(model_type="qwen3_5_moe_text", attn_output_gate=True, attention_bias=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                                 "mrope_interleaved": True, "mrope_section": [1, 1, 0]})
-    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-              "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
-              "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
-    if m.quantization == "fp8":  # the -FP8 release: e4m3 linear layers with bfloat16 128x128 block scales
-        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                         "weight_block_size": [128, 128]}
-    return config
-
-
-_CONFIGS: dict[str, Callable[[SynthModel], dict]] = {
-    "qwen3": lambda m: _decoder(m, "Qwen3ForCausalLM"),
-    "qwen2": lambda m: _decoder(m, "Qwen2ForCausalLM"),
-    "llama": lambda m: _decoder(m, "LlamaForCausalLM"),
-    "mistral": lambda m: _decoder(m, "MistralForCausalLM"),
-    "qwen3_moe": _qwen3_moe,
-    "mixtral": _mixtral,
-    "gemma2": lambda m: _gemma_text(m, "gemma2"),
-    "gemma3_text": lambda m: _gemma_text(m, "gemma3_text"),
-    "gemma3": _gemma3,
-    "deepseek_v3": _deepseek,
-    "kimi_k2": _deepseek,
-    "gpt_oss": _gpt_oss,
-    "qwen3_next": _qwen3_next,
-    "qwen3_5_moe": _qwen3_5_moe,
-}
-# Stored-name prefixes of hub checkpoints whose decoder is not at the root.
-_HUB_PREFIX = {"gemma3": ("model.", "language_model.model.")}
 
 QWEN3_0_6B = SynthModel(
     vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
@@ -245,11 +92,11 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     except LayoutError:  # a model MaxText cannot scan: the unscanned layout names the same tensors
         stacks = family.layout(spec, False)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
-    stored, hub = _HUB_PREFIX.get(model.model_type, ("", ""))
+    stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
     for name, (_, shape) in expected.items():
         join = family.join_for(name)
-        if join is not None:  # stored in parts (Qwen3.5's in_proj_qkv and in_proj_z; its FP8 experts)
+        if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
         shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
@@ -297,10 +144,15 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
+def _keeps_scales(model_type: str) -> bool:
+    """A family whose rules read FP8 block scales themselves (MaxText keeps its FP8 releases quantised)."""
+    return any(rule.hf.endswith("_scale_inv") for rule in BY_MODEL_TYPE[model_type].rules)
+
+
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
-    if model.quantization == "fp8" and model.model_type in FP8_KEPT_TYPES:
+    if model.quantization == "fp8" and _keeps_scales(model.model_type):
         return None
     if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
         return "fp8"

@@ -1,20 +1,23 @@
 """What each family's tensors become: the family registry (one entry per family module, looked up by
 ``config.json``'s ``model_type``), and the transforms, inputs, tiles and sharding that carry it out.
 
-Adding a family is one small module defining ``FAMILY`` plus a line here and a test.
+Adding a family is one small module defining ``FAMILY`` (with its ``synthetic`` config and examples) plus a
+line here: the tests are derived from this registry, and ``tests/test_families.py`` checks that every
+registered family brings what they need.
 """
 
 from __future__ import annotations
 
 from ckptconv.errors import BadInputError
 from ckptconv.families import (
-    deepseek, gemma2, gemma3, gpt_oss, llama, mistral, mixtral, qwen2, qwen3, qwen3_5_moe, qwen3_moe, qwen3_next,
+    deepseek, gemma2, gemma3, gpt_oss, llama, mistral, mixtral, olmo3, qwen2, qwen3, qwen3_5_moe, qwen3_moe,
+    qwen3_next,
 )
 from ckptconv.families.base import Family
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_moe.FAMILY, mixtral.FAMILY, gemma2.FAMILY,
-    gemma3.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, qwen3_next.FAMILY, qwen3_5_moe.FAMILY,
+    gemma3.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, olmo3.FAMILY, qwen3_next.FAMILY, qwen3_5_moe.FAMILY,
 )
 
 BY_MODEL_TYPE: dict[str, Family] = {mt: family for family in FAMILIES for mt in family.model_types}

@@ -8,7 +8,10 @@ A family is data:
 - ``layout``: the :class:`LayerStack` s that place HF layers in MaxText's tree, scanned or not
   (Llama: one stack ``decoder/layers``; Gemma 3: six block stacks plus a remainder; Gemma 2:
   local and global stacks of alternating layers);
-- what the checkpoint may hold that MaxText's layout does not (a vision tower), reported, not written.
+- what the checkpoint may hold that MaxText's layout does not (a vision tower), reported, not written;
+- ``synthetic``: how to write a small checkpoint of the family (its ``config.json`` in the hub's form for
+  given sizes) and the named examples the test suite derives its round-trip, logit and memory cases
+  from, so a new family is its own file and the tests follow from the registry.
 
 The planner derives every leaf (name, shape, sources) from these; scanned and unscanned
 layouts come from the same rules, so they can never disagree.
@@ -16,8 +19,8 @@ layouts come from the same rules, so they can never disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
 
 from ckptconv.families.inputs import ExpertJoin, Join
 from ckptconv.families.transforms import Step
@@ -165,6 +168,84 @@ def block_layout(period: int, name: str = "layers") -> Callable[[ModelSpec, bool
     return layout
 
 
+class Sizes(Protocol):
+    """The sizes a synthetic checkpoint is written with (``ckptconv.commands.synth.SynthModel``)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_word_embeddings: bool
+    num_experts: int
+    moe_intermediate_size: int
+    quantization: str | None
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """A small model of the family that a test derived from the registry builds and converts.
+
+    ``model``: ``SynthModel`` fields (``model_type`` defaults to the family's first); ``name`` is the
+    test's id, unique across families. ``scan``/``devices``: how the test converts it (a round trip
+    converts both scanned and not, on ``devices``). ``rounded``: tensor name endings a bfloat16 round
+    trip gives back within one bfloat16 step rather than bit for bit (Gemma's ``1 + w`` norms).
+    """
+
+    name: str
+    model: Mapping[str, Any] = field(default_factory=dict)
+    scan: bool = True
+    devices: int = 1
+    rounded: tuple[str, ...] = ()
+
+
+MIB, GIB = 2**20, 2**30  # for the examples' byte counts
+
+
+@dataclass(frozen=True)
+class MemoryExample:
+    """A peak-memory case: ``model`` converted (a fresh process per device count in ``devices``) peaks no
+    higher than ``plan`` predicts, and the prediction is tight (the test's bounds).
+
+    ``fewer``: the same widths with fewer layers or experts, converted first on ``devices[0]``: the
+    peak must not grow past its peak, and ``model`` must hold at least ``more_bytes`` more. ``bound``:
+    bytes the peak stays under; ``source_bytes``: how big the source at least is (the case really is
+    wide). ``full``: the whole release's config.json, planned with header-only files: its prediction
+    must be no more than the case's.
+    """
+
+    name: str
+    model: Mapping[str, Any]
+    devices: tuple[int, ...] = (16,)
+    fewer: Mapping[str, Any] | None = None
+    more_bytes: int = 0
+    bound: int | None = None
+    source_bytes: int = 0
+    full: Mapping[str, Any] | None = None
+    max_shard_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    """How to write a synthetic checkpoint of the family, and the examples its tests are derived from.
+
+    ``config``: sizes -> ``config.json`` as the hub ships it (unset fields None, dropped by the writer);
+    ``hub_prefixes``: model_type -> (prefix the rules use, prefix the hub stores) where the hub nests the
+    decoder (Gemma 3's ``Gemma3ForConditionalGeneration``: ``language_model.model.``). Every family has at
+    least one example of each kind (a registry test checks it).
+    """
+
+    config: Callable[[Sizes], dict]
+    round_trip: tuple[Example, ...] = ()
+    logits: tuple[Example, ...] = ()
+    memory: tuple[MemoryExample, ...] = ()
+    hub_prefixes: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family: how its config reads, its rules, and how its layers stack."""
@@ -174,6 +255,7 @@ class Family:
     decoder_block: str  # MaxText's ``decoder_block`` for this family (report, README)
     rules: tuple[Rule, ...]
     read_spec: Callable[[ConfigReader], ModelSpec]
+    synthetic: Synthetic
     layout: Callable[[ModelSpec, bool], tuple[LayerStack, ...]] = uniform_layout
     # Stored name prefix -> the prefix the rules are written with (checkpoints saved by
     # different transformers versions name the same tensor differently).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptconv.families.base import Rule, rule, untied
+from ckptconv.families.base import Rule, Sizes, rule, untied
 from ckptconv.families.transforms import TRANSPOSE, Step, query_scale, split_first, split_last
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -109,3 +109,26 @@ def decoder_values(cfg: ConfigReader, *, interleave_rope: bool = False, scale_qu
     if scale_query:
         values["query_scale"] = query_scale(head_dim or 1)
     return values
+
+
+def decoder_config(m: Sizes, architecture: str, **extra: Any) -> dict:
+    """A Llama-style decoder's ``config.json`` for synthetic checkpoints, as the hub writes it; ``extra``
+    adds or replaces fields (None: left out)."""
+    return {
+        "architectures": [architecture],
+        "model_type": m.model_type,
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate_size,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "torch_dtype": m.dtype,
+        **extra,
+    }

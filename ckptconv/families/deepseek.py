@@ -20,7 +20,11 @@ converter skips them too) and are named in the report.
 
 from __future__ import annotations
 
-from ckptconv.families.base import Family, LayerStack, Output, Rule, rule
+import json
+
+from ckptconv.families.base import (
+    MIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
+)
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
@@ -135,12 +139,73 @@ def not_converted(spec: ModelSpec) -> tuple[tuple[str, str], ...]:
                  for i in range(spec.value("mtp_layers")))
 
 
+def synthetic_config(m: Sizes) -> dict:
+    """DeepSeek-V3's config.json with small sizes (MLA ranks scaled down; one dense layer first); ``fp8``: its
+    release's quantization_config; ``int4``: Kimi-K2-Thinking's."""
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": m.model_type, "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
+        "moe_intermediate_size": m.moe_intermediate_size or m.intermediate_size // 2,
+        "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_heads,
+        "n_routed_experts": m.num_experts or 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1,
+        "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True, "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": m.head_dim, "qk_rope_head_dim": 8, "v_head_dim": m.head_dim,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False, "attention_bias": False, "num_nextn_predict_layers": 0, "torch_dtype": m.dtype,
+    }
+    if m.quantization == "fp8":
+        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [128, 128]}
+    if m.quantization == "int4":
+        config["quantization_config"] = json.loads(json.dumps(INT4_QUANTIZATION_CONFIG))
+    return config
+
+
+# Kimi-K2-Thinking's quantization_config: its routed experts in compressed-tensors INT4, the
+# modules ``ignore`` names (attention, shared experts, dense MLPs, lm_head) in bfloat16.
+INT4_QUANTIZATION_CONFIG = {
+    "config_groups": {"group_0": {
+        "input_activations": None, "output_activations": None, "targets": ["Linear"],
+        "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
+                    "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True,
+                    "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+}
+MOE = {"num_experts": 4, "moe_intermediate_size": 32}
+
+
+def _release_widths(model_type: str, quantization: str, experts: int) -> dict:
+    """A DeepSeek-V3-shaped release (hidden 2048, MLA ranks 512/256, 1 dense + 2 MoE layers) as the hub stores it."""
+    return {"model_type": model_type, "quantization": quantization, "vocab_size": 16384, "hidden_size": 2048,
+            "num_layers": 3, "num_heads": 16, "head_dim": 128, "intermediate_size": 5632,
+            "moe_intermediate_size": 1024, "num_experts": experts,
+            "config_overrides": {"q_lora_rank": 512, "kv_lora_rank": 256, "qk_rope_head_dim": 64}}
+
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("deepseek_v3", {"num_layers": 3, **MOE}),),  # 1 dense, 2 MoE layers
+    logits=(Example("deepseek_v3", {"num_layers": 3, **MOE}, devices=4),
+            Example("deepseek_v3-noscan", {"num_layers": 4, "num_experts": 8, "moe_intermediate_size": 32},
+                    scan=False, devices=4)),
+    # 8 vs 32 routed experts: the FP8 release's experts decoded read unit by read unit (FP8 bytes: 24 more
+    # experts x 3 kernels x 2 layers x 2 MiB); Kimi-K2-Thinking's INT4 experts likewise (1.1 MiB each)
+    memory=(MemoryExample("fp8-experts", _release_widths("deepseek_v3", "fp8", 32),
+                          fewer=_release_widths("deepseek_v3", "fp8", 8), more_bytes=250 * MIB),
+            MemoryExample("int4-experts", _release_widths("kimi_k2", "int4", 32),
+                          fewer=_release_widths("kimi_k2", "int4", 8), more_bytes=140 * MIB)),
+)
+
 FAMILY = Family(
     name="deepseek",
     model_types=("deepseek_v3", "kimi_k2"),
     decoder_block="deepseek",
     rules=ROWS,
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=layout,
     not_converted=not_converted,
 )

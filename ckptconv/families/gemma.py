@@ -10,8 +10,8 @@ What MaxText's Gemma layout changes against Llama's (its converter, 0.2.5):
 
 from __future__ import annotations
 
-from ckptconv.families.base import Rule, never, rule
-from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, TIED_NOTE, read_attention
+from ckptconv.families.base import Rule, Sizes, never, rule
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, TIED_NOTE, decoder_config, read_attention
 from ckptconv.families.transforms import NORM_PLUS_ONE, RESIZE_VOCAB, SCALE_EMBEDDING, Step
 from ckptconv.read.spec import ConfigReader
 
@@ -86,3 +86,17 @@ def check_layer_types(cfg: ConfigReader, layers: int, pattern: tuple[str, ...]) 
             or any(kind != pattern[i % len(pattern)] for i, kind in enumerate(types))):
         cfg.fail(f"field 'layer_types' = {repr(types)[:120]} is not the pattern MaxText runs for this family "
                  f"({list(pattern)} repeated)")
+
+
+def synthetic_text_config(m: Sizes, model_type: str) -> dict:
+    """A Gemma 2 / Gemma 3 decoder's ``config.json`` for synthetic checkpoints (Gemma 3's ``text_config``)."""
+    config = decoder_config(m, "Gemma2ForCausalLM" if model_type == "gemma2" else "Gemma3ForCausalLM",
+                            model_type=model_type, hidden_act=None, hidden_activation=ACTIVATION,
+                            query_pre_attn_scalar=m.head_dim, sliding_window=64, attention_bias=False,
+                            tie_word_embeddings=True)
+    if model_type == "gemma2":
+        config.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    else:
+        config.update(rope_local_base_freq=10000.0, rope_theta=1000000.0, sliding_window_pattern=6,
+                      rope_scaling={"factor": 8.0, "rope_type": "linear"})
+    return config

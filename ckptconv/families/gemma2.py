@@ -14,9 +14,11 @@ adds none at run time). For 2B and 9B that is 1/sqrt(head_dim), bit for bit what
 
 import numpy as np
 
-from ckptconv.families.base import Family, LayerStack
+from ckptconv.families.base import GIB, Example, Family, LayerStack, MemoryExample, Synthetic
 from ckptconv.families.decoder import Q_KERNEL, make_spec
-from ckptconv.families.gemma import GEMMA2_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims
+from ckptconv.families.gemma import (
+    GEMMA2_EMBEDDING, check_layer_types, global_rows, layer_rows, read_gemma_dims, synthetic_text_config,
+)
 from ckptconv.families.transforms import SCALE_QUERY, query_scale
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -48,6 +50,21 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
                  for i in range(spec.num_layers))
 
 
+NORMS = ("norm.weight",)  # 1 + w, rounded to bfloat16 in the checkpoint: back within one bfloat16 step
+SYNTHETIC = Synthetic(
+    config=lambda m: synthetic_text_config(m, "gemma2"),
+    round_trip=(Example("gemma2", {"num_layers": 4, "vocab_size": 96}, rounded=NORMS),),
+    logits=(Example("gemma2", {"num_layers": 4, "vocab_size": 96}, devices=4),
+            Example("gemma2-noscan", {"num_layers": 4, "vocab_size": 96}, scan=False, devices=4),
+            # like Gemma 2 27B: queries scaled by query_pre_attn_scalar (here 20 = hidden / heads), not head_dim
+            Example("gemma2-27b-like", {"num_layers": 2, "vocab_size": 96, "hidden_size": 80,
+                                        "config_overrides": {"query_pre_attn_scalar": 20}}, devices=4)),
+    # Gemma 2 2B widths (hidden 2304, MLP 9216, head_dim 256, vocab 256000 padded and scaled in float32)
+    memory=(MemoryExample("gemma2-2b-widths", {
+        "vocab_size": 256000, "hidden_size": 2304, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,
+        "head_dim": 256, "intermediate_size": 9216}, bound=GIB, source_bytes=GIB),),
+)
+
 FAMILY = Family(
     name="gemma2",
     model_types=("gemma2",),
@@ -55,5 +72,6 @@ FAMILY = Family(
     rules=layer_rows("model.layers.{layer}.", Q_KERNEL + (SCALE_QUERY,), qk_norms=False)
     + global_rows(GEMMA2_EMBEDDING),
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=layout,
 )

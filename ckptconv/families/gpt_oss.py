@@ -9,9 +9,11 @@ interleaved column by column, so one read feeds two leaves (even columns -> ``wi
 unit as MaxText's ``dequantize_mxfp4.py`` does; a bfloat16 copy converts the same.
 """
 
-from ckptconv.families.base import Family, Output, Rule, block_layout, rule
+from ckptconv.families.base import (
+    GIB, Example, Family, MemoryExample, Output, Rule, Sizes, Synthetic, block_layout, rule,
+)
 from ckptconv.families.decoder import (
-    KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, Q_KERNEL, make_spec, read_attention,
+    KERNEL, KV_KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, Q_KERNEL, decoder_config, make_spec, read_attention,
 )
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
@@ -67,11 +69,40 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     return make_spec(cfg, "gpt_oss", dims, values, layers)
 
 
+def synthetic_config(m: Sizes) -> dict:
+    """gpt-oss's config.json with small sizes; ``quantization="mxfp4"`` stores its experts as released."""
+    config = decoder_config(m, "GptOssForCausalLM", attention_bias=True, num_local_experts=m.num_experts or 4,
+                            num_experts_per_tok=2, experts_per_token=2, sliding_window=64, swiglu_limit=7.0,
+                            initial_context_length=4096, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                            layer_types=["sliding_attention", "full_attention"] * (m.num_layers // 2))
+    if m.quantization == "mxfp4":
+        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    return config
+
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("gpt_oss", {"num_layers": 4, "num_experts": 4}, devices=16),),
+    # bfloat16 experts; plain RoPE (transformers' gpt_oss default is the release's YaRN, which the reference
+    # forward does not model; RoPE settles no weight)
+    logits=(Example("gpt_oss", {"num_layers": 4, "num_experts": 4, "vocab_size": 128, "intermediate_size": 64,
+                                "config_overrides": {"rope_scaling": {"rope_type": "default", "rope_theta": 10000.0}}},
+                    devices=4),),
+    # gpt-oss-20b widths (hidden 2880, 64 query / 8 KV heads of 64, expert MLP 2880, vocab 201088), two layers of
+    # eight MXFP4 experts
+    memory=(MemoryExample("gpt-oss-20b-widths", {
+        "quantization": "mxfp4", "vocab_size": 201088, "hidden_size": 2880, "num_layers": 2, "num_heads": 64,
+        "num_kv_heads": 8, "head_dim": 64, "intermediate_size": 2880, "num_experts": 8,
+        "config_overrides": {"rope_theta": 150000.0}}, bound=GIB, source_bytes=GIB),),
+)
+
 FAMILY = Family(
     name="gpt_oss",
     model_types=("gpt_oss",),
     decoder_block="gpt_oss",
     rules=ROWS,
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=block_layout(PERIOD),
 )

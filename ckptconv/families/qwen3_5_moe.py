@@ -29,19 +29,24 @@ layer (``mtp.*``) are not part of MaxText's text decoder and are named in the re
 
 from __future__ import annotations
 
-from ckptconv.families.base import EXPERT, Family, LayerStack, LayoutError, Output, Rule, rule
+from ckptconv.families.base import (
+    GIB, EXPERT, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
+)
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, make_spec
 from ckptconv.families.inputs import FP8_KEPT, ExpertJoin, Join
 from ckptconv.families.qwen3_next import (
     EXPERT_PROJECTIONS, FULL, FULL_KIND, LINEAR, LINEAR_KIND, MTP_NOTE, global_rows, layer_rows,
     read_hybrid, unscanned_layout,
 )
-from ckptconv.families.transforms import Permute, Step, TakePart
+from ckptconv.families.qwen3_next import synthetic_config as qwen3_next_config
+from ckptconv.families.transforms import Permute, Step, TakeRanges
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 PREFIX = "model.language_model.layers.{layer}."
 SWAP_LAST = Permute("swap_last_two", (0, 2, 1))  # HF (experts, out, in) -> MaxText (experts, in, out)
-GATE, UP = TakePart("gate_part", 1, 0, 2), TakePart("up_part", 1, 1, 2)
+# gate_up_proj (experts, 2 * mlp, emb): gate the first half of axis 1, up the second (one period: read whole)
+GATE = TakeRanges("gate_half", 1, "moe_mlp2", 0, "moe_mlp")
+UP = TakeRanges("up_half", 1, "moe_mlp2", "moe_mlp", "moe_mlp")
 BLOCK = 128  # the FP8 releases' weight_block_size, both axes
 
 
@@ -149,12 +154,51 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
                             kind=FULL_KIND if p == period - 1 else LINEAR_KIND) for p in range(period))
 
 
+def synthetic_config(m: Sizes) -> dict:
+    """Qwen3.5-MoE's config.json: Qwen3-Next's text decoder in ``text_config`` (transformers 5's spelling,
+    mRoPE sections), a vision tower's settings beside it; ``quantization="fp8"``: its FP8 release."""
+    text = qwen3_next_config(m)
+    for key in ("architectures", "torch_dtype", "rope_theta", "partial_rotary_factor", "decoder_sparse_step",
+                "intermediate_size", "tie_word_embeddings"):
+        text.pop(key)
+    text.update(model_type="qwen3_5_moe_text", attn_output_gate=True, attention_bias=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_interleaved": True, "mrope_section": [1, 1, 0]})
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+              "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
+              "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+    if m.quantization == "fp8":  # the -FP8 release: e4m3 linear layers with bfloat16 128x128 block scales
+        config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "weight_block_size": [BLOCK, BLOCK]}
+    return config
+
+
+# Qwen3.5-397B-A17B's widths (its published config.json), as SynthModel fields
+WIDTHS_397B = {"vocab_size": 248320, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 2, "head_dim": 256,
+               "moe_intermediate_size": 1024, "tie_word_embeddings": False,
+               "config_overrides": {"linear_num_key_heads": 16, "linear_num_value_heads": 64,
+                                    "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                                    "num_experts_per_tok": 10}}
+SMALL = {"num_experts": 4, "moe_intermediate_size": 32, "tie_word_embeddings": False}
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}),),
+    logits=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}, devices=4),
+            Example("qwen3_5_moe-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4)),
+    # one period at the 397B's widths with 16 of its 512 experts; the whole 60-layer release planned header-only
+    memory=(MemoryExample("qwen3.5-397b-period", {**WIDTHS_397B, "num_layers": 4, "num_experts": 16},
+                          devices=(16, 1), bound=int(1.5 * GIB), source_bytes=int(4.5 * GIB),
+                          full={**WIDTHS_397B, "num_layers": 60, "num_experts": 512}, max_shard_bytes=5 * 10**9),),
+)
+
 FAMILY = Family(
     name="qwen3_5_moe",
     model_types=("qwen3_5_moe",),
     decoder_block="qwen3_5",
     rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model."),
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=layout,
     not_converted=lambda spec: (("model.visual.", "vision tower"), ("mtp.", MTP_NOTE)),
     joins=JOINS,

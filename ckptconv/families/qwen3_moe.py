@@ -6,10 +6,10 @@ qwen3_moe decoder makes every layer sparse, so configs with dense layers
 (``mlp_only_layers``, ``decoder_sparse_step`` != 1) are refused rather than converted wrong.
 """
 
-from ckptconv.families.base import Family
+from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
 from ckptconv.families.decoder import (
-    GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_values, make_spec,
-    read_dense_dims,
+    GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, QK_NORM_ROWS, attention_rows, decoder_config, decoder_values,
+    make_spec, read_dense_dims,
 )
 from ckptconv.families.moe import moe_rows, read_experts
 from ckptconv.read.spec import ConfigReader, ModelSpec
@@ -27,6 +27,33 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     return make_spec(cfg, "qwen3_moe", dims, decoder_values(cfg))
 
 
+def synthetic_config(m: Sizes) -> dict:
+    return decoder_config(m, "Qwen3MoeForCausalLM", num_experts=m.num_experts or 8,
+                          moe_intermediate_size=m.moe_intermediate_size or m.intermediate_size // 2,
+                          num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          attention_bias=False, use_sliding_window=False, sliding_window=None,
+                          max_window_layers=m.num_layers, output_router_logits=False, router_aux_loss_coef=0.001)
+
+
+def _widths(experts: int) -> dict:
+    """Qwen3-30B-A3B widths (hidden 2048, expert MLP 768), 2 layers."""
+    return {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 2, "num_heads": 32, "num_kv_heads": 4,
+            "head_dim": 128, "intermediate_size": 6144, "num_experts": experts, "moe_intermediate_size": 768,
+            "tie_word_embeddings": False}
+
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("qwen3_moe", {"tie_word_embeddings": False, "num_layers": 3, "num_experts": 4,
+                                      "moe_intermediate_size": 32}),),
+    logits=(Example("qwen3_moe", {"tie_word_embeddings": False, "num_experts": 8, "moe_intermediate_size": 48,
+                                  "num_layers": 3}, devices=4),
+            Example("qwen3_moe-noscan", {"tie_word_embeddings": True, "num_experts": 4, "moe_intermediate_size": 32},
+                    scan=False, devices=4)),
+    # 4x the experts at the same widths: the same peak, with 16 devices and with 1
+    memory=(MemoryExample("experts", _widths(32), devices=(16, 1), fewer=_widths(8), more_bytes=400 * MIB),),
+)
+
 FAMILY = Family(
     name="qwen3_moe",
     model_types=("qwen3_moe",),
@@ -35,4 +62,5 @@ FAMILY = Family(
     + moe_rows("moe_block", "mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj"))
     + GLOBAL_ROWS,
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
 )

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ckptconv.families.base import EXPERT, Family, LayerStack, Rule, always, rule, untied
-from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
+from ckptconv.families.base import (
+    GIB, EXPERT, Example, Family, LayerStack, MemoryExample, Rule, Sizes, Synthetic, always, rule, untied,
+)
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, TIED_NOTE, decoder_config, make_spec, read_attention
 from ckptconv.families.gemma import check_layer_types
 from ckptconv.families.moe import read_experts
 from ckptconv.families.transforms import Permute
@@ -197,6 +199,40 @@ def unscanned_layout(spec: ModelSpec) -> tuple[LayerStack, ...]:
                  for i in range(spec.num_layers))
 
 
+def synthetic_config(m: Sizes) -> dict:
+    """Qwen3-Next's config.json as the hub ships it (transformers 4's spelling): linear attention with as
+    many key / value heads as the full attention's KV / query heads, of its head_dim; a full-attention
+    layer every 4; the shared expert as wide as the routed ones (as MaxText requires)."""
+    moe = m.moe_intermediate_size or m.intermediate_size // 2
+    return decoder_config(m, "Qwen3NextForCausalLM", num_experts=m.num_experts or 8, moe_intermediate_size=moe,
+                          shared_expert_intermediate_size=moe, num_experts_per_tok=2, norm_topk_prob=True,
+                          decoder_sparse_step=1, mlp_only_layers=[], full_attention_interval=4,
+                          linear_conv_kernel_dim=4, linear_key_head_dim=m.head_dim, linear_value_head_dim=m.head_dim,
+                          linear_num_key_heads=m.num_kv_heads, linear_num_value_heads=m.num_heads,
+                          partial_rotary_factor=0.25, output_router_logits=False, router_aux_loss_coef=0.001)
+
+
+# Qwen3-Next-80B-A3B's widths (its published config.json), as SynthModel fields
+WIDTHS_80B = {"vocab_size": 151936, "hidden_size": 2048, "num_heads": 16, "num_kv_heads": 2, "head_dim": 256,
+              "intermediate_size": 5120, "moe_intermediate_size": 512, "tie_word_embeddings": False,
+              "config_overrides": {"linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                                   "linear_key_head_dim": 128, "linear_value_head_dim": 128, "num_experts_per_tok": 10,
+                                   "rope_theta": 10000000}}
+SMALL = {"num_experts": 4, "moe_intermediate_size": 32, "tie_word_embeddings": False}
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    # 6 layers: scanned, a period of local_layers / global_layer and a remainder block of 2
+    round_trip=(Example("qwen3_next", {**SMALL, "num_layers": 6}),),
+    logits=(Example("qwen3_next", {**SMALL, "num_layers": 8}, devices=4),
+            Example("qwen3_next-remainder", {**SMALL, "num_layers": 6}, devices=4),
+            Example("qwen3_next-noscan", {**SMALL, "num_layers": 5}, scan=False, devices=4)),
+    # one period at the 80B's widths with 16 of its 512 experts; the whole 48-layer release planned header-only
+    memory=(MemoryExample("qwen3-next-80b-period", {**WIDTHS_80B, "num_layers": 4, "num_experts": 16},
+                          devices=(16, 1), bound=int(1.5 * GIB), source_bytes=int(1.3 * GIB),
+                          full={**WIDTHS_80B, "num_layers": 48, "num_experts": 512}, max_shard_bytes=5 * 10**9),),
+)
+
 PREFIX = "model.layers.{layer}."
 
 FAMILY = Family(
@@ -205,6 +241,7 @@ FAMILY = Family(
     decoder_block="qwen3_next",
     rules=layer_rows(PREFIX, expert_rows(PREFIX)) + global_rows("model."),
     read_spec=read_spec,
+    synthetic=SYNTHETIC,
     layout=hybrid_layout,
     not_converted=lambda spec: (("mtp.", MTP_NOTE),),
 )

@@ -249,139 +249,117 @@ class Add(Step):
         return Add(f"{self.name}_inverse", -self.constant)
 
 
-@dataclass(frozen=True)
-class TakeStrided(Step):
-    """Every ``step``-th element of ``axis`` from ``start``: one fused HF tensor -> several leaves
-    (gpt-oss stores ``gate`` and ``up`` interleaved column by column)."""
+Size = int | str  # a count, or the name of a spec dimension (sizes that follow the config)
 
-    axis: int = -1
-    start: int = 0
-    step: int = 2
 
-    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
-        axis = _axis(self.axis, len(shape))
-        if shape[axis] % self.step:
-            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not a multiple of {self.step}")
-        return (*shape[:axis], shape[axis] // self.step, *shape[axis + 1:])
-
-    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
-        axis = _axis(self.axis, len(shape))
-        start, stop = box[axis]
-        if start % self.step or stop % self.step:
-            raise Misaligned(f"{self.name}: range {start}:{stop} is not on a multiple of {self.step}")
-        return (*box[:axis], (start // self.step, stop // self.step), *box[axis + 1:])
-
-    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
-        return self.step if axis == _axis(self.axis, len(shape)) else 1
-
-    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
-        return axis, self.step if axis == _axis(self.axis, len(shape)) else 1
-
-    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        index = [slice(None)] * x.ndim
-        index[_axis(self.axis, x.ndim)] = slice(self.start, None, self.step)
-        return np.ascontiguousarray(x[tuple(index)])
-
-    def inverse(self) -> Step:
-        return PutStrided(f"{self.name}_inverse", self.axis, self.start, self.step)
+def _size(value: Size, spec: ModelSpec) -> int:
+    return spec.dim(value) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
-class PutStrided(Step):
-    """The inverse of :class:`TakeStrided`: the values go to every ``step``-th element of ``axis``
-    from ``start`` of a tensor the rule's other outputs fill at the other offsets.
+class TakeRanges(Step):
+    """Split a fused tensor: along ``axis``, viewed as consecutive periods of ``period`` elements, keep
+    ``[start, start + width)`` of each. One transform for every split of contiguous ranges:
 
-    A single output cannot make the whole tensor, so ``apply`` refuses; the export assembles
-    the tensor with :meth:`place`, once per output (gpt-oss: ``wi_0`` to even, ``wi_1`` to odd
-    columns of ``gate_up_proj``). It must be the last step of an inverse chain.
+    - a fused projection: one period (``period`` the whole axis), the range of one part (q of a fused qkv);
+    - regrouped heads: the same range of every head group (``period`` a group's width);
+    - interleaved columns: ``width`` 1, ``period`` 2 (gpt-oss's gate/up: :func:`TakeStrided`).
+
+    Sizes are counts or spec dimension names. Cuts along ``axis`` fall on whole periods. The inverse,
+    :class:`PutRanges`, joins: it puts the values back into their ranges of the fused tensor.
     """
 
     axis: int = -1
-    start: int = 0
-    step: int = 2
+    period: Size = 2
+    start: Size = 0
+    width: Size = 1
+
+    def _sizes(self, shape: Shape, spec: ModelSpec) -> tuple[int, int, int, int]:
+        axis = _axis(self.axis, len(shape))
+        period, start, width = (_size(v, spec) for v in (self.period, self.start, self.width))
+        if not (period > 0 and 0 <= start and width > 0 and start + width <= period) or shape[axis] % period:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not whole periods of {period} holding "
+                             f"[{start}, {start + width})")
+        return axis, period, start, width
 
     def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
-        axis = _axis(self.axis, len(shape))
-        return (*shape[:axis], shape[axis] * self.step, *shape[axis + 1:])
-
-    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        raise NotImplementedError(f"{self.name}: fills only every {self.step}-th element; use place()")
-
-    def place(self, out: np.ndarray, x: np.ndarray) -> None:
-        """Write ``x`` into its strided positions of ``out`` (the whole tensor or region)."""
-        index = [slice(None)] * out.ndim
-        index[_axis(self.axis, out.ndim)] = slice(self.start, None, self.step)
-        out[tuple(index)] = x
-
-    def inverse(self) -> Step:
-        return TakeStrided(f"{self.name}_inverse", self.axis, self.start, self.step)
-
-
-@dataclass(frozen=True)
-class TakePart(Step):
-    """Part ``index`` of ``parts`` equal contiguous parts of ``axis``: one fused HF tensor -> several
-    leaves (Qwen3.5 stores each layer's experts' gate and up projections as one (experts, 2 * mlp,
-    emb) tensor, gate first). The axis is read whole, so every read holds each part entire."""
-
-    axis: int = -1
-    index: int = 0
-    parts: int = 2
-
-    def _size(self, shape: Shape) -> tuple[int, int]:
-        axis = _axis(self.axis, len(shape))
-        if shape[axis] % self.parts:
-            raise Misaligned(f"{self.name}: axis {axis} of {shape} does not split into {self.parts} equal parts")
-        return axis, shape[axis] // self.parts
-
-    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
-        axis, size = self._size(shape)
-        return (*shape[:axis], size, *shape[axis + 1:])
+        axis, period, _, width = self._sizes(shape, spec)
+        return (*shape[:axis], shape[axis] // period * width, *shape[axis + 1:])
 
     def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
-        axis, size = self._size(shape)
-        if box[axis] != (0, shape[axis]):
-            raise Misaligned(f"{self.name}: a read must hold axis {axis} whole, not {box[axis]}")
-        return (*box[:axis], (0, size), *box[axis + 1:])
+        axis, period, _, width = self._sizes(shape, spec)
+        start, stop = box[axis]
+        if start % period or stop % period:
+            raise Misaligned(f"{self.name}: range {start}:{stop} cuts a period of {period}")
+        return (*box[:axis], (start // period * width, stop // period * width), *box[axis + 1:])
 
     def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
-        return WHOLE if axis == _axis(self.axis, len(shape)) else 1
+        own, period, _, _ = self._sizes(shape, spec)
+        return period if axis == own else 1
+
+    def axis_image(self, axis: int, shape: Shape, spec: ModelSpec) -> tuple[int, int]:
+        # ``width`` output units per ``period`` input units; counting each as a whole period keeps a later
+        # step's quantum on whole periods (exact for width 1)
+        own, period, _, _ = self._sizes(shape, spec)
+        return axis, period if axis == own else 1
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        axis, size = self._size(x.shape)
-        index = [slice(None)] * x.ndim
-        index[axis] = slice(self.index * size, (self.index + 1) * size)
-        return np.ascontiguousarray(x[tuple(index)])
+        axis, period, start, width = self._sizes(x.shape, spec)
+        periods = x.reshape(*x.shape[:axis], x.shape[axis] // period, period, *x.shape[axis + 1:])
+        taken = periods[(slice(None),) * (axis + 1) + (slice(start, start + width),)]
+        return np.ascontiguousarray(taken).reshape(*x.shape[:axis], -1, *x.shape[axis + 1:])
 
     def inverse(self) -> Step:
-        return PutPart(f"{self.name}_inverse", self.axis, self.index, self.parts)
+        return PutRanges(f"{self.name}_inverse", self.axis, self.period, self.start, self.width)
 
 
 @dataclass(frozen=True)
-class PutPart(Step):
-    """The inverse of :class:`TakePart`: the values go to part ``index`` of a tensor the rule's other
-    outputs fill with the other parts (export: ``wi_0`` then ``wi_1`` make ``gate_up_proj``); like
-    :class:`PutStrided`, it only ``place`` s and must end an inverse chain."""
+class PutRanges(Step):
+    """The inverse of :class:`TakeRanges`, a join: the values go to ``[start, start + width)`` of every period
+    along ``axis`` of a tensor the rule's other outputs fill in their own ranges.
+
+    A single output cannot make the whole tensor, so ``apply`` refuses; the export assembles the tensor with
+    :meth:`place`, once per output (gpt-oss: ``wi_0`` to even, ``wi_1`` to odd columns of ``gate_up_proj``). It
+    must be the last step of an inverse chain.
+    """
 
     axis: int = -1
-    index: int = 0
-    parts: int = 2
+    period: Size = 2
+    start: Size = 0
+    width: Size = 1
+
+    def _sizes(self, ndim: int, spec: ModelSpec) -> tuple[int, int, int, int]:
+        return (_axis(self.axis, ndim), *(_size(v, spec) for v in (self.period, self.start, self.width)))
 
     def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
-        axis = _axis(self.axis, len(shape))
-        return (*shape[:axis], shape[axis] * self.parts, *shape[axis + 1:])
+        axis, period, _, width = self._sizes(len(shape), spec)
+        if shape[axis] % width:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not whole ranges of {width}")
+        return (*shape[:axis], shape[axis] // width * period, *shape[axis + 1:])
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        raise NotImplementedError(f"{self.name}: fills only part {self.index} of {self.parts}; use place()")
+        raise NotImplementedError(f"{self.name}: fills only its ranges of the fused tensor; use place()")
 
-    def place(self, out: np.ndarray, x: np.ndarray) -> None:
-        axis = _axis(self.axis, out.ndim)
-        size = out.shape[axis] // self.parts
-        index = [slice(None)] * out.ndim
-        index[axis] = slice(self.index * size, (self.index + 1) * size)
-        out[tuple(index)] = x
+    def place(self, out: np.ndarray, x: np.ndarray, spec: ModelSpec) -> None:
+        """Write ``x`` into its ranges of ``out`` (the whole tensor or a region of whole periods)."""
+        axis, period, start, width = self._sizes(out.ndim, spec)
+        periods = out.reshape(*out.shape[:axis], out.shape[axis] // period, period, *out.shape[axis + 1:])
+        periods[(slice(None),) * (axis + 1) + (slice(start, start + width),)] = x.reshape(
+            *x.shape[:axis], x.shape[axis] // width, width, *x.shape[axis + 1:])
 
     def inverse(self) -> Step:
-        return TakePart(f"{self.name}_inverse", self.axis, self.index, self.parts)
+        return TakeRanges(f"{self.name}_inverse", self.axis, self.period, self.start, self.width)
+
+
+def TakeStrided(name: str, axis: int = -1, start: int = 0, step: int = 2) -> TakeRanges:  # noqa: N802 (stable name)
+    """Every ``step``-th element of ``axis`` from ``start``: one fused HF tensor -> several leaves (gpt-oss stores
+    ``gate`` and ``up`` interleaved column by column). :class:`TakeRanges` with ranges one element wide."""
+    return TakeRanges(name, axis, step, start, 1)
+
+
+def PutStrided(name: str, axis: int = -1, start: int = 0, step: int = 2) -> PutRanges:  # noqa: N802 (stable name)
+    """The inverse of :func:`TakeStrided`: the values go to every ``step``-th element of ``axis`` from ``start``."""
+    return PutRanges(name, axis, step, start, 1)
 
 
 @dataclass(frozen=True)
@@ -502,24 +480,21 @@ def inverse_boxes(box: Box, shape: Shape, steps: tuple[Step, ...], spec: ModelSp
     return forward[-2::-1]
 
 
-PLACING = (PutStrided, PutPart)  # inverse steps that fill only their share of the HF tensor
-
-
 def apply_inverse(leaf: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: list[Box],
                   out: np.ndarray) -> None:
     """Undo ``steps`` on a leaf region and write the HF region into ``out`` (cast to its dtype).
 
-    ``boxes`` from :func:`inverse_boxes`. A trailing :class:`PutStrided` or :class:`PutPart` fills only its share of
-    ``out``; every other chain fills ``out`` whole.
+    ``boxes`` from :func:`inverse_boxes`. A trailing :class:`PutRanges` (a join) fills only its
+    ranges of ``out``; every other chain fills ``out`` whole.
     """
     chain = inverse_steps(steps)
     last = chain[-1] if chain else None
-    body = chain[:-1] if isinstance(last, PLACING) else chain
-    if any(isinstance(step, PLACING) for step in body):
-        raise ValueError(f"steps {[s.name for s in steps]}: a strided or part take must be the first step")
+    body = chain[:-1] if isinstance(last, PutRanges) else chain
+    if any(isinstance(step, PutRanges) for step in body):
+        raise ValueError(f"steps {[s.name for s in steps]}: a range take must be the first step")
     values = apply_steps(leaf, body, spec, boxes[:len(body)]) if body else leaf
-    if isinstance(last, PLACING):
-        last.place(out, values.astype(out.dtype, copy=False))
+    if isinstance(last, PutRanges):
+        last.place(out, values.astype(out.dtype, copy=False), spec)
     else:
         out[...] = values.astype(out.dtype, copy=False).reshape(out.shape)
 

@@ -106,7 +106,8 @@ class ConversionPlan:
 
     @property
     def tensor_count(self) -> int:
-        return sum(len(job.pieces) for job in self.jobs)
+        """The HF tensors read: a fused input counts the parts it is read from (Qwen3.5's in_proj_qkv, in_proj_z)."""
+        return sum(len(getattr(piece, "parts", (piece,))) for job in self.jobs for piece in job.pieces)
 
     @property
     def source_bytes(self) -> int:

@@ -1,0 +1,240 @@
+"""MaxText 0.2.5's own forward pass on ckptconv's checkpoints against transformers' logits; writes ``bench/LOGITS.md``.
+
+    .venv/bin/python bench/maxtext_logits.py [--only olmo3-yarn-scan,...] [--merge]
+
+Per case: a tiny random model made by transformers' own class (``bench/hf_tiny.py`` in MaxText's
+venv, from a ``config.json`` that ``ckptconv.commands.synth`` writes; weights rounded to bfloat16),
+its float32 logits; ``ckptconv convert --dtype float32 --devices 1``; then, in a fresh process of
+MaxText's venv, ``model_creation_utils.from_pretrained`` (MaxText's inference loader) with MaxText's
+own model config for the family (``model_name``, sizes and run-time settings overridden from the
+checkpoint's ``config.json``) and one forward pass: max abs difference of the logits against
+transformers' (float32; tolerance 1e-4). Work files go to bench/work/logits/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+WORK = BENCH / "work" / "logits"
+MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
+TOLERANCE = 1e-4
+sys.path.insert(0, str(REPO))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_type: str
+    maxtext_model: str
+    scan: bool
+    sizes: dict  # synth.SynthModel fields
+    yarn: bool = False  # the Instruct releases' RoPE (OLMo 3: YaRN, factor 8)
+    # the transformers reference applies YaRN to every layer, as transformers 4.57 ran OLMo 3 and as MaxText
+    # 0.2.5 does (transformers 5 applies it to the full-attention layers only)
+    yarn_everywhere: bool = False
+
+
+# OLMo 3: 8 layers (two blocks of 3 sliding + 1 full), GQA, a sliding window shorter than the 12 tokens so
+# the sliding layers really mask; with and without the Instruct releases' YaRN.
+OLMO3 = {"num_layers": 8, "num_kv_heads": 2, "vocab_size": 300, "config_overrides": {"sliding_window": 5}}
+CASES = [Case(f"olmo3{'-yarn' if yarn else ''}-{'scan' if scan else 'noscan'}", "olmo3", "olmo3-7b", scan, OLMO3, yarn)
+         for yarn in (False, True) for scan in (True, False)]
+CASES += [Case(f"olmo3-yarn-every-layer-{'scan' if scan else 'noscan'}", "olmo3", "olmo3-7b", scan, OLMO3, True, True)
+          for scan in (True, False)]
+
+
+def hf_config(case: Case) -> dict:
+    from ckptconv.commands import synth
+    from ckptconv.families import olmo3
+
+    sizes = dict(case.sizes)
+    overrides = dict(sizes.pop("config_overrides", {}))
+    if case.yarn:
+        overrides |= {"rope_scaling": olmo3.YARN, "max_position_embeddings": 65536}
+    return synth.SynthModel(model_type=case.model_type, config_overrides=overrides, **sizes).config()
+
+
+def reference_config(case: Case, config: dict) -> dict:
+    """The config transformers builds the reference from: ``config``, or with YaRN on every layer type."""
+    if not case.yarn_everywhere:
+        return config
+    yarn = {**config["rope_scaling"], "rope_theta": config["rope_theta"]}
+    rest = {k: v for k, v in config.items() if k not in ("rope_scaling", "rope_theta")}
+    return rest | {"rope_parameters": {"sliding_attention": dict(yarn), "full_attention": dict(yarn)}}
+
+
+def maxtext_overrides(config: dict) -> dict:
+    """MaxText settings that give its olmo3 model this checkpoint's sizes and run-time behaviour."""
+    heads = config["num_attention_heads"]
+    values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": heads,
+              "base_num_kv_heads": config["num_key_value_heads"],
+              "head_dim": config.get("head_dim", config["hidden_size"] // heads),
+              "base_mlp_dim": config["intermediate_size"], "base_num_decoder_layers": config["num_hidden_layers"],
+              "vocab_size": config["vocab_size"], "normalization_layer_epsilon": config["rms_norm_eps"],
+              "sliding_window_size": config["sliding_window"], "rope_max_timescale": config["rope_theta"],
+              "max_position_embeddings": config["max_position_embeddings"]}
+    yarn = config.get("rope_scaling")
+    if yarn:
+        values |= {"rope_type": "yarn", "rope_factor": yarn["factor"], "beta_fast": yarn["beta_fast"],
+                   "beta_slow": yarn["beta_slow"],
+                   "original_max_position_embeddings": yarn["original_max_position_embeddings"]}
+    else:
+        values |= {"rope_type": "default"}
+    return values
+
+
+# --- in MaxText's venv -----------------------------------------------------------------------
+
+def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+
+    config = json.loads((Path(hf_dir) / "synth-config.json").read_text())
+    tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
+    overrides = {
+        "model_name": maxtext_model, "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
+        "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
+        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
+        "max_target_length": len(tokens), "max_prefill_predict_length": len(tokens), "enable_checkpointing": False,
+        "enable_dropout": False, **maxtext_overrides(config),
+    }
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    mt_config = pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])
+    model, _ = model_creation_utils.from_pretrained(mt_config)
+    ids = jnp.asarray(tokens[None], jnp.int32)
+    positions = jnp.arange(len(tokens), dtype=jnp.int32)[None]
+    logits = np.asarray(model(ids, positions, jnp.ones_like(ids), enable_dropout=False), np.float32)[0]
+    hf = np.load(Path(hf_dir) / "hf_logits.npy")
+    diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
+    return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}
+
+
+# --- the driver (any Python: it runs everything in fresh processes) ---------------------------
+
+def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})},
+                            cwd=log.parent)
+    log.write_text(result.stdout + result.stderr)
+    return result
+
+
+def last_json(result: subprocess.CompletedProcess) -> dict:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.strip().splitlines() if "Error" in line or "error" in line]
+    return (lines[-1] if lines else result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "?")[:300]
+
+
+MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def run_case(case: Case) -> dict:
+    root = WORK / case.name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    hf, dst = root / "hf", root / "ckptconv"
+    row = {"case": case.name, "maxtext_model": case.maxtext_model, "scan": case.scan}
+    config, reference = root / "synth-config.json", root / "reference-config.json"
+    config.write_text(json.dumps(hf_config(case)))
+    reference.write_text(json.dumps(reference_config(case, hf_config(case))))
+    made = run([MT_PYTHON, BENCH / "hf_tiny.py", reference, hf], root / "hf_tiny.log", env=MT_ENV)
+    if made.returncode:
+        return row | {"error": "hf_tiny: " + error_line(made)}
+    shutil.copy(config, hf / "synth-config.json")
+    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
+                     "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
+                    env={"PYTHONPATH": str(REPO)})
+    if converted.returncode:
+        return row | {"error": "convert: " + error_line(converted)}
+    result = run([MT_PYTHON, __file__, "forward", case.maxtext_model, dst / "0" / "items", str(case.scan), hf,
+                  root / "mt"], root / "forward.log", env=MT_ENV)
+    return row | (last_json(result) if result.returncode == 0 else {"error": "MaxText: " + error_line(result)})
+
+
+NOTES = (
+    "`olmo3-yarn-scan`, `olmo3-yarn-noscan`: the Instruct releases' YaRN. transformers 5 applies it to the "
+    "full-attention layers only (`rope_parameters` per layer type); MaxText 0.2.5's olmo3 decoder applies the "
+    "configured `rope_type` to every layer (its `models/olmo3.py` says transformers' code passed one rotary embedding "
+    "to all layers, as 4.x did). The checkpoint is the same in both cases: against a reference with YaRN on every "
+    "layer (`olmo3-yarn-every-layer-*`) MaxText agrees to float32 rounding. The difference is MaxText's run-time RoPE "
+    "on the sliding layers, not a weight; without YaRN (base releases) the two agree to float32 rounding as well."
+)
+
+
+def write(rows: list[dict], path: Path) -> None:
+    versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
+                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    lines = [
+        "# MaxText 0.2.5's forward pass on ckptconv's checkpoints vs transformers' logits",
+        "",
+        f"Written by `bench/maxtext_logits.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
+        "Each row: a tiny random model made by transformers' own class (weights rounded to bf16), its float32 logits "
+        "on 12 tokens; `ckptconv convert --dtype float32 --devices 1`; MaxText's `from_pretrained` with its own "
+        "model config (sizes and run-time settings from the checkpoint's config.json) and one forward pass, float32. "
+        f"Tolerance {TOLERANCE:g}.",
+        "",
+        "| case | MaxText model_name | scan | max abs logit | max abs difference | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan']} | - | - | **fails**: "
+                         f"`{r['error'].replace('|', '/')}` |")
+            continue
+        lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan']} | {r['max_abs_logit']:.2f} "
+                     f"| {r['max_abs_logits_diff']:.1e} | {'**ok**' if r['ok'] else 'DIFFERENT'} |")
+    lines += ["", NOTES, "", "Raw rows: `bench/work/logits/results.json`; logs beside them.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "forward":
+        maxtext_model, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
+        print(json.dumps(run_forward(maxtext_model, ckpt, scan, hf_dir, work)), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--out", default=str(BENCH / "LOGITS.md"))
+    parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
+    args = parser.parse_args(argv)
+    if not MT_PYTHON.exists():
+        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
+    wanted = set(args.only.split(",")) if args.only else None
+    previous = WORK / "results.json"
+    kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
+    rows = []
+    for case in CASES:
+        if wanted and case.name not in wanted:
+            continue
+        row = run_case(case)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    names = [case.name for case in CASES]
+    rows = sorted([r for r in kept if r["case"] not in {row["case"] for row in rows} and r["case"] in names] + rows,
+                  key=lambda r: names.index(r["case"]))
+    WORK.mkdir(parents=True, exist_ok=True)
+    previous.write_text(json.dumps(rows, indent=2))
+    write(rows, Path(args.out))
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
