@@ -196,7 +196,10 @@ def write(rows: list[dict], path: Path) -> None:
         "2 key / 4 value heads, a full-attention layer every 4), stored as the hub ships it, converted to float32 "
         "by ckptconv and by MaxText's `to_maxtext`; MaxText's `from_pretrained` and one forward pass on each, "
         f"max abs difference from transformers' float32 logits over {len(TOKENS)} tokens. `ok`: ckptconv's "
-        f"checkpoint no worse than MaxText's own conversion (or <= {TOLERANCE:g}).",
+        f"checkpoint no worse than MaxText's own conversion (or <= {TOLERANCE:g}). The `-fp8` rows: the model's FP8 "
+        "release (hidden 256, head and linear head dims 128, experts 128 wide: whole 128-blocks), its e4m3 weights "
+        "and bfloat16 block scales kept as MaxText's `qwen3.5-35b-a3b-fp8` model holds them and run with "
+        "`weight_dtype=float8_e4m3fn` (MaxText dequantises), against transformers' logits of the release's values.",
         "",
         "| case | MaxText model | scan | layers | ckptconv's checkpoint | MaxText's own conversion | result |",
         "|---|---|---|---|---|---|---|",
