@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
 from ckptconv.families import olmo3  # noqa: E402
+from tests import hub_checkpoints  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Case:
     """One family at one layout: the synthetic model, MaxText's model_name and how to run both."""
 
     name: str
-    model: synth.SynthModel
+    model: synth.SynthModel | None  # None: ``hub`` gives the model
     maxtext_model: str
     scan: bool = True
     devices: int = 16
@@ -48,12 +49,30 @@ class Case:
     # own class in MaxText's venv, from synth's config.json: bench/hf_tiny.py; what save_pretrained writes)
     maker: str = "synth"
     extra: dict = field(default_factory=dict)
+    # a config of tests/hub_checkpoints.py: the model made by transformers' own class, stored as the hub does
+    hub: dict | None = None
+
+    def config(self) -> dict:
+        return self.hub if self.hub is not None else self.model.config()
+
+    @property
+    def model_type(self) -> str:
+        return self.config()["model_type"]
+
+    def write(self, directory: Path) -> None:
+        if self.hub is None:  # an index, as MaxText's dequantisers need
+            synth.write_checkpoint(self.model, str(directory), max_shard_bytes=1 << 20)
+        else:
+            from tests import hub_checkpoints
+
+            make = hub_checkpoints.make_fp8 if "quantization_config" in self.hub else hub_checkpoints.make
+            make(str(directory), self.hub)
 
 
 def overrides(case: Case) -> list[str]:
     """MaxText config overrides that give its model the checkpoint's sizes."""
-    m, config = case.model, case.model.config()
-    if m.model_type == "deepseek_v3":
+    model_type, config = case.model_type, case.config()
+    if model_type == "deepseek_v3":
         values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": config["num_attention_heads"],
                   "base_num_kv_heads": config["num_attention_heads"], "base_mlp_dim": config["intermediate_size"],
                   "base_moe_mlp_dim": config["moe_intermediate_size"], "num_experts": config["n_routed_experts"],
@@ -65,15 +84,28 @@ def overrides(case: Case) -> list[str]:
                   "scan_layers": str(case.scan).lower()}
         return [f"{k}={v}" for k, v in values.items()]
     text = config.get("text_config", config)
-    layers = text["num_hidden_layers"] // (2 if m.model_type == "gemma2" else 1)
+    layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
     head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])  # OLMo 3 has no field
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
               "base_num_kv_heads": text["num_key_value_heads"], "head_dim": head_dim,
-              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": layers,
+              "base_mlp_dim": text.get("intermediate_size", text.get("moe_intermediate_size")),
+              "base_num_decoder_layers": layers,
               "scan_layers": str(case.scan).lower()}
-    if not m.model_type.startswith("gemma"):
+    if not model_type.startswith("gemma"):
         values["vocab_size"] = text["vocab_size"]  # Gemma keeps MaxText's own vocabulary (256128 / 262144)
-    if m.model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
+    if model_type in ("qwen3_next", "qwen3_5_moe"):  # the hybrid stack: all layers MoE, one shared expert
+        moe = text["moe_intermediate_size"]
+        values |= {"num_experts": text["num_experts"], "num_experts_per_tok": 2, "base_moe_mlp_dim": moe,
+                   "base_mlp_dim": moe, "shared_experts": 1,
+                   "inhomogeneous_layer_cycle_interval": text.get("full_attention_interval", 4),
+                   "gdn_num_key_heads": text["linear_num_key_heads"],
+                   "gdn_num_value_heads": text["linear_num_value_heads"],
+                   "gdn_key_head_dim": text["linear_key_head_dim"], "gdn_value_head_dim": text["linear_value_head_dim"],
+                   "gdn_conv_kernel_dim": text["linear_conv_kernel_dim"]}
+        sections = text.get("rope_parameters", {}).get("mrope_section")
+        if sections:  # MaxText checks they cover the (tiny) rotary dims
+            values["mrope_section"] = json.dumps(sections).replace(" ", "")
+    if model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
     return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
@@ -126,6 +158,24 @@ CASES = [
         model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
         moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
         dequantize="fp8", maxtext_unscanned=True),
+    Case("qwen3-next", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4, moe_intermediate_size=32,
+                                        tie_word_embeddings=False), "qwen3-next-80b-a3b"),
+    Case("qwen3-next-noscan-1dev", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4,
+                                                    moe_intermediate_size=32, tie_word_embeddings=False),
+         "qwen3-next-80b-a3b", scan=False, devices=1, loader="safetensors"),
+    # made by transformers' own Qwen3NextForCausalLM, stored as the hub does (experts one by one, mtp.*)
+    Case("qwen3-next-transformers", None, "qwen3-next-80b-a3b", hub=hub_checkpoints.qwen3_next_config()),
+    Case("qwen3-next-transformers-noscan-1dev", None, "qwen3-next-80b-a3b", scan=False, devices=1,
+         loader="safetensors", hub=hub_checkpoints.qwen3_next_config()),
+    # made by transformers' own Qwen3_5MoeForConditionalGeneration, stored as the hub does (fused experts,
+    # separate linear-attention projections, a vision tower, mtp.*)
+    Case("qwen3.5-transformers", None, "qwen3.5-35b-a3b", hub=hub_checkpoints.qwen3_5_moe_config()),
+    Case("qwen3.5-transformers-noscan-1dev", None, "qwen3.5-35b-a3b", scan=False, devices=1,
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_config()),
+    # its FP8 release (e4m3 kept, bf16 block scales, experts one by one) as MaxText's qwen3.5-*-fp8 model holds it
+    Case("qwen3.5-fp8-transformers", None, "qwen3.5-35b-a3b-fp8", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    Case("qwen3.5-fp8-transformers-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1,
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),
@@ -160,11 +210,11 @@ def run_case(case: Case, ctx: dict) -> dict:
         made = run([ctx["mt_python"], str(BENCH / "hf_tiny.py"), str(config), str(hf)], env=ctx["mt_env"],
                    log=root / "hf_tiny.log")
         if made.returncode:
-            return {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
+            return {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
                     "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
                     "ckptconv_exit": "-", "maxtext_exit": "-", "error": made.stderr[-600:]}
     else:
-        synth.write_checkpoint(case.model, str(hf), max_shard_bytes=1 << 20)  # an index, as MaxText's dequantisers need
+        case.write(hf)
     layout = ["--devices", str(case.devices), "--dtype", case.dtype, "--scan-layers" if case.scan else "--no-scan-layers"]
     mine = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), "--progress", "none", *layout],
                log=root / "ckptconv.log")
@@ -177,13 +227,13 @@ def run_case(case: Case, ctx: dict) -> dict:
         step = run([ctx["mt_python"], str(BENCH / "maxtext_dequantize.py"), case.dequantize, str(hf), str(their_input)],
                    env=ctx["mt_env"], log=root / "dequantize.log")
         if step.returncode:
-            return {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
+            return {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
                     "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
                     "ckptconv_exit": mine.returncode, "maxtext_exit": step.returncode, "error": step.stderr[-600:]}
     mt = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(their_input), str(theirs),
               *theirs_layout, "--", *loader, f"--simulated_cpu_devices_count={case.devices}",
               f"--save_dtype={case.dtype}"], env=ctx["mt_env"], log=root / "maxtext.log")
-    row = {"case": case.name, "family": case.model.model_type, "maxtext_model": case.maxtext_model,
+    row = {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
            "maxtext_layout": ("unscanned, restacked" if case.maxtext_unscanned else "same")
                              + (", made by transformers' class" if case.maker == "transformers" else "")
                              + (f", after MaxText's {case.dequantize} dequantiser" if case.dequantize else ""),
@@ -263,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
     for case in CASES:
-        if wanted and case.name not in wanted and case.model.model_type not in wanted:
+        if wanted and case.name not in wanted and case.model_type not in wanted:
             continue
         row = run_case(case, ctx)
         print(json.dumps(row), flush=True)

@@ -269,6 +269,8 @@ def _attention(h, att, positions, sem: Semantics, window: int | None = None):
 
 def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
     """Logits (T, vocab) for one sequence of ``tokens``."""
+    if sem.layout in ("qwen3_next", "qwen3_5"):  # the hybrid stack: its own forward, below
+        return hybrid_forward(params, tokens, sem, scan=scan)
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     embedding = f32(params["token_embedder"]["embedding"])
     x = embedding[tokens]
@@ -312,3 +314,140 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
     if sem.final_softcap:
         logits = np.tanh(logits / sem.final_softcap) * sem.final_softcap
     return logits
+
+
+# --- Qwen3-Next / Qwen3.5: the hybrid stack (MaxText decoder_block qwen3_next / qwen3_5) ---------------
+
+def hybrid_layer_params(decoder: dict, i: int, period: int, num_layers: int, scan: bool, layout: str) -> dict:
+    """HF layer ``i``'s parameters in a hybrid layout: unscanned ``layers_{i}``; Qwen3-Next scanned
+    (``local_layers`` on axes (1, 2) = (period, position), ``global_layer`` on axis 1, a remainder
+    block); Qwen3.5 scanned (``layers/layer_{position}`` over periods on axis 1)."""
+    if not scan:
+        return decoder[f"layers_{i}"]
+    block, position = divmod(i, period)
+    if layout == "qwen3_5":
+        return _take(decoder["layers"][f"layer_{position}"], block, 1)
+    if block == num_layers // period:
+        return _take(decoder["layers_remainder"]["local_layers"], position, 1)
+    if position == period - 1:
+        return _take(decoder["layers"]["global_layer"], block, 1)
+    return _take(_take(decoder["layers"]["local_layers"], block, 1), position, 1)
+
+
+def _zero_centred_norm(x, scale, eps):
+    """Qwen3NextRMSNorm: the stored weight w scales by (1 + w)."""
+    return rms_norm(x, 1.0 + np.asarray(scale, np.float32), eps)
+
+
+def _gated_delta_net(h, att, sem: Semantics):
+    """Gated DeltaNet over one sequence, token by token (the recurrence HF and MaxText both compute)."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    k_heads, v_heads, k_hd, v_hd = (sem.extra[k] for k in ("k_heads", "v_heads", "k_hd", "v_hd"))
+    per_k = v_heads // k_heads
+    T = h.shape[0]
+    qkvz = (h @ f32(att["in_proj_qkvz"]["kernel"])).reshape(T, k_heads, -1)  # per key head [q|k|v|z]
+    q, k = qkvz[..., :k_hd], qkvz[..., k_hd:2 * k_hd]
+    v = qkvz[..., 2 * k_hd:2 * k_hd + per_k * v_hd].reshape(T, v_heads, v_hd)
+    z = qkvz[..., 2 * k_hd + per_k * v_hd:].reshape(T, v_heads, v_hd)
+    ba = (h @ f32(att["in_proj_ba"]["kernel"])).reshape(T, k_heads, 2 * per_k)  # per key head [b|a]
+    b, a = ba[..., :per_k].reshape(T, v_heads), ba[..., per_k:].reshape(T, v_heads)
+    mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)  # (T, channels)
+    kernel = f32(att["conv1d"]["kernel"])[:, 0, :]  # (taps, channels): causal depthwise convolution
+    taps = kernel.shape[0]
+    padded = np.concatenate([np.zeros((taps - 1, mixed.shape[1]), np.float32), mixed])
+    conv = sum(padded[j:j + T] * kernel[j] for j in range(taps))
+    conv = _silu(conv)
+    q = conv[:, :k_heads * k_hd].reshape(T, k_heads, k_hd)
+    k = conv[:, k_heads * k_hd:2 * k_heads * k_hd].reshape(T, k_heads, k_hd)
+    v = conv[:, 2 * k_heads * k_hd:].reshape(T, v_heads, v_hd)
+    q = np.repeat(q, per_k, axis=1)
+    k = np.repeat(k, per_k, axis=1)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.float32(math.sqrt(k_hd))
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    beta = 1 / (1 + np.exp(-b))
+    g = -np.exp(f32(att["A_log"])) * np.log1p(np.exp(a + f32(att["dt_bias"])))
+    state = np.zeros((v_heads, k_hd, v_hd), np.float32)
+    out = np.zeros((T, v_heads, v_hd), np.float32)
+    for t in range(T):
+        state = state * np.exp(g[t])[:, None, None]
+        memory = np.einsum("hkv,hk->hv", state, k[t])
+        delta = (v[t] - memory) * beta[t][:, None]
+        state = state + k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", state, q[t])
+    gated = rms_norm(out, att["norm"]["rms_norm"]["scale"], sem.eps) * _silu(z)
+    return gated.reshape(T, -1) @ f32(att["out_proj"]["kernel"])
+
+
+def _gated_attention(h, att, positions, sem: Semantics):
+    """Full attention whose query kernel carries an output gate per head; partial half-split RoPE."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    both = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
+    head_dim = both.shape[-1] // 2
+    q, gate = both[..., :head_dim], both[..., head_dim:]
+    k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
+    v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"]))
+    q = _zero_centred_norm(q, att["query_norm"]["scale"], sem.eps)
+    k = _zero_centred_norm(k, att["key_norm"]["scale"], sem.eps)
+    rotary = int(head_dim * sem.extra["partial_rotary_factor"])
+    inv_freq = rope_frequencies(rotary, sem.theta, None)
+    q = np.concatenate([apply_rope(q[..., :rotary], positions, inv_freq, False), q[..., rotary:]], axis=-1)
+    k = np.concatenate([apply_rope(k[..., :rotary], positions, inv_freq, False), k[..., rotary:]], axis=-1)
+    q = q / np.float32(math.sqrt(head_dim))
+    groups = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) + np.triu(np.full((len(h), len(h)), -np.inf), 1)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("hqk,khd->qhd", weights, v) * (1 / (1 + np.exp(-gate)))
+    return attended.reshape(len(h), -1) @ f32(att["out"]["kernel"])
+
+
+def _shared_expert_moe(h, mlp, sem: Semantics):
+    """Routed experts (softmax, top-k, renormalised) plus the shared expert scaled by sigmoid(gate)."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    routed = _moe(h, mlp["routed_experts"], sem)
+    shared = _mlp(h, mlp["shared_expert"], _silu)
+    gate = 1 / (1 + np.exp(-(h @ f32(mlp["shared_expert_gate"]["kernel"]))))
+    return routed + gate * shared
+
+
+def dequantize(tree: dict) -> dict:
+    """An FP8 model's tree (Qwen3.5's -fp8: kernels with ``kernel_scale``, experts with ``wi_0_scale``...)
+    with every kernel multiplied by its block scales, in float32, as MaxText's runtime dequantises:
+    an axis whose scale has as many entries as the kernel (heads, stacked layers) is not blocked."""
+    out = {}
+    for key, node in tree.items():
+        if isinstance(node, dict):
+            out[key] = dequantize(node)
+        elif key.endswith("_scale"):
+            continue
+        else:
+            scale = tree.get("kernel_scale" if key == "kernel" else f"{key}_scale")
+            value = np.asarray(node, np.float32)
+            if scale is not None:
+                scale = np.asarray(scale, np.float32)
+                for axis, (dim, blocks) in enumerate(zip(value.shape, scale.shape)):
+                    scale = np.repeat(scale, dim // blocks, axis=axis)
+                value = value * scale
+            out[key] = value
+    return out
+
+
+def hybrid_forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
+    """Logits (T, vocab) of a Qwen3-Next / Qwen3.5 MaxText tree (``sem.layout``: qwen3_next or qwen3_5)."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    params = dequantize(params)
+    period = sem.extra["period"]
+    x = f32(params["token_embedder"]["embedding"])[tokens]
+    positions = np.arange(len(tokens), dtype=np.float64)
+    for i in range(sem.num_layers):
+        p = hybrid_layer_params(params["decoder"], i, period, sem.num_layers, scan, sem.layout)
+        h = _zero_centred_norm(x, p["input_layernorm"]["scale"], sem.eps)
+        if "in_proj_qkvz" in p["attention"]:
+            x = x + _gated_delta_net(h, p["attention"], sem)
+        else:
+            x = x + _gated_attention(h, p["attention"]["attention"], positions, sem)
+        h = _zero_centred_norm(x, p["post_attention_layernorm"]["scale"], sem.eps)
+        x = x + _shared_expert_moe(h, p["mlp"], sem)
+    x = _zero_centred_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
+    return x @ f32(params["decoder"]["logits_dense"]["kernel"])

@@ -88,3 +88,60 @@ OLMO3_32B_INSTRUCT = {**OLMO3_7B_INSTRUCT, "hidden_size": 5120, "intermediate_si
 PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
              "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "Olmo-3-7B-Instruct": OLMO3_7B_INSTRUCT,
              "Olmo-3.1-32B-Instruct": OLMO3_32B_INSTRUCT}
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's config.json, as MaxText 0.2.5 copies it (hf_model_configs.py).
+QWEN3_NEXT_80B = {
+    "architectures": ["Qwen3NextForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "full_attention_interval": 4, "head_dim": 256,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5120,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_value_head_dim": 128, "max_position_embeddings": 262144, "mlp_only_layers": [], "model_type": "qwen3_next",
+    "moe_intermediate_size": 512, "norm_topk_prob": True, "num_attention_heads": 16, "num_experts": 512,
+    "num_experts_per_tok": 10, "num_hidden_layers": 48, "num_key_value_heads": 2, "output_router_logits": False,
+    "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.57.0.dev0", "use_cache": True, "vocab_size": 151936,
+}
+# Qwen/Qwen3.5-35B-A3B's config.json, as MaxText 0.2.5 copies it: the text decoder in text_config.
+QWEN3_5_35B = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "image_token_id": 248056, "model_type": "qwen3_5_moe",
+    "text_config": {
+        "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True, "dtype": "bfloat16",
+        "eos_token_id": 248044, "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu",
+        "hidden_size": 2048, "initializer_range": 0.02,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 10,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "mlp_only_layers": [], "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512,
+        "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False, "num_attention_heads": 16,
+        "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": 40, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+        "use_cache": True, "vocab_size": 248320, "mamba_ssm_dtype": "float32",
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25}},
+    "tie_word_embeddings": False, "transformers_version": "4.57.0.dev0", "video_token_id": 248057,
+    "vision_config": {"deepstack_visual_indexes": [], "depth": 27, "hidden_act": "gelu_pytorch_tanh",
+                      "hidden_size": 1152, "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 4304,
+                      "model_type": "qwen3_5_moe", "num_heads": 16, "num_position_embeddings": 2304,
+                      "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2},
+    "vision_end_token_id": 248054, "vision_start_token_id": 248053,
+}
+# Qwen/Qwen3.5-397B-A17B: the 35B's config with its widths (512 experts a layer, 64 value heads, 60 layers).
+QWEN3_5_397B = {
+    **QWEN3_5_35B,
+    "text_config": {**QWEN3_5_35B["text_config"], "hidden_size": 4096,
+                    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 15,
+                    "linear_num_value_heads": 64, "moe_intermediate_size": 1024, "num_attention_heads": 32,
+                    "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 60,
+                    "shared_expert_intermediate_size": 1024},
+    "vision_config": {**QWEN3_5_35B["vision_config"], "out_hidden_size": 4096},
+}
+# Qwen/Qwen3.5-35B-A3B-FP8 and -397B-A17B-FP8: the bf16 releases' configs with the FP8 quantization_config
+# (e4m3, 128x128 blocks; modules kept in bfloat16 as /work/shared/HUB-FORMATS.md lists them).
+FP8_QUANTIZATION = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+    "modules_to_not_convert": ["lm_head", "model.language_model.embed_tokens", "model.visual", "mlp.gate",
+                               "shared_expert_gate", "linear_attn.conv1d", "linear_attn.in_proj_a",
+                               "linear_attn.in_proj_b", "norm", "A_log", "dt_bias"]}
+QWEN3_5_35B_FP8 = {**QWEN3_5_35B, "quantization_config": FP8_QUANTIZATION}
+QWEN3_5_397B_FP8 = {**QWEN3_5_397B, "quantization_config": FP8_QUANTIZATION}

@@ -175,12 +175,67 @@ def decoder_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]
     return leaves
 
 
+def hybrid_leaves(config: dict, scan: bool) -> dict[str, tuple]:
+    """MaxText's qwen3_next / qwen3_5 trees (Qwen3NextDecoderLayer; Qwen3NextScannableBlock's nested scans:
+    local_layers on axes (1, 2), global_layer, a remainder; Qwen3_5ScannableBlock's layer_{p} over the periods)."""
+    t = config.get("text_config", config)
+    emb, heads, kv, hd = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"]
+    kh, vh, kd, vd = (t[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim"))
+    experts, moe, taps = t["num_experts"], t["moe_intermediate_size"], t["linear_conv_kernel_dim"]
+    period = t.get("full_attention_interval", 4)
+    common = {"input_layernorm/scale": (emb,), "post_attention_layernorm/scale": (emb,),
+              "mlp/routed_experts/gate/kernel": (emb, experts), "mlp/shared_expert/wi_0/kernel": (emb, moe),
+              "mlp/shared_expert/wi_1/kernel": (emb, moe), "mlp/shared_expert/wo/kernel": (moe, emb),
+              "mlp/shared_expert_gate/kernel": (emb, 1)}
+    experts_tree = {"mlp/routed_experts/wi_0": (experts, emb, moe), "mlp/routed_experts/wi_1": (experts, emb, moe),
+                    "mlp/routed_experts/wo": (experts, moe, emb)}
+    linear = common | {"attention/in_proj_qkvz/kernel": (emb, 2 * kh * kd + 2 * vh * vd),
+                       "attention/in_proj_ba/kernel": (emb, 2 * vh),
+                       "attention/conv1d/kernel": (taps, 1, 2 * kh * kd + vh * vd), "attention/A_log": (vh,),
+                       "attention/dt_bias": (vh,), "attention/norm/rms_norm/scale": (vd,),
+                       "attention/out_proj/kernel": (vh * vd, emb)}
+    full = common | {"attention/attention/query/kernel": (emb, heads, 2 * hd),
+                     "attention/attention/key/kernel": (emb, kv, hd), "attention/attention/value/kernel": (emb, kv, hd),
+                     "attention/attention/out/kernel": (heads * hd, emb),
+                     "attention/attention/query_norm/scale": (hd,), "attention/attention/key_norm/scale": (hd,)}
+    layers = t["num_hidden_layers"]
+    tree = {"token_embedder/embedding": (t["vocab_size"], emb), "decoder/decoder_norm/scale": (emb,)}
+    if not config.get("tie_word_embeddings", False):
+        tree["decoder/logits_dense/kernel"] = (emb, t["vocab_size"])
+
+    def stacked(shape: tuple, axes: tuple, expert: bool) -> tuple:  # expert leaves keep the expert axis first
+        return (shape[0], *axes, *shape[1:]) if expert or len(shape) > 1 else (*shape, *axes)
+
+    if not scan:
+        for i in range(layers):
+            kind = full if (i + 1) % period == 0 else linear
+            tree |= {f"decoder/layers_{i}/{k}": v for k, v in (kind | experts_tree).items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
+    blocks, rest = divmod(layers, period)
+    if config["model_type"] == "qwen3_5_moe":  # Qwen3_5ScannableBlock: layer_{p} over the periods
+        for p in range(period):
+            kind = full if p == period - 1 else linear
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), False) for k, v in kind.items()}
+            tree |= {f"decoder/layers/layer_{p}/{k}": stacked(v, (blocks,), True) for k, v in experts_tree.items()}
+        return {f"params/params/{k}": v for k, v in tree.items()}
+    for prefix, kind, axes in (("decoder/layers/local_layers", linear, (blocks, period - 1)),
+                               ("decoder/layers/global_layer", full, (blocks,)),
+                               ("decoder/layers_remainder/local_layers", linear, (rest,))):
+        if all(axes):
+            tree |= {f"{prefix}/{k}": stacked(v, axes, False) for k, v in kind.items()}
+            tree |= {f"{prefix}/{k}": stacked(v, axes, True) for k, v in experts_tree.items()}
+    return {f"params/params/{k}": v for k, v in tree.items()}
+
+
+
 # MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
 MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
     "deepseek": lambda mt, m, scan: deepseek_leaves(m, scan),
     "gpt_oss": lambda mt, m, scan: gpt_oss_leaves(m, scan),
     "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
+    "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
+    "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
 }
 
 
@@ -199,6 +254,9 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
                                 config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
+    if mt in ("qwen3_next", "qwen3_5_moe"):  # whole periods of 4 (Qwen3-Next: and a remainder of 2)
+        return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=6 if mt == "qwen3_next" else 8,
+                                num_experts=4, moe_intermediate_size=32)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,
                             num_experts=6 if mt in ("qwen3_moe", "mixtral") else 0, moe_intermediate_size=48)
 

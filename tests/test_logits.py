@@ -42,6 +42,20 @@ def _llama(model: synth.SynthModel, text: dict) -> Semantics:
                      interleaved=bool(scaling and scaling.get("rope_type") == "llama3"))
 
 
+def hybrid_semantics(model_type: str, t: dict) -> Semantics:
+    """Qwen3-Next / Qwen3.5 (MaxText qwen3_next / qwen3_5): Gated DeltaNet, gated partial-RoPE attention,
+    softmax top-k experts with a gated shared expert; ``t`` the (text) config."""
+    rope = t.get("rope_parameters") or {}
+    return Semantics(family=model_type, num_layers=t["num_hidden_layers"], eps=t["rms_norm_eps"],
+                     theta=float(rope.get("rope_theta", t.get("rope_theta", 10000.0))), moe="softmax_topk",
+                     top_k=t["num_experts_per_tok"], layout="qwen3_5" if model_type == "qwen3_5_moe" else "qwen3_next",
+                     extra={"norm_topk_prob": t.get("norm_topk_prob", True),
+                            "period": t.get("full_attention_interval", 4),
+                            "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
+                            "k_heads": t["linear_num_key_heads"], "v_heads": t["linear_num_value_heads"],
+                            "k_hd": t["linear_key_head_dim"], "v_hd": t["linear_value_head_dim"]})
+
+
 # MaxText's run-time behaviour per family (its decoder block), for ``tests/maxtext_forward.py``: a family added
 # to the registry needs an entry here (the registry test checks it), its logit examples come from the family.
 SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
@@ -66,6 +80,8 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
                                       extra={"swiglu_limit": t["swiglu_limit"], "swiglu_alpha": 1.702}),
     "olmo3": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True, layout="olmo3", post_norm=True,
                                     sliding_window=t["sliding_window"], sliding_layers=(True, True, True, False)),
+    "qwen3_next": lambda m, t: hybrid_semantics(m.model_type, t),
+    "qwen3_5_moe": lambda m, t: hybrid_semantics(m.model_type, t),
 }
 # transformers' default attention for these has no sinks: its eager one does
 EAGER = {"gpt_oss"}

@@ -30,6 +30,7 @@ import numpy as np
 
 from ckptconv import __version__, layout, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
+from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
@@ -369,7 +370,8 @@ def _config_text(plan: ExportPlan) -> str:
     """``--like``'s config as it was, unless the weights' format changed: no ``quantization_config``
     for dequantised weights, ``torch_dtype`` saying the dtype written."""
     config = dict(plan.config)
-    config.pop("quantization_config", None)
+    if plan.spec.values.get("quantization") != FP8_KEPT:  # kept quantised: written back as the release stores it
+        config.pop("quantization_config", None)
     dtype_name = plan.dtype.name
     for key in ("torch_dtype", "dtype"):
         if key in config and config[key] != dtype_name:
@@ -413,33 +415,93 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
 def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str] = frozenset()) -> Iterator[Chunk]:
     """Every HF tensor's bytes in writing order, job by job, read unit by read unit."""
     for job in plan.jobs:
+        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
+        if isinstance(job.pieces[0], Joined):
+            yield from _joined_chunks(plan, job, items, stores, timer, skip)
+            continue
+        if isinstance(job.pieces[0], StackedExperts):
+            yield from _expert_chunks(plan, job, items, stores, timer, skip)
+            continue
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
-        stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
         shapes = job.shapes
         for members, box in source_reads(job.tiling, job.source_shape, job.positions):
             if all(names[i] in skip for i in members):
                 continue
             where = [job.positions[i] for i in members]
-            regions = []
             with timer.stage("read"):
-                for k, (leaf, shape) in enumerate(zip(job.leaves, shapes)):
-                    image = forward_boxes(box, job.source_shape, leaf.steps, plan.spec)[-1] if leaf.steps else box
-                    region = leaf_region(shape, where, image)
-                    if any(stop <= start for start, stop in region):  # rows MaxText does not hold
-                        regions.append(np.zeros(box_shape(region), leaf.dtype))
-                    else:
-                        regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
+                regions = _leaf_regions(plan, job, items, stores, where, box)
             for n, index in enumerate(members):
                 with timer.stage("transform"):
-                    out = np.empty(box_shape(box), plan.dtype)
+                    out = np.empty(box_shape(box), job.pieces[index].dtype)
                     for leaf, shape, region in zip(job.leaves, shapes, regions):
                         piece = region[_member(shape.stack_axes, len(region.shape), n)]
                         apply_inverse(piece, leaf.steps, plan.spec,
                                       inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
                 yield names[index], out
             del regions
+
+
+def _leaf_regions(plan: ExportPlan, job, items: str, stores: list, where: list, box) -> list[np.ndarray]:
+    """What each of the job's leaves holds of the HF region ``box`` of the pieces at ``where``."""
+    regions = []
+    for k, (leaf, shape) in enumerate(zip(job.leaves, job.shapes)):
+        image = forward_boxes(box, job.source_shape, leaf.steps, plan.spec)[-1] if leaf.steps else box
+        region = leaf_region(shape, where, image)
+        if any(stop <= start for start, stop in region):  # rows MaxText does not hold
+            regions.append(np.zeros(box_shape(region), leaf.dtype))
+        else:
+            regions.append(read_leaf_region(items, leaf.name, stores[k].get(), box_slices(region)))
+    return regions
+
+
+def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                   skip: set[str]) -> Iterator[Chunk]:
+    """A fused leaf (Qwen3.5's in_proj_qkvz) written back as the parts the hub stores: each part in
+    its own row order, one group's share of one section (a run of fused rows) at a time."""
+    rest = tuple((0, dim) for dim in job.source_shape[1:])
+    for index, piece in enumerate(job.pieces):
+        runs = piece.runs()
+        for k, part in enumerate(piece.parts):
+            name = plan.hf_names[part.name]
+            if name in skip:
+                continue
+            for _, _, fused, rows in sorted((r for r in runs if r[0] == k), key=lambda r: r[1]):
+                box = ((fused, fused + rows), *rest)
+                with timer.stage("read"):
+                    regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+                with timer.stage("transform"):
+                    out = np.empty(box_shape(box), part.dtype)
+                    for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+                        apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                                      inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+                yield name, out
+
+
+def _expert_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                   skip: set[str]) -> Iterator[Chunk]:
+    """A layer's fused experts (Qwen3.5's gate_up_proj) written back as an FP8 release stores them: one
+    expert at a time, its parts (gate, then up) one after the other."""
+    rest = tuple((0, dim) for dim in job.source_shape[1:])
+    for index, piece in enumerate(job.pieces):
+        rows = piece.parts[0].shape[0]
+        for e in range(piece.shape[0]):
+            parts = piece.parts[e * piece.per_expert:(e + 1) * piece.per_expert]
+            names = [plan.hf_names[part.name] for part in parts]
+            if all(name in skip for name in names):
+                continue
+            box = ((e, e + 1), *rest)
+            with timer.stage("read"):
+                regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+            with timer.stage("transform"):
+                out = np.empty(box_shape(box), parts[0].dtype)
+                for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+                    apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                                  inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+            for k, name in enumerate(names):
+                if name not in skip:
+                    yield name, np.ascontiguousarray(out[0, k * rows:(k + 1) * rows])
 
 
 def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import Family
+from ckptconv.families.base import Family, LayoutError
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,18 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
 
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")
-    expected = expected_tensors(family.active_rules(spec), family.layout(spec, True), spec)
+    try:
+        stacks = family.layout(spec, True)
+    except LayoutError:  # a model MaxText cannot scan: the unscanned layout names the same tensors
+        stacks = family.layout(spec, False)
+    expected = expected_tensors(family.active_rules(spec), stacks, spec)
     stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
     for name, (_, shape) in expected.items():
+        join = family.join_for(name)
+        if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
+            shapes.update(join.part_shapes(name, spec, shape))
+            continue
         shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
@@ -136,8 +144,16 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
+def _keeps_scales(model_type: str) -> bool:
+    """A family whose rules read FP8 block scales themselves (MaxText keeps its FP8 releases quantised)."""
+    return any(rule.hf.endswith("_scale_inv") for rule in BY_MODEL_TYPE[model_type].rules)
+
+
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
-    """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts."""
+    """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
+    Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
+    if model.quantization == "fp8" and _keeps_scales(model.model_type):
+        return None
     if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
         return "fp8"
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
@@ -185,10 +201,13 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     shapes = tensor_shapes(model)
     entries = [entry for name, shape in shapes.items()
                for entry in _stored_entries(model, name, shape, st_name, dtype.itemsize)]
+    # a kept-FP8 release (Qwen3.5's): every weight with a block scale of its own is stored e4m3
+    entries = [_Stored(e.name, "F8_E4M3", e.shape, e.logical, 1) if e.name + "_scale_inv" in shapes else e
+               for e in entries]
     groups = _group(entries, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
-    make = _Maker(rng, dtype, pool)
+    make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")))
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -220,13 +239,18 @@ def _group(entries: list[_Stored], max_bytes: int | None) -> list[list[_Stored]]
 class _Maker:
     """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
 
-    def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None) -> None:
+    def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None,
+                 kept_scales: frozenset[str] = frozenset()) -> None:
         self.rng, self.dtype, self.pool = rng, dtype, pool
+        self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
     def chunks(self, entry: _Stored):
         if entry.name in self.pending:
             yield self.pending.pop(entry.name).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name + "_scale_inv" in self.kept_scales:
+            codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
+            yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
         elif entry.st_dtype == "F8_E4M3":
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale_inv"] = scale

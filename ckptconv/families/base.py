@@ -22,11 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
+from ckptconv.families.inputs import ExpertJoin, Join
 from ckptconv.families.transforms import Step
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 LAYER = "{layer}"
 EXPERT = "{expert}"
+
+
+class LayoutError(ValueError):
+    """A model MaxText cannot hold in the asked layout (the planner names config.json and refuses)."""
 
 
 def always(spec: ModelSpec) -> bool:
@@ -98,7 +103,9 @@ class LayerStack:
     ``stacked``: one leaf per rule output with the layers on MaxText's scan axis (axis 1), in
     the order given; otherwise exactly one layer with plain leaves. ``suffix`` is appended to
     the first component of every rule path (Gemma 2: ``self_attention`` -> ``self_attention_local``).
-    ``kind`` selects the rules (see :attr:`Rule.kinds`).
+    ``kind`` selects the rules (see :attr:`Rule.kinds`). ``grid``: the layers fill several
+    consecutive scan axes instead of one, row-major (MaxText's nested scans: Qwen3-Next's
+    ``local_layers`` are (blocks, linear layers per block) on axes (1, 2)).
     """
 
     prefix: tuple[str, ...]
@@ -106,6 +113,26 @@ class LayerStack:
     stacked: bool
     suffix: str = ""
     kind: str = "decoder"
+    grid: tuple[int, ...] = ()
+
+    @property
+    def stack_shape(self) -> tuple[int, ...]:
+        """The scan axes the layers fill (empty when not stacked)."""
+        if not self.stacked:
+            return ()
+        return self.grid or (len(self.layers),)
+
+    def position(self, j: int) -> tuple[int, ...]:
+        """The ``j``-th layer's index on the scan axes."""
+        if not self.stacked:
+            return ()
+        if not self.grid:
+            return (j,)
+        index = []
+        for size in reversed(self.grid):
+            j, i = divmod(j, size)
+            index.append(i)
+        return tuple(reversed(index))
 
     def path(self, rule_path: tuple[str, ...]) -> tuple[str, ...]:
         head = rule_path[0] + self.suffix
@@ -120,11 +147,11 @@ def uniform_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False) for i in layers)
 
 
-def block_layout(period: int) -> Callable[[ModelSpec, bool], tuple[LayerStack, ...]]:
+def block_layout(period: int, name: str = "layers") -> Callable[[ModelSpec, bool], tuple[LayerStack, ...]]:
     """Layers in repeating blocks of ``period`` (Gemma 3: 5 local + 1 global; gpt-oss: 2).
 
     Scanned, MaxText scans whole blocks: block position ``b`` is the stack
-    ``decoder/layers/layers_{b}`` over HF layers ``b, b + period, ...``; the layers after the
+    ``decoder/layers/{name}_{b}`` over HF layers ``b, b + period, ...``; the layers after the
     last whole block are ``decoder/layers_remainder/layers_{r}``, unscanned.
     """
 
@@ -132,7 +159,7 @@ def block_layout(period: int) -> Callable[[ModelSpec, bool], tuple[LayerStack, .
         if not scan:
             return uniform_layout(spec, scan)
         whole = spec.num_layers - spec.num_layers % period
-        stacks = [LayerStack(("decoder", "layers", f"layers_{b}"), tuple(range(b, whole, period)), True)
+        stacks = [LayerStack(("decoder", "layers", f"{name}_{b}"), tuple(range(b, whole, period)), True)
                   for b in range(period) if whole]
         stacks += [LayerStack(("decoder", "layers_remainder", f"layers_{r}"), (whole + r,), False)
                    for r in range(spec.num_layers - whole)]
@@ -237,6 +264,11 @@ class Family:
     # DeepSeek's multi-token-prediction layers follow its last layer).
     not_converted: Callable[[ModelSpec], tuple[tuple[str, str], ...]] = lambda spec: ()
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # Tensors the rules read fused that checkpoints may store in parts (Qwen3.5's in_proj_qkv + in_proj_z).
+    joins: tuple[Join | ExpertJoin, ...] = ()
+
+    def join_for(self, name: str) -> Join | ExpertJoin | None:
+        return next((join for join in self.joins if name.endswith(join.fused)), None)
 
     def active_rules(self, spec: ModelSpec) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.when(spec))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
-from typing import ClassVar, Iterable, Protocol
+from typing import Callable, ClassVar, Iterable, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -343,10 +343,224 @@ def _check_stored_shape(source: Source, info: TensorInfo, shape: tuple[int, ...]
                             f"are {list(shape)}")
 
 
+@dataclass(frozen=True)
+class Join:
+    """A tensor MaxText holds fused that a checkpoint stores in separate ``parts``.
+
+    ``fused``: the end of the rules' tensor name (``linear_attn.in_proj_qkvz.weight``); each part
+    replaces it (``linear_attn.in_proj_qkv.weight``) and is a run of sections along axis 0, sized by
+    spec dimensions (``k_dim, k_dim, v_dim``). The fused tensor holds, for each of ``groups`` groups
+    in turn, every section's share of that group, in order: Qwen3.5's in_proj_qkv and in_proj_z
+    become [q|k|v|z] per key head, as Qwen3-Next stores them and MaxText holds them.
+    """
+
+    fused: str
+    parts: tuple[tuple[str, tuple[str, ...]], ...]
+    groups: str
+    # the releases that store it in parts, so that export writes it so (a conversion reads parts wherever
+    # the fused tensor is absent)
+    in_parts: Callable[..., bool] = lambda spec: True
+
+    def part_names(self, name: str, spec) -> tuple[str, ...]:
+        base = name[:-len(self.fused)]
+        return tuple(base + suffix for suffix, _ in self.parts)
+
+    def sections(self, spec) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(spec.dim(d) for d in dims) for _, dims in self.parts)
+
+    def part_shapes(self, name: str, spec, shape: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each part's name and the shape config.json implies for it, given the fused ``shape``."""
+        return tuple((part, (sum(sizes), *shape[1:]))
+                     for part, sizes in zip(self.part_names(name, spec), self.sections(spec)))
+
+    def compose(self, name: str, spec, parts: tuple) -> "Joined":
+        return Joined(name, parts, self.sections(spec), spec.dim(self.groups))
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The fused tensor of a :class:`Join`, read from its parts (which may themselves decode: FP8).
+
+    Fused rows [r0, r1) are a few row ranges of the parts (one per group and section they touch);
+    each is read as stored and placed, so a read costs its own size and one part's range more.
+    """
+
+    fused_name: str
+    parts: tuple[Input, ...]
+    sections: tuple[tuple[int, ...], ...]  # per part, its sections' sizes along axis 0
+    groups: int
+
+    @property
+    def name(self) -> str:
+        return self.fused_name
+
+    @property
+    def file(self) -> str:
+        return self.parts[0].file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (sum(sum(s) for s in self.sections), *self.parts[0].shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return tuple(sorted({a for p in self.parts for a in p.whole_axes}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def decode_bytes(self) -> int:
+        """One part range decoded and held while it is placed: at most the read's size again."""
+        return self.dtype.itemsize + max(p.decode_bytes for p in self.parts)
+
+    def runs(self) -> list[tuple[int, int, int, int]]:
+        """(part, first row in the part, first fused row, rows) of every group's share of every
+        section, in fused order."""
+        runs = []
+        for g in range(self.groups):
+            for k, sections in enumerate(self.sections):
+                start = 0
+                for size in sections:
+                    share = size // self.groups
+                    runs.append((k, start + g * share, 0, share))
+                    start += size
+        fused = 0
+        for n, (k, first, _, rows) in enumerate(runs):
+            runs[n] = (k, first, fused, rows)
+            fused += rows
+        return runs
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), rest = box[0], box[1:]
+        out = np.empty((r1 - r0, *(stop - start for start, stop in rest)), self.dtype)
+        for k, first, fused, rows in self.runs():
+            lo, hi = max(r0, fused), min(r1, fused + rows)
+            if lo < hi:
+                part_rows = (first + lo - fused, first + hi - fused)
+                out[lo - r0:hi - r0] = self.parts[k].read(source, (part_rows, *rest))
+        return out
+
+
+@dataclass(frozen=True)
+class ExpertJoin:
+    """A layer's experts MaxText reads from one fused tensor (Qwen3.5's ``mlp.experts.gate_up_proj``,
+    (experts, 2 * mlp, emb), gate first) that a checkpoint stores one by one
+    (``mlp.experts.{e}.gate_proj.weight``, ``up_proj.weight``: its FP8 releases): expert ``e`` of the
+    fused tensor is its ``parts`` stacked along their first axis."""
+
+    fused: str  # "mlp.experts.gate_up_proj"
+    parts: tuple[str, ...]  # ("gate_proj.weight", "up_proj.weight")
+    inner: str = "mlp.experts."  # what precedes the expert index in a part's name
+    in_parts: Callable[..., bool] = lambda spec: True  # as Join's
+
+    def part_names(self, name: str, spec) -> tuple[str, ...]:
+        base = name[:-len(self.fused)] + self.inner
+        return tuple(f"{base}{e}.{part}" for e in range(spec.dim("experts")) for part in self.parts)
+
+    def part_shapes(self, name: str, spec, shape: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        rows = shape[1] // len(self.parts)
+        return tuple((part, (rows, *shape[2:])) for part in self.part_names(name, spec))
+
+    def compose(self, name: str, spec, parts: tuple) -> "StackedExperts":
+        return StackedExperts(name, parts, len(self.parts))
+
+
+@dataclass(frozen=True)
+class StackedExperts:
+    """The fused tensor of an :class:`ExpertJoin`, read from its per-expert parts (expert-major)."""
+
+    fused_name: str
+    parts: tuple[Input, ...]
+    per_expert: int
+
+    @property
+    def name(self) -> str:
+        return self.fused_name
+
+    @property
+    def file(self) -> str:
+        return self.parts[0].file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows, *rest = self.parts[0].shape
+        return (len(self.parts) // self.per_expert, rows * self.per_expert, *rest)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return tuple(range(len(self.shape)))
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return tuple(sorted({a + 1 for p in self.parts for a in p.whole_axes}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def decode_bytes(self) -> int:
+        return self.dtype.itemsize + max(p.decode_bytes for p in self.parts)
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (e0, e1), (r0, r1), rest = box[0], box[1], box[2:]
+        rows = self.parts[0].shape[0]
+        out = np.empty((e1 - e0, r1 - r0, *(stop - start for start, stop in rest)), self.dtype)
+        for e in range(e0, e1):
+            for k in range(self.per_expert):
+                lo, hi = max(r0, k * rows), min(r1, (k + 1) * rows)
+                if lo < hi:
+                    part = self.parts[e * self.per_expert + k]
+                    out[e - e0, lo - r0:hi - r0] = part.read(source, ((lo - k * rows, hi - k * rows), *rest))
+        return out
+
+
+def join_input(name: str, join: Join | ExpertJoin, spec, shape: tuple[int, ...],
+               find) -> tuple[Joined | StackedExperts, tuple[str, ...]] | None:
+    """The fused input of the rules' tensor ``name`` (of the ``shape`` config.json implies) read from its
+    parts (``find``: a part's name -> (input, stored names) or None), each part's shape checked; None
+    when no part is stored (the caller names the missing tensor)."""
+    expected = join.part_shapes(name, spec, shape)
+    found = [find(part) for part, _ in expected]
+    if not any(found):
+        return None
+    missing = next((part for (part, _), hit in zip(expected, found) if hit is None), None)
+    if missing is not None:
+        present = next(hit[0] for hit in found if hit is not None)
+        raise BadInputError(f"{present.file}: missing tensor {missing!r} (with {present.name!r}, it makes "
+                            f"MaxText's {join.fused.removesuffix('.weight').split('.')[-1]})")
+    inputs = tuple(hit[0] for hit in found)
+    for piece, (_, want) in zip(inputs, expected):
+        if piece.shape != want:
+            raise BadInputError(f"{piece.file}: tensor {piece.name!r} has shape {list(piece.shape)}, config.json "
+                                f"implies {list(want)}")
+        if piece.dtype != inputs[0].dtype:
+            raise BadInputError(f"{piece.file}: tensor {piece.name!r} has dtype {piece.dtype}, but "
+                                f"{inputs[0].name!r}, which it is fused with, has {inputs[0].dtype}")
+    return join.compose(name, spec, inputs), tuple(n for hit in found for n in hit[1])
+
+
 # --- which stored tensors make a logical one ----------------------------------------------
 
 # the quantisation schemes a spec may name
 FP8_BLOCK, MXFP4_SCHEME, INT4_SCHEME = "fp8-block-128", "mxfp4", "int4-group-32"
+# FP8 releases MaxText keeps quantised (Qwen3.5's -fp8 models): the e4m3 weights read as stored, their
+# block scales (``weight_scale_inv``) by rules of their own into ``*_scale`` leaves; nothing decoded.
+FP8_KEPT = "fp8-block-128-kept"
 
 
 def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[Input, tuple[str, ...]] | None:

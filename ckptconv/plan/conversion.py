@@ -20,8 +20,8 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family, LayerStack, Rule
-from ckptconv.families.inputs import Input, resolve
+from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
+from ckptconv.families.inputs import FP8_KEPT, Input, join_input, resolve
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
 from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
@@ -106,7 +106,8 @@ class ConversionPlan:
 
     @property
     def tensor_count(self) -> int:
-        return sum(len(job.pieces) for job in self.jobs)
+        """The HF tensors read: a fused input counts the parts it is read from (Qwen3.5's in_proj_qkv, in_proj_z)."""
+        return sum(len(getattr(piece, "parts", (piece,))) for job in self.jobs for piece in job.pieces)
 
     @property
     def source_bytes(self) -> int:
@@ -169,17 +170,21 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     stored = index_checkpoint(source)
     _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
-    stacks = family.layout(spec, scan_layers)
+    try:
+        stacks = family.layout(spec, scan_layers)
+    except LayoutError as err:
+        raise BadInputError(f"{where}: {err}") from None
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
+    _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
-    inputs, consumed = _resolve(source, expected, tensors, scheme)
+    inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
-    _check_shapes_and_dtypes(expected, inputs)
+    _check_shapes_and_dtypes(expected, inputs, scheme)
     out_dtype = dtypes.OUTPUT[dtype]
     jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
     _check_devices_shard_something(jobs, devices)
@@ -227,6 +232,21 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
         claims = f"{spec.num_layers} layers" + (f", {experts} experts" if experts else "")
         raise BadInputError(f"{where}: implies {needed} tensors ({claims}), but the safetensors headers hold "
                             f"only {stored} tensors")
+
+
+def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...],
+                       tensors: dict[str, TensorInfo]) -> None:
+    """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
+    linear one) is named as such, not as the tensors it then lacks."""
+    kinded = [r for r in rules if r.per_layer and r.kinds is not None]
+    for stack in stacks:
+        for r in (r for r in kinded if stack.kind not in r.kinds):
+            for layer in stack.layers:
+                info = tensors.get(r.hf.format(layer=layer, expert=0))
+                if info is not None:
+                    raise BadInputError(f"{source.uri}/{info.file}: layer {layer} holds {info.name!r}, a tensor of a "
+                                        f"{' or '.join(sorted(r.kinds))} layer, but config.json makes layer {layer} "
+                                        f"a {stack.kind} layer")
 
 
 def _short(value: int) -> str:
@@ -293,7 +313,7 @@ def _instance(r: Rule, stack: LayerStack | None, spec: ModelSpec) -> _Instance:
     for e in experts:
         for j, layer in enumerate(layers):
             names.append(r.hf.format(layer=layer, expert=e))
-            positions.append(((e,) if e is not None else ()) + ((j,) if stacked else ()))
+            positions.append(((e,) if e is not None else ()) + (stack.position(j) if stacked else ()))
     return _Instance(r, stack, tuple(names), tuple(positions))
 
 
@@ -303,15 +323,19 @@ def expected_tensors(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], sp
             for inst in _instances(rules, stacks, spec) for name in inst.names}
 
 
-def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo],
-             scheme: str | None) -> tuple[dict[str, Input], set[str]]:
-    """The input each expected tensor reads (stored, or decoded from its quantised parts), and
-    every stored name they consume; a missing one fails naming the leaf it feeds."""
+def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo], scheme: str | None,
+             family: Family, spec: ModelSpec) -> tuple[dict[str, Input], set[str]]:
+    """The input each expected tensor reads (stored, decoded from its quantised parts, or joined from
+    the parts a checkpoint stores it in), and every stored name they consume; a missing one fails
+    naming the leaf it feeds."""
     inputs: dict[str, Input] = {}
     consumed: set[str] = set()
     missing = []
     for name in sorted(expected):
         found = resolve(name, tensors, scheme)
+        join = family.join_for(name) if found is None else None
+        if join is not None:
+            found = join_input(name, join, spec, expected[name][1], lambda part: resolve(part, tensors, scheme))
         if found is None:
             missing.append(name)
             continue
@@ -320,8 +344,10 @@ def _resolve(source: Source, expected: dict, tensors: dict[str, TensorInfo],
     if missing:
         rule = expected[missing[0]][0]
         leaves = ", ".join("/".join(o.path) for o in rule.outputs)
+        join = family.join_for(missing[0])
+        shown = join.part_names(missing[0], spec)[0] if join is not None else missing[0]
         raise BadInputError(
-            f"{source.uri}: missing tensor {missing[0]!r} (needed for MaxText leaf {leaves})"
+            f"{source.uri}: missing tensor {shown!r} (needed for MaxText leaf {leaves})"
             f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         )
     return inputs, consumed
@@ -345,13 +371,25 @@ def _check_extra(source: Source, family: Family, tensors: dict[str, TensorInfo],
         )
 
 
-def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input]) -> None:
+def _scaled(name: str, found: Input, expected: dict) -> bool:
+    """Whether a tensor has block scales among the rules' tensors: its own, or every one of its parts'
+    (an FP8 release's experts, stored one by one, each with its scale)."""
+    parts = [p.name for p in getattr(found, "parts", ())]
+    return name + "_scale_inv" in expected or bool(parts) and all(p + "_scale_inv" in expected for p in parts)
+
+
+def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: str | None) -> None:
     for name, (_, shape) in expected.items():
         found = inputs[name]
         if found.shape != shape:
             raise BadInputError(
                 f"{found.file}: tensor {found.name!r} has shape {list(found.shape)}, config.json implies {list(shape)}"
             )
+        if scheme == FP8_KEPT and _scaled(name, found, expected):  # kept quantised: e4m3 as its scales imply
+            if found.dtype != dtypes.SAFETENSORS["F8_E4M3"]:
+                raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, but the FP8 "
+                                    f"release stores it as float8_e4m3fn with {name + '_scale_inv'!r}")
+            continue
         if found.dtype not in dtypes.FLOAT_SOURCES:
             raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
 
@@ -373,8 +411,8 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         raise BadInputError(f"{pieces[0].file}: tensors of {r.hf!r} are stored in different ways "
                             f"({', '.join(sorted({k[0] for k in kinds}))} with shapes {sorted({k[1] for k in kinds})})")
     source_shape = pieces[0].shape
-    layers = len(stack.layers) if inst.stacked else None
-    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + ((layers,) if layers else ())
+    layers = stack.stack_shape if inst.stacked else ()
+    stack_shape: tuple[int, ...] = ((spec.dim("experts"),) if r.per_expert else ()) + layers
     shapes = []
     for output in r.outputs:
         piece = output_shape(source_shape, output.steps, spec)
@@ -392,17 +430,17 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
     return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 
-def _stacked_shape(piece: Shape, per_expert: bool, layers: int | None, layer_axis: int,
+def _stacked_shape(piece: Shape, per_expert: bool, layers: tuple[int, ...], layer_axis: int,
                    spec: ModelSpec) -> tuple[Shape, tuple[int, ...]]:
     """Experts stack on a new leading axis; scanned layers on ``layer_axis`` (MaxText's scan axis 1
-    for parameters) after that."""
+    for parameters) after that, on as many consecutive axes as the stack has (nested scans)."""
     shape, axes = piece, ()
     if per_expert:
         shape, axes = (spec.dim("experts"), *shape), (0,)
-    if layers is not None:
+    if layers:
         axis = min(layer_axis, len(shape))
-        shape = (*shape[:axis], layers, *shape[axis:])
-        axes = tuple(a + (a >= axis) for a in axes) + (axis,)
+        shape = (*shape[:axis], *layers, *shape[axis:])
+        axes = tuple(a + len(layers) * (a >= axis) for a in axes) + tuple(range(axis, axis + len(layers)))
     return shape, axes
 
 

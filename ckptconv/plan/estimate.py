@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ckptconv import settings
-from ckptconv.families.inputs import FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.families.inputs import FP8_KEPT, FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.families.transforms import Permute, box_shape
 from ckptconv.plan.conversion import ConversionPlan, Job
 
@@ -29,7 +29,9 @@ BASELINE_BYTES = 300 * 1024**2
 # FP8's rate: its decoding costs less (1.8 s per GiB decoded against FP8's 4.6, side by side on a
 # 2048 x 7168 expert), and Kimi-K2-Thinking's widths with 32 experts converted at 15-17 s/GiB only
 # on a machine loaded 2.5x over its 2 cores, not a figure to plan with.
-SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0}
+# Kept FP8 (Qwen3.5's -FP8 releases) decodes nothing: 4.5-5.0 s/GiB at Qwen3.5-397B's widths
+# (bench/HYBRID-MEMORY.md), as bfloat16 sources.
+SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0, FP8_KEPT: 4.4}
 STARTUP_SECONDS = 4.0
 # Orbax opens OCDBT with a 100 MB node cache (tensorstore_utils: cache_pool#ocdbt). It fills as
 # the b-tree grows, about 24 KiB per chunk written (measured: a run's peak climbs job after job

@@ -21,7 +21,8 @@ import numpy as np
 from ckptconv import dtypes
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family
+from ckptconv.families.base import Family, LayoutError
+from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import Job, expected_tensors, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
@@ -113,17 +114,49 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
     devices = _device_count(next(iter(params.values())))
     candidates = []
     for scan in (True, False):
-        stacks = family.layout(spec, scan)
+        try:
+            stacks = family.layout(spec, scan)
+        except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
+            continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: Target(name, shape, out_dtype) for name, (_, shape) in expected.items()}
+        targets = {name: _target(family, spec, name, shape, expected, out_dtype) for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
         candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
-    hf_names = _hf_names(like, family, [p.name for job in jobs for p in job.pieces])
-    tensors = tuple(TensorEntry(hf_names[p.name], out_dtype, p.shape) for job in jobs for p in job.pieces)
+    hf_names = _hf_names(like, family, [p.name for job in jobs for piece in job.pieces for p in written(piece)])
+    tensors = tuple(TensorEntry(hf_names[p.name], p.dtype, p.shape)
+                    for job in jobs for piece in job.pieces for p in written(piece))
     return ExportPlan(family, spec, config, config_text, scan, out_dtype, jobs, hf_names, tensors,
                       _not_exported(family, spec, jobs))
+
+
+def _stored_dtype(spec: ModelSpec, name: str, expected: dict, dtype: np.dtype) -> np.dtype:
+    """The dtype an HF tensor is written in: ``--dtype``'s, except in an FP8 release MaxText keeps quantised,
+    whose weights go back to e4m3 (the values are e4m3's) beside their bfloat16 block scales."""
+    if spec.values.get("quantization") != FP8_KEPT:
+        return dtype
+    if name.endswith("_scale_inv"):
+        return dtypes.BF16
+    return dtypes.SAFETENSORS["F8_E4M3"] if name + "_scale_inv" in expected else dtype
+
+
+def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], expected: dict,
+            dtype: np.dtype) -> Target | Joined | StackedExperts:
+    """The tensor a rule's piece becomes: itself, or the parts this release stores it in. A part is
+    e4m3 where its fused tensor has block scales (in_proj_qkvz) or it has its own (an FP8 expert)."""
+    own = _stored_dtype(spec, name, expected, dtype)
+    join = family.join_for(name)
+    if join is None or not join.in_parts(spec):
+        return Target(name, shape, own)
+    parts = tuple(Target(part, part_shape, own if own != dtype else _stored_dtype(spec, part, expected, dtype))
+                  for part, part_shape in join.part_shapes(name, spec, shape))
+    return join.compose(name, spec, parts)
+
+
+def written(piece: Target | Joined | StackedExperts) -> tuple[Target, ...]:
+    """The HF tensors a piece is written as, in order."""
+    return piece.parts if isinstance(piece, (Joined, StackedExperts)) else (piece,)
 
 
 def check_recorded_model(spec: ModelSpec, recorded: dict, like: str, report: str, same_tool: bool = True) -> None:
@@ -224,7 +257,7 @@ def _not_exported(family: Family, spec: ModelSpec, jobs: tuple[Job, ...]) -> tup
             if rows > kept:
                 notes.append({"what": f"rows {kept}..{rows - 1} are not in MaxText's vocabulary of {kept} rows: "
                                       "written as zeros", "tensors": [job.pieces[0].name]})
-    if spec.values.get("quantization"):
+    if spec.values.get("quantization") not in (None, FP8_KEPT):
         notes.append({"what": f"quantised release ({spec.values['quantization']}): exported dequantised; "
                               "config.json without quantization_config", "tensors": []})
     return tuple(notes)
