@@ -11,6 +11,7 @@ from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from ckptconv import settings
 from flows.artifacts import ordered_stages, rate_mib_per_s, output_link
 from tasks.export import DEFAULT_TIMEOUT_SECONDS, export_checkpoint
 from tasks.job import Export
@@ -40,7 +41,7 @@ def publish_export_artifacts(job: Export, report: dict) -> list[str]:
 
 
 @flow(name="export-model", log_prints=True)
-def export_model(checkpoint: str, destination: str, like: str, dtype: str = "bfloat16", shard_size: str = "5GB",
+def export_model(checkpoint: str, destination: str, like: str, dtype: str = settings.DTYPE, shard_size: str = settings.SHARD_SIZE,
                  overwrite: bool = False, name: str | None = None,
                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> dict:
     """Export one MaxText Orbax checkpoint to HF safetensors shaped like ``like``; returns the report."""

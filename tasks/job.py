@@ -55,7 +55,7 @@ class Export:
     destination: str
     like: str
     dtype: str = settings.DTYPE
-    shard_size: str = "5GB"
+    shard_size: str = settings.SHARD_SIZE
     overwrite: bool = False
     name: str | None = None
 

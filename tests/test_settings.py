@@ -55,3 +55,18 @@ def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeyp
         assert estimate.predicted_peak_bytes(plan) - base >= tile, field  # one more tile alive, counted
         monkeypatch.undo()
     assert settings.IN_FLIGHT.tiles_alive == settings.IN_FLIGHT.prefetch + settings.IN_FLIGHT.writes + 2
+
+
+def test_the_shipped_deployments_take_their_defaults_from_settings():
+    """deploy/prefect.yaml names only what differs from the flows' defaults: a parameter it restated
+    (16 devices, bfloat16, ...) would silently pin the deployments when a default in settings moves."""
+    from pathlib import Path
+
+    import yaml
+
+    restatable = {"devices": settings.DEVICES, "scan_layers": settings.SCAN_LAYERS, "dtype": settings.DTYPE,
+                  "shard_size": settings.SHARD_SIZE}
+    text = (Path(__file__).resolve().parents[1] / "deploy" / "prefect.yaml").read_text()
+    for deployment in yaml.safe_load(text)["deployments"]:
+        restated = sorted(set(deployment.get("parameters") or {}) & set(restatable))
+        assert not restated, f"{deployment['name']} restates the default of {restated}"

@@ -18,7 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ckptconv import dtypes
+from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
@@ -97,7 +97,7 @@ class ExportPlan:
         return sum(entry.nbytes for entry in self.tensors)
 
 
-def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bfloat16",
+def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = settings.DTYPE,
                      where: str = "checkpoint") -> ExportPlan:
     """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
     :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
