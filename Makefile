@@ -39,7 +39,8 @@ $(TEST_STAMP): pyproject.toml
 demo: setup-demo
 	$(PY) -m flows.demo
 
-# Modules stay whole on one worker (--dist loadscope --no-loadscope-reorder): their servers and fixtures are set up once.
+# Modules stay whole on one worker (--dist loadscope --no-loadscope-reorder): their servers and fixtures are set up
+# once (except the long independent cases tests/conftest.py spreads, SPREAD_MODULES).
 # One worker more than cores (up to 4): many tests wait on servers, deadlines and child processes, and a third
 # worker on 2 cores keeps the CPU busy meanwhile (measured: 13.1 min against 14.1 with two).
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")

@@ -50,6 +50,27 @@ LONGEST_FIRST = ("test_prefect_e2e", "test_memory", "test_convert_moe_gemma", "t
                  "test_quantized", "test_prefect_flows", "test_gcs_refusals")
 
 
+# Modules whose cases are long, independent conversions in their own processes (no module fixture to share):
+# each case is a scope of its own, so `make test` spreads them over its workers instead of queueing them all
+# on one (test_memory's cases took 20 of the suite's 29 minutes on one worker of a loaded machine).
+SPREAD_MODULES = ("tests/test_memory.py", "tests/test_convert_moe_gemma.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope``, except that each case of ``SPREAD_MODULES`` is its own scope."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SpreadScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in SPREAD_MODULES:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return SpreadScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
