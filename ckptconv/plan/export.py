@@ -18,7 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ckptconv import dtypes
+from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
@@ -101,8 +101,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
                      where: str = "checkpoint") -> ExportPlan:
     """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
     :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
-    if dtype not in dtypes.OUTPUT:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    if dtype not in settings.OUTPUT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.OUTPUT_DTYPES)})")
     out_dtype = dtypes.OUTPUT[dtype]
     config_text, config = read_config(like)
     family = family_for(config.get("model_type"), f"{like.uri}/config.json")
