@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ckptconv import dtypes, settings
@@ -111,6 +110,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = "bf
     if not params:
         raise BadInputError(f"{where}: no leaves under '{PARAM_ROOT}' (not a MaxText parameter checkpoint)")
     leaf_dtype = np.dtype(next(iter(params.values())).dtype)
+    if any(np.dtype(leaf.dtype) == dtypes.E4M3 for leaf in params.values()):
+        leaf_dtype = dtypes.E4M3  # written with --dtype float8_e4m3fn: each leaf in its HF tensor's dtype
     devices = _device_count(next(iter(params.values())))
     candidates = []
     for scan in (True, False):
@@ -220,7 +221,7 @@ def _check_leaves(where: str, like: str, jobs: tuple[Job, ...], params: dict[tup
         if found.shape != leaf.shape:
             raise BadInputError(f"{where}: leaf {leaf.name!r} has shape {list(found.shape)}, "
                                 f"{like}/config.json implies {list(leaf.shape)}")
-        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) != np.dtype(ml_dtypes.bfloat16):
+        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) not in (dtypes.BF16, dtypes.E4M3):
             raise BadInputError(f"{where}: leaf {leaf.name!r} has dtype {found.dtype}, expected a float dtype")
     extra = sorted(set(params) - set(planned))
     if extra:
