@@ -176,6 +176,13 @@ CASES = [
     Case("qwen3.5-fp8-transformers", None, "qwen3.5-35b-a3b-fp8", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("qwen3.5-fp8-transformers-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1,
          loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    # --dtype float8_e4m3fn against MaxText's --save_dtype float8_e4m3fn: the e4m3 weights kept, all else as stored
+    Case("qwen3.5-fp8-keepfp8", None, "qwen3.5-35b-a3b-fp8", dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    Case("qwen3.5-fp8-keepfp8-noscan", None, "qwen3.5-35b-a3b-fp8", scan=False, dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=6)),
+    Case("qwen3.5-fp8-keepfp8-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1, dtype="float8_e4m3fn",
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),
