@@ -119,6 +119,21 @@ def test_kept_checkpoint_exports_the_release_back(tmp_path):
     assert raw(back) == {k: v for k, v in raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
 
 
+@pytest.mark.slow
+def test_kept_peak_is_predicted(synth_dir, tmp_path):
+    """At Qwen3.5-397B-A17B-FP8's widths (one period, 8 experts), kept e4m3 with 1 and 16 devices: the plan's
+    prediction bounds the measured peak, within 1.5x (the tiles hold e4m3 bytes, the prediction counts them)."""
+    from ckptconv.families.qwen3_5_moe import WIDTHS_397B
+    from tests.test_memory import GiB, convert_peak
+
+    model = synth.SynthModel(model_type="qwen3_5_moe", quantization="fp8",
+                             **{**WIDTHS_397B, "num_layers": 4, "num_experts": 8})
+    src = synth_dir(model, name="qwen3.5-397b-fp8-period", max_shard_bytes=5 * 10**9, fast=True)
+    for devices in (16, 1):
+        measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP)
+        assert source_bytes > 1.5 * GiB and measured < 1.5 * GiB
+
+
 def _bf16_qwen3_5(directory) -> None:
     hub_checkpoints.make(str(directory), hub_checkpoints.qwen3_5_moe_config())
 
