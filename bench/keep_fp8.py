@@ -99,11 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-maxtext", action="store_true")
+    parser.add_argument("--reuse", metavar="LOG", help="take step 1's rows from an earlier run's printed lines")
     parser.add_argument("--out", default=str(BENCH / "KEEP-FP8.md"))
     args = parser.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[dict]] = {}
-    for name, model in MEASURED.items():
+    plans: dict[str, list[dict]] = {}
+    earlier = [json.loads(line) for line in Path(args.reuse).read_text().splitlines()
+               if line.startswith("{")] if args.reuse else []
+    for line in earlier:
+        for name, value in line.items():
+            if name in MEASURED:
+                rows[name] = value
+    for name, model in MEASURED.items() if not args.reuse else ():
         src = WORK / name
         shutil.rmtree(src, ignore_errors=True)
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, fast=True)
@@ -112,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({name: rows[name]}), flush=True)
         if not args.keep:
             shutil.rmtree(src, ignore_errors=True)
-    plans: dict[str, list[dict]] = {}
     for name, config in PLANNED.items():
         src = WORK / f"{name}-headers"
         shutil.rmtree(src, ignore_errors=True)
@@ -121,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, header_only=True)
         (src / "config.json").write_text(json.dumps(config))
         plans[name] = [plan_of(src, 16, dtype) | {"dtype": dtype} for dtype in DTYPES]
-        print(json.dumps({name: [{k: p[k] for k in ("dtype", "source_bytes", "output_bytes")} for p in plans[name]]}))
+        print(json.dumps({name: [{k: p[k] for k in ("dtype", "source_bytes", "output_bytes", "predicted_peak_rss_bytes")}
+                                 for p in plans[name]]}))
         shutil.rmtree(src, ignore_errors=True)
     deepseek = None
     if not args.skip_maxtext:
