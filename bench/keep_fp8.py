@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, header_only=True)
         (src / "config.json").write_text(json.dumps(config))
         plans[name] = [plan_of(src, 16, dtype) | {"dtype": dtype} for dtype in DTYPES]
-        print(json.dumps({name: [{k: p[k] for k in ("dtype", "source_bytes", "output_bytes", "predicted_peak_rss_bytes")}
-                                 for p in plans[name]]}))
+        keys = ("dtype", "source_bytes", "output_bytes", "predicted_peak_rss_bytes")
+        print(json.dumps({name: [{k: p[k] for k in keys} for p in plans[name]]}))
         shutil.rmtree(src, ignore_errors=True)
     deepseek = None
     if not args.skip_maxtext:
@@ -173,13 +173,15 @@ def write(rows: dict, plans: dict, deepseek: dict | None, path: Path) -> None:
     for name, runs in plans.items():
         wide = next(p["output_bytes"] for p in runs if p["dtype"] == "bfloat16")
         for p in runs:
-            lines.append(f"| {name} | {p['dtype']} | {p['source_bytes'] / GIB:.1f} GiB | {p['output_bytes'] / GIB:.1f} GiB "
+            lines.append(f"| {name} | {p['dtype']} | {p['source_bytes'] / GIB:.1f} GiB "
+                         f"| {p['output_bytes'] / GIB:.1f} GiB "
                          f"| {p['output_bytes'] / wide:.3f} | {gib(p['predicted_peak_rss_bytes'])} |")
     if deepseek is not None:
         lines += ["", "## MaxText 0.2.5 on a DeepSeek-V3 FP8 release with `--save_dtype float8_e4m3fn`", "",
                   "A tiny DeepSeek-V3 FP8 release (e4m3 linear layers with float32 128x128 `weight_scale_inv`), "
                   "converted by MaxText's `to_maxtext` (model `deepseek3-671b` at the checkpoint's sizes, unscanned "
-                  "(its scanned DeepSeek conversion fails in any dtype), lazy loading, 16 devices):", "", "```", json.dumps(deepseek, indent=2), "```", "",
+                  "(its scanned DeepSeek conversion fails in any dtype), lazy loading, 16 devices):", "", "```",
+                  json.dumps(deepseek, indent=2), "```", "",
                   "MaxText's DeepSeek parameter mapping names no scale, so the release's `weight_scale_inv` tensors "
                   "are never read: the e4m3 kernels are written without their block scales, and MaxText's runtime "
                   "(`dequantize_weight` with no scale) multiplies by raw e4m3 codes. ckptconv refuses this case "

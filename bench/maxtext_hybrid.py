@@ -159,7 +159,8 @@ def run_case(case: Case) -> dict:
               "HF_HOME": str(root / "hf-home")}
     converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", case.maxtext_model, hf, theirs,
                      *(f"{k}={v}" for k, v in settings.items()), "--", "--lazy_load_tensors=false",
-                     "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1", f"--save_dtype={case.dtype}"],
+                     "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1",
+                     f"--save_dtype={case.dtype}"],
                     root / "to_maxtext.log", env=mt_env)
     checkpoints = {"ckptconv": ours / "0" / "items"}
     if converted.returncode == 0:
