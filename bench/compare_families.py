@@ -51,6 +51,8 @@ class Case:
     extra: dict = field(default_factory=dict)
     # a config of tests/hub_checkpoints.py: the model made by transformers' own class, stored as the hub does
     hub: dict | None = None
+    # an FP8 release's tensors stored in another dtype, by name ending (as a release may keep A_log in float32)
+    recast: dict = field(default_factory=dict)
 
     def config(self) -> dict:
         return self.hub if self.hub is not None else self.model.config()
@@ -65,6 +67,15 @@ class Case:
         else:
             from tests import hub_checkpoints
 
+            if self.recast:
+                bf16 = {k: v for k, v in self.hub.items() if k != "quantization_config"}
+                tensors = hub_checkpoints.fp8_tensors(hub_checkpoints.hub_tensors(hub_checkpoints.build(bf16), bf16))
+                for name in tensors:
+                    dtype = next((d for end, d in self.recast.items() if name.endswith(end)), None)
+                    if dtype is not None:
+                        tensors[name] = tensors[name].astype(dtype)
+                hub_checkpoints.write_stored(str(directory), tensors, self.hub)
+                return
             make = hub_checkpoints.make_fp8 if "quantization_config" in self.hub else hub_checkpoints.make
             make(str(directory), self.hub)
 
@@ -176,6 +187,17 @@ CASES = [
     Case("qwen3.5-fp8-transformers", None, "qwen3.5-35b-a3b-fp8", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("qwen3.5-fp8-transformers-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1,
          loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    # --dtype float8_e4m3fn against MaxText's --save_dtype float8_e4m3fn: the e4m3 weights kept, all else as stored
+    Case("qwen3.5-fp8-keepfp8", None, "qwen3.5-35b-a3b-fp8", dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    Case("qwen3.5-fp8-keepfp8-noscan", None, "qwen3.5-35b-a3b-fp8", scan=False, dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=6)),
+    Case("qwen3.5-fp8-keepfp8-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1, dtype="float8_e4m3fn",
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    # A_log stored float32 (kept float32), the final norm float16 (MaxText: anything else becomes float32)
+    Case("qwen3.5-fp8-keepfp8-f32-f16", None, "qwen3.5-35b-a3b-fp8", dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config(),
+         recast={"linear_attn.A_log": "float32", "language_model.norm.weight": "float16"}),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),

@@ -112,8 +112,9 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
                          help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
                          help="stack layers on axis 1 (MaxText scan_layers=true)")
-    command.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
-                         help="dtype of the checkpoint's weights")
+    command.add_argument("--dtype", choices=settings.CONVERT_DTYPES, default=settings.DTYPE,
+                         help="dtype of the checkpoint's weights (float8_e4m3fn: an FP8 release's weights kept "
+                         "e4m3 with their scales, every other tensor in its own dtype, as MaxText's --save_dtype)")
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:

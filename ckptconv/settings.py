@@ -15,7 +15,10 @@ from dataclasses import dataclass
 DEVICES = 16  # simulated CPU devices each weight is sharded across (1: unsharded)
 SCAN_LAYERS = True  # layers stacked on axis 1, as MaxText's scan_layers=true
 DTYPE = "bfloat16"  # dtype of the written weights
-OUTPUT_DTYPES = ("bfloat16", "float32")  # what --dtype may be (numpy dtypes: ckptconv.dtypes.OUTPUT)
+OUTPUT_DTYPES = ("bfloat16", "float32")  # what export's --dtype may be (numpy dtypes: ckptconv.dtypes.OUTPUT)
+# MaxText's --save_dtype float8_e4m3fn: an FP8 release's weights kept e4m3, every other tensor in its own dtype
+KEEP_FP8 = "float8_e4m3fn"
+CONVERT_DTYPES = OUTPUT_DTYPES + (KEEP_FP8,)  # what convert's and plan's --dtype may be
 SHARD_SIZE = "5GB"  # largest safetensors file an export writes
 PROGRESS = "bar"  # on a terminal a bar, else a line every few seconds
 HUB_STAGING = "~/.cache/ckptconv/hub-export"  # where an export to hf:// is staged before its upload

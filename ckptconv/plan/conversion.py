@@ -21,7 +21,9 @@ from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
-from ckptconv.families.inputs import FP8_KEPT, Input, join_input, resolve
+from ckptconv.families.inputs import (
+    FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
+)
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
 from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
@@ -156,8 +158,8 @@ def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
 def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool = settings.SCAN_LAYERS,
               devices: int = settings.DEVICES) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
-    if dtype not in dtypes.OUTPUT:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    if dtype not in settings.CONVERT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.CONVERT_DTYPES)})")
     if devices < 1:
         raise BadInputError(f"--devices must be >= 1, got {devices}")
     if devices > MAX_DEVICES:
@@ -179,6 +181,8 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
+    if dtype == settings.KEEP_FP8:
+        _check_keepable(where, family, scheme)
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
@@ -191,6 +195,26 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)
+
+
+# Why a source cannot be kept FP8 (--dtype float8_e4m3fn), by its quantisation scheme: MaxText 0.2.5 keeps a
+# tensor e4m3 only when the source stores it so, and holds the block scales only in its qwen3.5-*-fp8 models.
+NOT_KEEPABLE = {
+    None: "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed",
+    FP8_BLOCK: ("is an FP8 release, but MaxText 0.2.5's {family} model has no leaves for its block scales "
+                "(its to_maxtext would write the e4m3 weights without them, each block off by its scale)"),
+    MXFP4_SCHEME: "has no FP8 weights to keep (its experts are MXFP4)",
+    INT4_SCHEME: "has no FP8 weights to keep (its experts are INT4)",
+}
+
+
+def _check_keepable(where: str, family: Family, scheme: str | None) -> None:
+    """``--dtype float8_e4m3fn`` keeps an FP8 release's weights and scales as stored: a source whose
+    weights MaxText cannot hold that way is refused rather than quantised with made-up scales."""
+    if scheme != FP8_KEPT:
+        reason = NOT_KEEPABLE[scheme].format(family=family.name)
+        raise BadInputError(f"{where}: --dtype {settings.KEEP_FP8} keeps an FP8 release's weights as stored; "
+                            f"this checkpoint {reason}; convert with --dtype bfloat16")
 
 
 # --- claims the headers must be able to back, checked before anything is enumerated ---------
@@ -399,7 +423,8 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: s
 def layout_jobs(family: Family, spec: ModelSpec, stacks: tuple[LayerStack, ...], inputs: dict[str, Input],
                 dtype: np.dtype, devices: int) -> tuple[Job, ...]:
     """Every job of the active rules on ``stacks``, in writing order: what ``convert`` writes and
-    ``export`` reads back (``inputs``: the HF tensor each rule's pieces read or become)."""
+    ``export`` reads back (``inputs``: the HF tensor each rule's pieces read or become; ``dtype``: --dtype's,
+    float8_e4m3fn keeping each leaf in its piece's dtype, :func:`ckptconv.dtypes.leaf_dtype`)."""
     return tuple(_job(inst, spec, inputs, dtype, devices) for inst in _instances(family.active_rules(spec), stacks, spec))
 
 
@@ -419,6 +444,7 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         shape, stack_axes = _stacked_shape(piece, r.per_expert, layers, output.layer_axis, spec)
         path = ("params", output.collection) + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
+    dtype = dtypes.leaf_dtype(dtype, pieces[0].dtype)
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
     try:
         tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ckptconv import dtypes, settings
@@ -101,8 +100,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
                      where: str = "checkpoint") -> ExportPlan:
     """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
     :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
-    if dtype not in dtypes.OUTPUT:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    if dtype not in settings.OUTPUT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.OUTPUT_DTYPES)})")
     out_dtype = dtypes.OUTPUT[dtype]
     config_text, config = read_config(like)
     family = family_for(config.get("model_type"), f"{like.uri}/config.json")
@@ -111,6 +110,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
     if not params:
         raise BadInputError(f"{where}: no leaves under '{PARAM_ROOT}' (not a MaxText parameter checkpoint)")
     leaf_dtype = np.dtype(next(iter(params.values())).dtype)
+    if any(np.dtype(leaf.dtype) == dtypes.E4M3 for leaf in params.values()):
+        leaf_dtype = dtypes.E4M3  # written with --dtype float8_e4m3fn: each leaf in its HF tensor's dtype
     devices = _device_count(next(iter(params.values())))
     candidates = []
     for scan in (True, False):
@@ -220,7 +221,7 @@ def _check_leaves(where: str, like: str, jobs: tuple[Job, ...], params: dict[tup
         if found.shape != leaf.shape:
             raise BadInputError(f"{where}: leaf {leaf.name!r} has shape {list(found.shape)}, "
                                 f"{like}/config.json implies {list(leaf.shape)}")
-        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) != np.dtype(ml_dtypes.bfloat16):
+        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) not in (dtypes.BF16, dtypes.E4M3):
             raise BadInputError(f"{where}: leaf {leaf.name!r} has dtype {found.dtype}, expected a float dtype")
     extra = sorted(set(params) - set(planned))
     if extra:
