@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import Family, LayoutError
+from ckptconv.families.base import JSON_NULL, Family, LayoutError
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,9 @@ LLAMA3_8B = SynthModel(
 
 
 def _drop_none(config: dict) -> dict:
-    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in config.items() if v is not None}
+    """Unset fields (None) left out; ``JSON_NULL`` written as null."""
+    return {k: (_drop_none(v) if isinstance(v, dict) else None if v is JSON_NULL else v)
+            for k, v in config.items() if v is not None}
 
 
 def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
@@ -154,7 +156,8 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
     if model.quantization == "fp8" and _keeps_scales(model.model_type):
         return None
-    if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
+    if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
+            and not name.endswith(_FP8_KEPT)):
         return "fp8"
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return "mxfp4"
@@ -164,6 +167,9 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
     return None
 
 
+# DeepSeek's FP8 releases: the linear layers of every layer, the indexer's two (V3.2); its weights_proj stays bf16
+_FP8_LINEAR = ("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight")
+_FP8_KEPT = ("indexer.weights_proj.weight",)
 _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
 
 
