@@ -124,6 +124,8 @@ DEEPSEEK_V2 = synth.SynthModel(model_type="deepseek_v2", hidden_size=256, num_la
 DEEPSEEK_V32 = synth.SynthModel(model_type="deepseek_v32", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
                                 intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
                                 vocab_size=300, config_overrides={"index_n_heads": 4, "index_head_dim": 32})
+# MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
+V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
     Case("qwen3", synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), "qwen3-0.6b"),
     Case("llama3.1", synth.SynthModel(model_type="llama", tie_word_embeddings=False,
@@ -171,10 +173,10 @@ CASES = [
     Case("deepseek-v2-lite-vs-restacked", DEEPSEEK_V2, "deepseek2-16b", maxtext_unscanned=True),
     # DeepSeek-V3.2's FP8 release: V3 plus the lightning indexer (wq_b, wk in FP8)
     Case("deepseek-v3.2-fp8-noscan-1dev", DEEPSEEK_V32, "deepseek3.2-671b", scan=False, devices=1,
-         loader="safetensors", dequantize="fp8"),
-    Case("deepseek-v3.2-fp8", DEEPSEEK_V32, "deepseek3.2-671b", dequantize="fp8"),
+         loader="safetensors", dequantize="fp8", extra=V32_ATTENTION),
+    Case("deepseek-v3.2-fp8", DEEPSEEK_V32, "deepseek3.2-671b", dequantize="fp8", extra=V32_ATTENTION),
     Case("deepseek-v3.2-fp8-vs-restacked", DEEPSEEK_V32, "deepseek3.2-671b", dequantize="fp8",
-         maxtext_unscanned=True),
+         maxtext_unscanned=True, extra=V32_ATTENTION),
     Case("qwen3-next", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4, moe_intermediate_size=32,
                                         tie_word_embeddings=False), "qwen3-next-80b-a3b"),
     Case("qwen3-next-noscan-1dev", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4,

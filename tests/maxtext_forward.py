@@ -212,8 +212,9 @@ def _deepseek_moe(h, block, sem: Semantics):
 
 
 def _mla_attention(h, att, positions, sem: Semantics):
-    """Multi-head latent attention: queries through wq_a, q_norm, wq_b (or one query kernel); keys and values from wkv_a's latent
-    (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope dimensions."""
+    """Multi-head latent attention: queries through wq_a, q_norm, wq_b (or one query kernel); keys and values
+    from wkv_a's latent (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope
+    dimensions."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     rope = sem.extra["qk_rope_head_dim"]
     if "query" in att:  # DeepSeek-V2-Lite: no query LoRA

@@ -115,7 +115,8 @@ DEEPSEEK_V32 = {
 }
 for unpublished in ("auto_map", "aux_loss_alpha", "seq_aux"):
     DEEPSEEK_V32.pop(unpublished)
-PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "DeepSeek-V2-Lite": DEEPSEEK_V2_LITE, "DeepSeek-V3.2": DEEPSEEK_V32, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
+PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "DeepSeek-V2-Lite": DEEPSEEK_V2_LITE, "DeepSeek-V3.2": DEEPSEEK_V32,
+             "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
              "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "Olmo-3-7B-Instruct": OLMO3_7B_INSTRUCT,
              "Olmo-3.1-32B-Instruct": OLMO3_32B_INSTRUCT}
 

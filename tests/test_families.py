@@ -70,7 +70,8 @@ def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
         c["first_k_dense_replace"], c["n_routed_experts"]
     qk, kv_lora, rope = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["kv_lora_rank"], c["qk_rope_head_dim"]
     if c.get("q_lora_rank"):
-        query = {"self_attention/wq_a/kernel": (emb, c["q_lora_rank"]), "self_attention/q_norm/scale": (c["q_lora_rank"],),
+        query = {"self_attention/wq_a/kernel": (emb, c["q_lora_rank"]),
+                 "self_attention/q_norm/scale": (c["q_lora_rank"],),
                  "self_attention/wq_b/kernel": (c["q_lora_rank"], heads, qk)}
     else:
         query = {"self_attention/query/kernel": (emb, heads, qk)}

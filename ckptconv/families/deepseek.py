@@ -220,7 +220,8 @@ RELEASE_CONFIGS: dict[str, dict] = {
 
 def synthetic_config(m: Sizes) -> dict:
     """DeepSeek-V3's config.json with small sizes (MLA ranks scaled down; one dense layer first), changed as
-    each release's is (``RELEASE_CONFIGS``); ``fp8``: its release's quantization_config; ``int4``: Kimi-K2-Thinking's."""
+    each release's is (``RELEASE_CONFIGS``); ``fp8``: its release's quantization_config; ``int4``:
+    Kimi-K2-Thinking's."""
     config = {
         "architectures": ["DeepseekV3ForCausalLM"], "model_type": m.model_type, "vocab_size": m.vocab_size,
         "hidden_size": m.hidden_size, "intermediate_size": m.intermediate_size,
