@@ -267,7 +267,8 @@ def _release_widths(model_type: str, quantization: str, experts: int) -> dict:
 
 
 # DeepSeek-V2-Lite at its released widths (hidden 2048, 16 heads of 128 + 64 RoPE, kv_lora 512, MLP 10944, 64 experts
-# of 1408, 2 shared, vocab 102400); the memory case holds its dense layer and one MoE layer, ``full`` all 27
+# of 1408, 2 shared, vocab 102400); the memory case holds its dense layer and three MoE layers (4.2 GiB: enough
+# chunks for the OCDBT node cache the whole release fills), ``full`` all 27
 V2_LITE = {"model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048, "num_heads": 16, "head_dim": 128,
            "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_experts": 64,
            "config_overrides": {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_experts_per_tok": 6,
@@ -302,9 +303,9 @@ SYNTHETIC = Synthetic(
                           fewer=_release_widths("deepseek_v3", "fp8", 8), more_bytes=250 * MIB),
             MemoryExample("int4-experts", _release_widths("kimi_k2", "int4", 32),
                           fewer=_release_widths("kimi_k2", "int4", 8), more_bytes=140 * MIB),
-            MemoryExample("deepseek-v2-lite", {**V2_LITE, "num_layers": 2}, devices=(16, 1), bound=int(1.5 * GIB),
-                          source_bytes=2 * GIB, full={**V2_LITE, "num_layers": 27}, max_shard_bytes=5 * 10**9),
-            MemoryExample("deepseek-v3.2-fp8", {**V32_WIDTHS, "num_layers": 2}, devices=(16, 1),
+            MemoryExample("deepseek-v2-lite", {**V2_LITE, "num_layers": 4}, bound=int(1.5 * GIB),
+                          source_bytes=4 * GIB, full={**V2_LITE, "num_layers": 27}, max_shard_bytes=5 * 10**9),
+            MemoryExample("deepseek-v3.2-fp8", {**V32_WIDTHS, "num_layers": 2},
                           bound=int(1.5 * GIB), source_bytes=int(1.4 * GIB), full=V32_FULL,
                           max_shard_bytes=5 * 10**9)),
 )
