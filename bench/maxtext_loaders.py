@@ -119,12 +119,20 @@ def make_hf(family: str, out: str) -> None:
         without_bias = model(tokens).logits[0].numpy()
         for b, s in zip(biases, saved):
             b.copy_(s)
+        # DeepSeek-V3.2: the same model with every token chosen (dense attention), to show the indexer's choice matters
+        indexers = [m for m in model.modules() if hasattr(m, "index_topk")]
+        for m in indexers:
+            m.index_topk, m.chosen = 10**6, m.index_topk
+        dense = model(tokens).logits[0].numpy()
+        for m in indexers:
+            m.index_topk = m.chosen
     model.to(torch.bfloat16).save_pretrained(out)
     if f["model_type"] == "kimi_k2":  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
         path = Path(out) / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": f["model_type"]}, indent=2))
     np.save(Path(out) / "hf_logits.npy", logits)
-    print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max())}))
+    print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max()),
+                      **({"indexer_effect_on_logits": float(np.abs(logits - dense).max())} if indexers else {})}))
 
 
 def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
@@ -283,7 +291,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
         "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
         "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
         f"`legacy`: the earlier layout (router bias in `params/MoEBiasVar`), ckptconv at {legacy_rev}. "
-        "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it).",
+        "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it); "
+        "`indexer`: when every token is chosen instead of the indexer's 4.",
         "",
         "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
         "|---|---|---|---|---|",
@@ -294,7 +303,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
             continue
         lp = r.get("load-params", {})
         where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
-        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f} "
+        indexer = (f" (indexer: {r['indexer_effect_on_logits']:.2f})" if "indexer_effect_on_logits" in r else "")
+        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
                      f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
     lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
     path.write_text("\n".join(lines))
