@@ -548,3 +548,18 @@ def test_deepseek_v32_indexer_needs_the_query_latent():
     assert spec.value("indexer") and spec.value("router_bias") and spec.value("mtp_layers") == 1
     with pytest.raises(BadInputError, match="the indexer reads the query latent"):
         read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, "q_lora_rank": None}, "config.json")
+
+
+def test_deepseek_v32_layer_kinds_transformers_writes_must_agree():
+    """transformers 5's DeepseekV32Config writes mlp_layer_types and layer_types: read as the layout assumes them,
+    refused in one line naming the field when they say otherwise."""
+    from tests.published_configs import DEEPSEEK_V32
+
+    kinds = {"mlp_layer_types": ["dense"] * 3 + ["sparse"] * 58, "layer_types": ["indexed_attention"] * 61}
+    read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds}, "config.json")
+    with pytest.raises(BadInputError, match="mlp_layer_types must be 3 'dense' then 'sparse'"):
+        read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds, "mlp_layer_types": ["sparse"] * 61},
+                  "config.json")
+    with pytest.raises(BadInputError, match="layer_types must be 'indexed_attention' in every layer"):
+        read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds, "layer_types": ["full_attention"] * 61},
+                  "config.json")

@@ -170,7 +170,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     dense = cfg.count("first_k_dense_replace", release["first_k_dense_replace"])
     if dense > layers:
         cfg.fail(f"first_k_dense_replace={dense} exceeds num_hidden_layers={layers}")
-    _check_layer_kinds(cfg, layers, dense)
+    _check_layer_kinds(cfg, layers, dense, release["indexer"])
     mtp = cfg.count("num_nextn_predict_layers", release["num_nextn_predict_layers"])
     values = {"tie_word_embeddings": False, "q_lora": bool(q_lora), "dense_layers": dense, "mtp_layers": mtp,
               "router_bias": release["router_bias"], "indexer": release["indexer"],
@@ -178,15 +178,16 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     return make_spec(cfg, cfg.config["model_type"], dims, values, layers)
 
 
-def _check_layer_kinds(cfg: ConfigReader, layers: int, dense: int) -> None:
-    """transformers 5's DeepseekV32Config writes what the layers are: they must be what the layout assumes (the
-    first ``first_k_dense_replace`` dense, every one with the indexer's attention)."""
-    expected = {"mlp_layer_types": ["dense"] * dense + ["sparse"] * (layers - dense),
-                "layer_types": ["indexed_attention"] * layers}
-    for name, kinds in expected.items():
+def _check_layer_kinds(cfg: ConfigReader, layers: int, dense: int, indexer: bool) -> None:
+    """transformers 5's DeepseekV32Config writes what each layer is (``mlp_layer_types``, ``layer_types``): they
+    must be what the layout assumes, the first ``first_k_dense_replace`` dense and every one indexed."""
+    expected = {"mlp_layer_types": (["dense"] * dense + ["sparse"] * (layers - dense),
+                                    f"{dense} 'dense' then 'sparse' (first_k_dense_replace={dense})")}
+    if indexer:
+        expected["layer_types"] = (["indexed_attention"] * layers, "'indexed_attention' in every layer")
+    for name, (kinds, meaning) in expected.items():
         if cfg.has(name) and cfg.config[name] != kinds:
-            cfg.fail(f"{name} must be {kinds[:1] + ['...']} as first_k_dense_replace={dense} and "
-                     f"num_hidden_layers={layers} say (got {str(cfg.config[name])[:80]})")
+            cfg.fail(f"{name} must be {meaning} for {layers} layers, got {str(cfg.config[name])[:80]}")
         cfg.runtime(name)
 
 
