@@ -219,6 +219,10 @@ RELEASE_CONFIGS: dict[str, dict] = {
 }
 
 
+# DeepSeek-V3.2's release stores power-of-two block scales (still float32 tensors)
+FP8_SCALES = {"deepseek_v32": {"scale_fmt": "ue8m0"}}
+
+
 def synthetic_config(m: Sizes) -> dict:
     """DeepSeek-V3's config.json with small sizes (MLA ranks scaled down; one dense layer first), changed as
     each release's is (``RELEASE_CONFIGS``); ``fp8``: its release's quantization_config; ``int4``:
@@ -238,7 +242,7 @@ def synthetic_config(m: Sizes) -> dict:
     }
     if m.quantization == "fp8":
         config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                         "weight_block_size": [128, 128]}
+                                         "weight_block_size": [128, 128], **FP8_SCALES.get(m.model_type, {})}
     if m.quantization == "int4":
         config["quantization_config"] = json.loads(json.dumps(INT4_QUANTIZATION_CONFIG))
     return config
