@@ -399,7 +399,8 @@ def test_deepseek_v32_fp8_indexer_converts_dequantised_and_mtp_is_reported(tmp_p
     hf, restored = dequantized(src), restore(dst)
     layer = "params/params/decoder/moe_layers_0/self_attention/indexer/"
     expected = {"wq_b/kernel": hf["model.layers.1.self_attn.indexer.wq_b.weight"].T.reshape(32, 4, 16),
-                "wk/kernel": hf[WK].T, "weights_proj/kernel": hf["model.layers.1.self_attn.indexer.weights_proj.weight"].T,
+                "wk/kernel": hf[WK].T,
+                "weights_proj/kernel": hf["model.layers.1.self_attn.indexer.weights_proj.weight"].T,
                 "k_norm/scale": hf["model.layers.1.self_attn.indexer.k_norm.weight"],
                 "k_norm/bias": hf["model.layers.1.self_attn.indexer.k_norm.bias"]}
     for leaf, want in expected.items():
