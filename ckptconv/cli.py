@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="write only partition I of N (0-based; run each on any worker sharing DST)")
     split.add_argument("--finalize", metavar="N", type=int,
                        help="join N finished partitions into the checkpoint and commit it once")
+    convert.add_argument("--lora", metavar="ADAPTER_DIR",
+                         help="a PEFT LoRA adapter of SOURCE (adapter_config.json + adapter_model.safetensors): "
+                              "write the adapter alone, in MaxText's LoRA layout")
+    convert.add_argument("--merge-lora", action="store_true",
+                         help="with --lora: fold the adapter into the base, W + (alpha/r) B A, and write the whole model")
     _hf_token_flag(convert)
 
     export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)",
@@ -258,7 +263,7 @@ def _convert(args: argparse.Namespace) -> int:
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
         compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
-        finalize=args.finalize,
+        finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora,
     ))
     if args.partition:
         state = "already written; nothing to do" if report.get("skipped") else (
@@ -371,7 +376,7 @@ def _plan(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan}
 # Each command's path arguments and what they must be, checked before the command opens any of them.
 LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
-    "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT)),
+    "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT), ("lora", locations.SOURCE)),
     "export": (("checkpoint", locations.CHECKPOINT), ("destination", locations.EXPORT_OUTPUT),
                ("like", locations.SOURCE)),
     "inspect": (("destination", locations.CHECKPOINT),),

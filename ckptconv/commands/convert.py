@@ -52,6 +52,8 @@ class ConvertRequest:
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
     partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
+    lora: str | None = None  # a PEFT LoRA adapter of the source: written alone, or folded in (merge_lora)
+    merge_lora: bool = False
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -63,6 +65,8 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "options": [request.devices, request.scan_layers, request.dtype, request.compression],
         "format": 1,
     }
+    if plan.adapter is not None:  # the adapter's bytes and the mode are part of what was converted
+        identity["lora"] = {**plan.adapter, "merged": request.merge_lora}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()
 
 
@@ -82,11 +86,15 @@ def _convert(request: ConvertRequest) -> dict:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
+    if request.merge_lora and not request.lora:
+        raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
+    if request.lora:
+        _check_paths(request.lora, request.destination)
     timer = StageTimer(sample_rss=True)
     started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
-        plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
+        plan, source = _plan(request, source)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         part = partition.Partition.parse(request.partition)
@@ -95,6 +103,19 @@ def _convert(request: ConvertRequest) -> dict:
             return _run(plan, source, request, timer, started, print_)
     with Destination(request.destination).hold(overwrite=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
+
+
+def _plan(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
+    """The plan, and the source its jobs read: the base, or for an adapter alone the adapter."""
+    layout_options = {"dtype": request.dtype, "scan_layers": request.scan_layers, "devices": request.devices}
+    if not request.lora:
+        return make_plan(source, **layout_options), source
+    from ckptconv.plan import lora
+
+    adapter = open_source(request.lora, hf_token_file=request.hf_token_file)
+    if request.merge_lora:
+        return lora.make_merged_plan(source, adapter, **layout_options), source
+    return lora.make_adapter_plan(source, adapter, **layout_options), adapter
 
 
 def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
@@ -275,6 +296,9 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
         **run_figures(timer, plan.output_bytes),
+        **({"lora": {"adapter": request.lora, "mode": "merged" if request.merge_lora else "adapter",
+                     "rank": plan.adapter["rank"], "alpha": plan.adapter["alpha"],
+                     "targets": plan.adapter["targets"]}} if plan.adapter is not None else {}),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),

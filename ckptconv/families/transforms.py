@@ -249,6 +249,34 @@ class Add(Step):
         return Add(f"{self.name}_inverse", -self.constant)
 
 
+@dataclass(frozen=True)
+class PerHead(Step):
+    """Apply ``steps`` head by head to the last axis of a 2-D tensor that stays flat.
+
+    MaxText's LoRA ``kernel_lora_b`` of a projection is ``(r, heads * head_dim)``, flat, while the
+    base kernel's own steps (RoPE order, query scaling) act on a ``head_dim`` axis: this step
+    reshapes to ``(..., heads, head_dim)``, runs them, and flattens back. Cuts fall on whole heads.
+    """
+
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return all(step.exact for step in self.steps)
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return spec.dim("hd") if axis == len(shape) - 1 else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        heads = x.reshape(*x.shape[:-1], -1, spec.dim("hd"))  # a region holds whole heads, maybe not all
+        for step in self.steps:
+            heads = step.apply(heads, spec, full_box(heads.shape))
+        return np.ascontiguousarray(heads).reshape(x.shape)
+
+    def inverse(self) -> Step:
+        return PerHead(f"{self.name}_inverse", tuple(step.inverse() for step in reversed(self.steps)))
+
+
 Size = int | str  # a count, or the name of a spec dimension (sizes that follow the config)
 
 
