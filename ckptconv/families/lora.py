@@ -64,10 +64,13 @@ def _is_projection(r: Rule) -> bool:
 
 def b_steps(steps: tuple[Step, ...]) -> tuple[Step, ...]:
     """``lora_B``'s steps from the base kernel's: the transpose, then its value steps on the out axis,
-    head by head (they follow the split of the out axis into heads; nothing else of the chain applies)."""
+    head by head (they follow the split of the out axis into heads; nothing else of the chain applies).
+    Scaling is in float64, as MaxText's ``_process_and_stack_weights`` does it (``w * (1.0 / np.sqrt(head_dim))``
+    with ``np.sqrt`` a float64)."""
     rest = steps[1:]
     split = next((i for i, s in enumerate(rest) if isinstance(s, Split) and s.axis == -1), None)
-    values = tuple(s for s in rest[split + 1:] if isinstance(s, VALUE_STEPS)) if split is not None else ()
+    values = tuple(dataclasses.replace(s, wide=True) if isinstance(s, Scale) else s
+                   for s in rest[split + 1:] if isinstance(s, VALUE_STEPS)) if split is not None else ()
     return (TRANSPOSE, PerHead("per_head", values)) if values else (TRANSPOSE,)
 
 

@@ -219,17 +219,20 @@ class Scale(Step):
 
     factor: str = "query_scale"
     divide: bool = False
+    # float64 arithmetic, rounded once to the output dtype: MaxText's converter scales LoRA's lora_B
+    # by a float64 1/sqrt(head_dim) (numpy promotes the float32 weights), its base kernels in float32
+    wide: bool = False
 
     @property
     def exact(self) -> bool:
         return False
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        factor = np.float32(spec.value(self.factor))
+        factor = (np.float64 if self.wide else np.float32)(spec.value(self.factor))
         return x / factor if self.divide else x * factor
 
     def inverse(self) -> Step:
-        return Scale(f"{self.name}_inverse", self.factor, not self.divide)
+        return Scale(f"{self.name}_inverse", self.factor, not self.divide, self.wide)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,219 @@
+"""LoRA adapters: ``convert BASE DST --lora ADAPTER`` (the adapter alone, MaxText 0.2.5's layout) and
+``--merge-lora`` (folded into the base), on adapters PEFT itself made and saved.
+
+The expected adapter leaves are computed here the way MaxText 0.2.5's ``to_maxtext`` computes them
+(``_process_and_stack_weights``: ``lora_A.T`` and ``lora_B.T``, flat, the query/key transforms on
+``lora_B`` head by head, layers stacked on axis 1, cast to the output dtype), not through ckptconv's
+rules. The merged checkpoint must equal, bit for bit, the plain conversion of a base whose weights
+were replaced by ``W + (alpha/r) B A`` (float32, rounded once).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ckptconv.commands import synth
+from ckptconv.families.llama import LLAMA31_ROPE
+from tests.conftest import run_cli
+from tests.lora_adapters import adapter_tensors, edit_config, make_adapter, write_merged_base
+from tests.test_convert import restore
+
+pytest.importorskip("peft")
+
+PATHS = {"q_proj": ("self_attention", "query"), "k_proj": ("self_attention", "key"),
+         "v_proj": ("self_attention", "value"), "o_proj": ("self_attention", "out"),
+         "gate_proj": ("mlp", "wi_0"), "up_proj": ("mlp", "wi_1"), "down_proj": ("mlp", "wo")}
+# (family case) -> (model, whether lora_B of q is pre-scaled by 1/sqrt(head_dim), whether q/k take Llama 3.1's RoPE order)
+CASES = {
+    "qwen3": (synth.SynthModel(model_type="qwen3"), False, False),
+    # head_dim 8: 1/sqrt(head_dim) is not a power of two, so the scaling's rounding shows
+    "llama3.1": (synth.SynthModel(model_type="llama", tie_word_embeddings=False, head_dim=8,
+                                  config_overrides={"rope_scaling": LLAMA31_ROPE}), True, True),
+    "mistral": (synth.SynthModel(model_type="mistral", tie_word_embeddings=False, head_dim=8), True, False),
+}
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def expected_lora_b(b: np.ndarray, module: str, model: synth.SynthModel, scaled: bool, interleaved: bool) -> np.ndarray:
+    """MaxText's ``_process_and_stack_weights`` for one layer's lora_B."""
+    w = b.astype(np.float32).T
+    if module == "q_proj" and scaled:
+        w = w * (1.0 / np.sqrt(model.head_dim))
+    if module in ("q_proj", "k_proj") and interleaved:
+        heads = model.num_heads if module == "q_proj" else model.num_kv_heads
+        work = w.reshape(w.shape[0], heads, model.head_dim)
+        half = model.head_dim // 2
+        w = np.stack([work[..., :half], work[..., half:]], axis=-1).reshape(w.shape)
+    return w
+
+
+def expected_adapter(adapter, model: synth.SynthModel, scaled: bool, interleaved: bool, scan: bool,
+                     dtype) -> dict[str, np.ndarray]:
+    pairs = adapter_tensors(adapter)
+    leaves = {}
+    for module, (block, proj) in PATHS.items():
+        per_layer = []
+        for layer in range(model.num_layers):
+            part = "self_attn" if block == "self_attention" else "mlp"
+            a, b = pairs[f"model.layers.{layer}.{part}.{module}.weight"]
+            per_layer.append((a.astype(np.float32).T, expected_lora_b(b, module, model, scaled, interleaved)))
+        for which, index in (("kernel_lora_a", 0), ("kernel_lora_b", 1)):
+            if scan:
+                leaves[f"params/params/decoder/layers/{block}/{proj}/{which}/value"] = np.stack(
+                    [p[index] for p in per_layer], axis=1).astype(dtype)
+            else:
+                for layer, p in enumerate(per_layer):
+                    leaves[f"params/params/decoder/layers_{layer}/{block}/{proj}/{which}/value"] = p[index].astype(dtype)
+    return leaves
+
+
+@pytest.mark.parametrize("case,scan,devices,dtype", [
+    ("qwen3", True, 4, "bfloat16"), ("llama3.1", True, 4, "bfloat16"), ("mistral", False, 1, "bfloat16"),
+    ("llama3.1", False, 2, "float32"),
+])
+def test_adapter_alone_is_maxtext_layout(tmp_path, synth_dir, case, scan, devices, dtype):
+    model, scaled, interleaved = CASES[case]
+    base = synth_dir(model)
+    adapter = make_adapter(base, tmp_path / "adapter")
+    dst = tmp_path / "dst"
+    layout = ["--scan-layers" if scan else "--no-scan-layers", "--devices", str(devices), "--dtype", dtype]
+    result = run_cli("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none", *layout)
+    assert result.returncode == 0, result.stderr
+    got = restore(dst)
+    assert got.pop("step") == 0
+    want = expected_adapter(adapter, model, scaled, interleaved, scan,
+                            ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert same_bits(got[name], value), name
+
+
+@pytest.mark.parametrize("case,scan,devices", [("qwen3", True, 4), ("llama3.1", False, 2)])
+def test_merged_is_the_base_with_the_adapter_folded_in(tmp_path, synth_dir, case, scan, devices):
+    model, _, _ = CASES[case]
+    base = synth_dir(model)
+    rank, alpha = 4, 16
+    adapter = make_adapter(base, tmp_path / "adapter", rank=rank, alpha=alpha, targets=("q_proj", "v_proj", "down_proj"))
+    folded = write_merged_base(base, adapter, tmp_path / "folded", alpha / rank)
+    layout = ["--scan-layers" if scan else "--no-scan-layers", "--devices", str(devices), "--progress", "none"]
+    merged = run_cli("convert", str(base), str(tmp_path / "merged"), "--lora", str(adapter), "--merge-lora", *layout)
+    assert merged.returncode == 0, merged.stderr
+    plain = run_cli("convert", str(folded), str(tmp_path / "plain"), *layout)
+    assert plain.returncode == 0, plain.stderr
+    got, want = restore(tmp_path / "merged"), restore(tmp_path / "plain")
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert same_bits(np.asarray(got[name]), np.asarray(value)), name
+    # and the adapter changed what it targets (a zero adapter would pass the above trivially)
+    original = restore_plain(tmp_path, base, layout)
+    query = next(n for n in want if n.endswith("self_attention/query/kernel"))
+    assert not np.array_equal(original[query], got[query])
+
+
+def restore_plain(tmp_path, base, layout):
+    result = run_cli("convert", str(base), str(tmp_path / "original"), *layout)
+    assert result.returncode == 0, result.stderr
+    return restore(tmp_path / "original")
+
+
+def test_report_rerun_and_adapter_change(tmp_path, synth_dir):
+    """The report says what was converted; a rerun is skipped; another adapter at the same path is not."""
+    import json
+
+    base = synth_dir()
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj",))
+    dst = tmp_path / "dst"
+    args = ("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none")
+    assert run_cli(*args).returncode == 0
+    report = json.loads((dst / "ckptconv-report.json").read_text())
+    assert report["lora"] == {"adapter": str(adapter), "mode": "adapter", "rank": 4, "alpha": 8.0,
+                              "targets": ["q_proj"]}
+    assert "nothing to do" in run_cli(*args).stdout
+    make_adapter(base, adapter, targets=("q_proj",), seed=1)  # same names and shapes, other values
+    again = run_cli(*args)
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+
+
+REFUSALS = [
+    ({"use_rslora": True}, "use_rslora=True is refused: rsLoRA scales by alpha/sqrt(r)"),
+    ({"use_dora": True}, "use_dora=True is refused: DoRA"),
+    ({"rank_pattern": {"q_proj": 8}}, "rank_pattern={'q_proj': 8} is refused: per-module ranks"),
+    ({"alpha_pattern": {"q_proj": 8}}, "alpha_pattern={'q_proj': 8} is refused: per-module alphas"),
+    ({"bias": "all"}, "bias='all' is refused"),
+    ({"layers_to_transform": [0]}, "layers_to_transform=[0] is refused"),
+    ({"peft_type": "IA3"}, "peft_type 'IA3'; only LORA"),
+    ({"target_modules": ["q_proj", "lm_head"]}, "target module 'lm_head' is not a projection"),
+    ({"target_modules": ".*q_proj"}, "is a regular expression"),
+    ({"auto_mapping": {"base_model_class": "LlamaForCausalLM"}}, "the adapter was trained on LlamaForCausalLM"),
+]
+
+
+@pytest.mark.parametrize("fields,message", REFUSALS, ids=[next(iter(f)) for f, _ in REFUSALS])
+def test_what_maxtext_cannot_represent_is_refused(tmp_path, synth_dir, fields, message):
+    base = synth_dir()
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj",))
+    edit_config(adapter, **fields)
+    dst = tmp_path / "dst"
+    for merge in ((), ("--merge-lora",)):
+        result = run_cli("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none", *merge)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not dst.exists()
+
+
+def test_adapter_of_another_model_is_refused(tmp_path, synth_dir):
+    """An adapter trained on a wider model: one line naming the tensor and both shapes, exit 2, nothing written."""
+    base = synth_dir()
+    other = synth_dir(synth.SynthModel(hidden_size=96), name="other")
+    adapter = make_adapter(other, tmp_path / "adapter", targets=("q_proj",))
+    for merge in ((), ("--merge-lora",)):
+        result = run_cli("convert", str(base), str(tmp_path / "dst"), "--lora", str(adapter), "--progress", "none",
+                         *merge)
+        assert result.returncode == 2
+        line = result.stderr.strip()
+        assert len(line.splitlines()) == 1 and "lora_A.weight' has shape [4, 96]" in line and "[4, 64]" in line, line
+        assert not (tmp_path / "dst").exists()
+
+
+def test_adapter_of_a_deeper_model_is_refused(tmp_path, synth_dir):
+    base = synth_dir()
+    deeper = synth_dir(synth.SynthModel(num_layers=3), name="deeper")
+    adapter = make_adapter(deeper, tmp_path / "adapter", targets=("q_proj",))
+    result = run_cli("convert", str(base), str(tmp_path / "dst"), "--lora", str(adapter), "--progress", "none")
+    assert result.returncode == 2 and "unexpected tensor" in result.stderr and "layers.2." in result.stderr, result.stderr
+
+
+def test_pickled_adapter_is_refused_unread(tmp_path, synth_dir):
+    base = synth_dir()
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj",))
+    (adapter / "adapter_model.safetensors").rename(adapter / "adapter_model.bin")
+    result = run_cli("convert", str(base), str(tmp_path / "dst"), "--lora", str(adapter), "--progress", "none")
+    assert result.returncode == 2 and "adapter_model.bin: a pickled adapter; ckptconv never unpickles" in result.stderr
+
+
+def test_merge_lora_needs_an_adapter(tmp_path, synth_dir):
+    result = run_cli("convert", str(synth_dir()), str(tmp_path / "dst"), "--merge-lora")
+    assert result.returncode == 2 and "--merge-lora folds an adapter into the base" in result.stderr
+
+
+def test_rank_and_alpha_scale_the_merge(tmp_path, synth_dir):
+    """alpha/r, not alpha alone: the same B A with alpha doubled moves W twice as far (float32, before rounding)."""
+    base = synth_dir(synth.SynthModel(dtype="float32"))
+    adapter = make_adapter(base, tmp_path / "adapter", rank=2, alpha=2, targets=("q_proj",))
+    common = ("--no-scan-layers", "--devices", "1", "--dtype", "float32", "--progress", "none")
+    assert run_cli("convert", str(base), str(tmp_path / "plain"), *common).returncode == 0
+    assert run_cli("convert", str(base), str(tmp_path / "one"), "--lora", str(adapter), "--merge-lora",
+                   *common).returncode == 0
+    edit_config(adapter, lora_alpha=4)
+    assert run_cli("convert", str(base), str(tmp_path / "two"), "--lora", str(adapter), "--merge-lora",
+                   *common).returncode == 0
+    leaf = "params/params/decoder/layers_0/self_attention/query/kernel"
+    plain, one, two = (restore(tmp_path / d)[leaf] for d in ("plain", "one", "two"))
+    np.testing.assert_allclose(two - plain, 2 * (one - plain), rtol=1e-4, atol=1e-6)
+    assert np.abs(one - plain).max() > 0
