@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
                         help="dtype of the exported tensors")
     export.add_argument("--shard-size", default=settings.SHARD_SIZE, help="largest safetensors file")
+    export.add_argument("--lora-alpha", type=float, metavar="ALPHA",
+                        help="a LoRA adapter checkpoint that does not record its alpha (one MaxText's converter "
+                             "wrote): the alpha for adapter_config.json")
     export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
     _progress_flag(export)
@@ -292,7 +295,7 @@ def _export(args: argparse.Namespace) -> int:
     report = export(ExportRequest(
         checkpoint=args.checkpoint, destination=args.destination, like=args.like, dtype=args.dtype,
         shard_size=args.shard_size, report=args.report, overwrite=args.overwrite, progress=args.progress,
-        hf_token_file=args.hf_token_file,
+        hf_token_file=args.hf_token_file, lora_alpha=args.lora_alpha,
     ))
     hub = report.get("hub")
     if report.get("skipped"):

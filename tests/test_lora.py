@@ -217,3 +217,84 @@ def test_rank_and_alpha_scale_the_merge(tmp_path, synth_dir):
     plain, one, two = (restore(tmp_path / d)[leaf] for d in ("plain", "one", "two"))
     np.testing.assert_allclose(two - plain, 2 * (one - plain), rtol=1e-4, atol=1e-6)
     assert np.abs(one - plain).max() > 0
+
+
+def peft_logits(base, adapter) -> np.ndarray:
+    """Logits of the HF base with the adapter loaded by PEFT, float32, on a fixed batch of tokens."""
+    import peft
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(model, str(adapter)).eval()
+    tokens = torch.tensor(np.random.default_rng(1).integers(0, 512, size=(2, 24)))
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.float().numpy()
+
+
+@pytest.mark.parametrize("case,scan,devices", [("qwen3", True, 4), ("llama3.1", True, 2), ("mistral", False, 1)])
+def test_export_gives_back_a_peft_adapter(tmp_path, synth_dir, case, scan, devices):
+    """convert --lora then export: PEFT loads the result onto the HF base with the original adapter's logits."""
+    model, _, _ = CASES[case]
+    base = synth_dir(model)
+    adapter = make_adapter(base, tmp_path / "adapter", rank=4, alpha=16)
+    dst, back = tmp_path / "dst", tmp_path / "back"
+    layout = ("--scan-layers" if scan else "--no-scan-layers", "--devices", str(devices), "--dtype", "float32",
+              "--progress", "none")
+    assert run_cli("convert", str(base), str(dst), "--lora", str(adapter), *layout).returncode == 0
+    result = run_cli("export", str(dst), str(back), "--like", str(base), "--dtype", "float32", "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in back.iterdir()) == ["adapter_config.json", "adapter_model.safetensors",
+                                                       "ckptconv-report.json"]
+    original, exported = adapter_tensors(adapter), adapter_tensors(back)
+    assert sorted(original) == sorted(exported)
+    for name, (a, b) in original.items():
+        assert same_bits(exported[name][0], a), name  # lora_A only moves
+        np.testing.assert_allclose(exported[name][1], b, rtol=1e-6, atol=0)  # lora_B: scaled and back, in float32
+    want, got = peft_logits(base, adapter), peft_logits(base, back)
+    assert np.abs(want - got).max() <= 1e-4
+    assert np.abs(want - peft_logits_without_adapter(base)).max() > 1e-3  # the adapter does change the logits
+
+
+def peft_logits_without_adapter(base) -> np.ndarray:
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32).eval()
+    tokens = torch.tensor(np.random.default_rng(1).integers(0, 512, size=(2, 24)))
+    with torch.no_grad():
+        return model(input_ids=tokens).logits.float().numpy()
+
+
+def test_export_needs_the_alpha(tmp_path, synth_dir):
+    """An adapter checkpoint that does not record its alpha (MaxText's converter writes none): export asks for it."""
+    import json
+
+    base = synth_dir()
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj", "v_proj"), alpha=12)
+    dst = tmp_path / "dst"
+    assert run_cli("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none").returncode == 0
+    meta = dst / "0" / "_CHECKPOINT_METADATA"
+    recorded = json.loads(meta.read_text())
+    assert recorded["custom_metadata"]["lora"] == {"lora_rank": 4, "lora_alpha": 12.0}  # as MaxText's LoRA training
+    recorded["custom_metadata"].pop("lora")
+    meta.write_text(json.dumps(recorded))
+    refused = run_cli("export", str(dst), str(tmp_path / "back"), "--like", str(base), "--progress", "none")
+    assert refused.returncode == 2 and "records no LoRA alpha" in refused.stderr and "--lora-alpha" in refused.stderr
+    assert not (tmp_path / "back").exists()
+    given = run_cli("export", str(dst), str(tmp_path / "back"), "--like", str(base), "--lora-alpha", "12",
+                    "--progress", "none")
+    assert given.returncode == 0, given.stderr
+    config = json.loads((tmp_path / "back" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 12.0, ["q_proj", "v_proj"])
+
+
+def test_export_refuses_an_adapter_of_another_model(tmp_path, synth_dir):
+    base = synth_dir()
+    other = synth_dir(synth.SynthModel(hidden_size=96), name="other")
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj",))
+    dst = tmp_path / "dst"
+    assert run_cli("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none").returncode == 0
+    result = run_cli("export", str(dst), str(tmp_path / "back"), "--like", str(other), "--progress", "none")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "kernel_lora_a/value' has shape" in result.stderr or "was converted with" in result.stderr, result.stderr

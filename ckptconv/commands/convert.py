@@ -266,13 +266,22 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     with waits.watched_writes(request.destination, endpoint) as tick:
         writer.write_checkpoint(
             request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
-            devices=request.devices, custom_metadata={"scan_layers": request.scan_layers},
+            devices=request.devices, custom_metadata=_custom_metadata(plan, request),
             on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), use_compression=request.compression,
             extra_items=dict(MAXTEXT_EXTRA_ITEMS), adopt=adopt,
         )
     end = timer.wall()
     timer.add("write", last_tile[0] - begin, begin)
     timer.add("commit", end - last_tile[0], last_tile[0])
+
+
+def _custom_metadata(plan: ConversionPlan, request: ConvertRequest) -> dict:
+    """``scan_layers`` as MaxText's converter records it; an adapter alone also records its rank and alpha as
+    MaxText's LoRA training does (``custom_metadata["lora"]``): its ``sync_lora_metadata`` and ``export`` read them."""
+    metadata: dict = {"scan_layers": request.scan_layers}
+    if plan.adapter is not None and not request.merge_lora:
+        metadata["lora"] = {"lora_rank": plan.adapter["rank"], "lora_alpha": plan.adapter["alpha"]}
+    return metadata
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,

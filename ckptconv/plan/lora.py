@@ -17,21 +17,27 @@ an adapter of another model is one line, exit 2.
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import numpy as np
 
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family
 from ckptconv.families.inputs import LoraMerged, Plain
-from ckptconv.families.lora import RANK, Target, adapter_family, targets
+from ckptconv.families.lora import ADAPTER_PREFIX, LEAF_A, LEAF_B, RANK, VALUE, Target, adapter_family, targets
 from ckptconv.plan.conversion import (
     ConversionPlan, _check_devices_shard_something, _check_extra, _check_shapes_and_dtypes, _resolve, _sort_tensors,
     expected_tensors, layout_jobs, make_plan, read_config, read_spec,
 )
+from ckptconv.plan.export import PARAM_ROOT, ExportPlan, TensorEntry, _check_leaves
+from ckptconv.plan.export import Target as ExportTarget
 from ckptconv.read.adapter import ALL_LINEAR, CONFIG_FILE, AdapterConfig, read_adapter_config
 from ckptconv.read.safetensors_io import TensorInfo, index_checkpoint
 from ckptconv.read.sources import Source
 from ckptconv.read.spec import ModelSpec, load_config
+from ckptconv.read.stored import StoredLeaf
 
 
 def choose_targets(family: Family, config: AdapterConfig, where: str) -> tuple[Target, ...]:
@@ -149,3 +155,66 @@ def _check_options(dtype: str, devices: int) -> None:
         raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
     if devices < 1:
         raise BadInputError(f"--devices must be >= 1, got {devices}")
+
+
+# --- export: a MaxText adapter checkpoint -> a PEFT adapter -----------------------------------------
+
+def is_adapter(stored: list[StoredLeaf]) -> bool:
+    """A checkpoint of LoRA leaves (``.../kernel_lora_a/value``), not of a model."""
+    return any(leaf.path[-2:] == (LEAF_A, VALUE) for leaf in stored)
+
+
+def make_adapter_export_plan(like: Source, stored: list[StoredLeaf], alpha: float | None, *,
+                             dtype: str = settings.DTYPE, where: str = "checkpoint") -> ExportPlan:
+    """The conversion's adapter plan backwards: PEFT's tensors from MaxText's LoRA leaves, for the base ``like``.
+
+    The rank is the leaves' (``kernel_lora_a``'s last axis); the targets are the projections that have leaves;
+    ``alpha`` comes from the checkpoint's metadata (``custom_metadata["lora"]``) or the caller.
+    """
+    if dtype not in dtypes.OUTPUT:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    out_dtype = dtypes.OUTPUT[dtype]
+    config_text, config = read_config(like)
+    family = family_for(config.get("model_type"), f"{like.uri}/config.json")
+    spec = read_spec(family, config, f"{like.uri}/config.json")
+    params = {leaf.path: leaf for leaf in stored if leaf.path[:1] == (PARAM_ROOT,)}
+    heads = {leaf.path[:-2] for leaf in params.values() if leaf.path[-2:] in ((LEAF_A, VALUE), (LEAF_B, VALUE))}
+    every = tuple(t for rows in targets(family).values() for t in rows)
+    chosen = tuple(t for t in every if any(head[-len(t.rule.outputs[0].path[:-1]):] == t.rule.outputs[0].path[:-1]
+                                           for head in heads))
+    if not chosen:
+        raise BadInputError(f"{where}: its LoRA leaves are on no projection of family {family.name} "
+                            f"({like.uri}/config.json); an adapter of another model?")
+    a_leaf = next(leaf for leaf in params.values() if leaf.path[-2:] == (LEAF_A, VALUE))
+    rank = a_leaf.shape[-1]
+    if alpha is None:
+        raise BadInputError(f"{where}: records no LoRA alpha (custom_metadata lora.lora_alpha); pass --lora-alpha")
+    spec = dataclasses.replace(spec, dims={**spec.dims, RANK: rank})
+    lora_family = adapter_family(family, chosen)
+    leaf_dtype = np.dtype(a_leaf.dtype)
+    devices = math.prod(a_leaf.mesh_shape) if a_leaf.mesh_shape else 1
+    candidates = []
+    for scan in (True, False):
+        stacks = family.layout(spec, scan)
+        expected = expected_tensors(lora_family.active_rules(spec), stacks, spec)
+        pieces = {name: ExportTarget(name, shape, out_dtype) for name, (_, shape) in expected.items()}
+        jobs = layout_jobs(lora_family, spec, stacks, pieces, leaf_dtype, devices)
+        candidates.append((scan, jobs))
+    scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
+    _check_leaves(where, like.uri, jobs, params)
+    names = {piece.name: ADAPTER_PREFIX + piece.name for job in jobs for piece in job.pieces}
+    tensors = tuple(TensorEntry(names[piece.name], piece.dtype, piece.shape) for job in jobs for piece in job.pieces)
+    modules = sorted({t.module for t in chosen})
+    lora = AdapterConfig(rank, float(alpha), tuple(modules), like.uri)
+    return ExportPlan(lora_family, spec, config, config_text, scan, out_dtype, jobs, names, tensors, (), adapter=lora)
+
+
+def peft_config(plan: ExportPlan) -> dict:
+    """``adapter_config.json`` as PEFT writes it for a plain LoRA (the fields its loader reads)."""
+    lora = plan.adapter
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+            "target_modules": list(lora.targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+            "use_rslora": False, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {},
+            "modules_to_save": None, "layers_to_transform": None, "init_lora_weights": True, "inference_mode": True,
+            "base_model_name_or_path": lora.base_model,
+            "auto_mapping": {"base_model_class": (plan.config.get("architectures") or [None])[0]}}
