@@ -92,7 +92,8 @@ def run_case(case: Case, ctx: dict) -> dict:
     base, adapter = root / "hf", root / "adapter"
     synth.write_checkpoint(case.model, str(base))
     make_adapter(base, adapter, case.targets)
-    layout = ["--devices", str(case.devices), "--scan-layers" if case.scan else "--no-scan-layers", "--progress", "none"]
+    layout = ["--devices", str(case.devices), "--scan-layers" if case.scan else "--no-scan-layers",
+              "--progress", "none"]
     mt_layout = [o for o in family_overrides(_family_case(case)) if not o.startswith("scan_layers=")]
     mt_layout.append(f"scan_layers={str(case.scan).lower()}")
     flags = ["--", "--lazy_load_tensors=true", f"--simulated_cpu_devices_count={case.devices}", "--save_dtype=bfloat16"]
@@ -113,6 +114,19 @@ def run_case(case: Case, ctx: dict) -> dict:
             written = theirs / case.maxtext_model / adapter.name if mode == "adapter" else theirs
             entry |= compare(ctx, ours, written, root, mode)
         row[mode] = entry
+    if case.name == "qwen3":  # which of these MaxText's own LoRA restore (lora.lora_restore_path) reads
+        restore = root / "ckptconv-restore-layout"
+        run([sys.executable, "-m", "ckptconv", "convert", str(base), str(restore), "--lora", str(adapter),
+             "--lora-layout", "restore", *layout], log=root / "ckptconv-restore-layout.log")
+        row["maxtext_restore"] = {}
+        for label, items in (("ckptconv --lora", root / "ckptconv-adapter"),
+                             ("ckptconv --lora --lora-layout restore", restore),
+                             ("MaxText to_maxtext adapter mode",
+                              root / "maxtext-adapter" / case.maxtext_model / "adapter")):
+            probe, _ = run([ctx["mt_python"], str(BENCH / "maxtext_lora_restore.py"), str(items / "0" / "items")],
+                           env=ctx["mt_env"], log=root / f"restore-{label.split()[0]}.log")
+            lines = probe.stdout.strip().splitlines()
+            row["maxtext_restore"][label] = json.loads(lines[-1]) if lines else {"error": probe.stderr[-300:]}
     return row
 
 
@@ -215,6 +229,16 @@ def write(rows: list[dict], timings: dict | None, ctx: dict, path: Path) -> None
                 cells.append(f"{verdict}, {entry['leaves']} leaves")
         lines.append(f"| {row['case']} | {row['maxtext_model']} | {row['scan_layers']} | {row['devices']} | "
                      f"{','.join(t.removesuffix('_proj') for t in row['targets'])} | {cells[0]} | {cells[1]} |")
+    restores = next((row["maxtext_restore"] for row in rows if "maxtext_restore" in row), None)
+    if restores:
+        lines += ["", "## Does MaxText's own LoRA restore read it?", "",
+                  "`bench/maxtext_lora_restore.py`: MaxText 0.2.5's `lora_utils.restore_lora_from_path` (what "
+                  "`train_sft.py` calls for `lora.lora_restore_path=.../0/items`) on a stand-in model whose LoRA "
+                  "parameters sit at MaxText's paths with the checkpoint's shapes; qwen3 case.", "",
+                  "| checkpoint | restored | rank / alpha synced from metadata | MaxText says |", "|---|---|---|---|"]
+        for label, result in restores.items():
+            synced = f"{result.get('rank')} / {result.get('alpha')}" if result.get("restored") else "-"
+            lines.append(f"| {label} | {result.get('restored')} | {synced} | {result.get('error', '')} |")
     if timings:
         lines += ["", "## Conversion time", "", f"Base: {timings['model']}; adapter: {timings['adapter']}; "
                   "16 simulated devices, scanned, bfloat16. Seconds are the whole process (start-up included); "

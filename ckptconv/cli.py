@@ -67,7 +67,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="a PEFT LoRA adapter of SOURCE (adapter_config.json + adapter_model.safetensors): "
                               "write the adapter alone, in MaxText's LoRA layout")
     convert.add_argument("--merge-lora", action="store_true",
-                         help="with --lora: fold the adapter into the base, W + (alpha/r) B A, and write the whole model")
+                         help="with --lora: fold the adapter into the base (W + (alpha/r) B A) and write the whole "
+                              "model")
+    convert.add_argument("--lora-layout", choices=("converter", "restore"), default="converter",
+                         help="with --lora alone: 'converter' writes the tree under params/params as MaxText's "
+                              "to_maxtext does; 'restore' at the root, where MaxText's lora.lora_restore_path reads it")
     _hf_token_flag(convert)
 
     export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)",
@@ -266,7 +270,7 @@ def _convert(args: argparse.Namespace) -> int:
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
         compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
-        finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora,
+        finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora, lora_layout=args.lora_layout,
     ))
     if args.partition:
         state = "already written; nothing to do" if report.get("skipped") else (

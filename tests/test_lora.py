@@ -25,7 +25,7 @@ pytest.importorskip("peft")
 PATHS = {"q_proj": ("self_attention", "query"), "k_proj": ("self_attention", "key"),
          "v_proj": ("self_attention", "value"), "o_proj": ("self_attention", "out"),
          "gate_proj": ("mlp", "wi_0"), "up_proj": ("mlp", "wi_1"), "down_proj": ("mlp", "wo")}
-# (family case) -> (model, whether lora_B of q is pre-scaled by 1/sqrt(head_dim), whether q/k take Llama 3.1's RoPE order)
+# case -> (model, whether lora_B of q is pre-scaled by 1/sqrt(head_dim), whether q/k take Llama 3.1's RoPE order)
 CASES = {
     "qwen3": (synth.SynthModel(model_type="qwen3"), False, False),
     # head_dim 8: 1/sqrt(head_dim) is not a power of two, so the scaling's rounding shows
@@ -69,7 +69,8 @@ def expected_adapter(adapter, model: synth.SynthModel, scaled: bool, interleaved
                     [p[index] for p in per_layer], axis=1).astype(dtype)
             else:
                 for layer, p in enumerate(per_layer):
-                    leaves[f"params/params/decoder/layers_{layer}/{block}/{proj}/{which}/value"] = p[index].astype(dtype)
+                    name = f"params/params/decoder/layers_{layer}/{block}/{proj}/{which}/value"
+                    leaves[name] = p[index].astype(dtype)
     return leaves
 
 
@@ -99,7 +100,8 @@ def test_merged_is_the_base_with_the_adapter_folded_in(tmp_path, synth_dir, case
     model, _, _ = CASES[case]
     base = synth_dir(model)
     rank, alpha = 4, 16
-    adapter = make_adapter(base, tmp_path / "adapter", rank=rank, alpha=alpha, targets=("q_proj", "v_proj", "down_proj"))
+    adapter = make_adapter(base, tmp_path / "adapter", rank=rank, alpha=alpha,
+                           targets=("q_proj", "v_proj", "down_proj"))
     folded = write_merged_base(base, adapter, tmp_path / "folded", alpha / rank)
     layout = ["--scan-layers" if scan else "--no-scan-layers", "--devices", str(devices), "--progress", "none"]
     merged = run_cli("convert", str(base), str(tmp_path / "merged"), "--lora", str(adapter), "--merge-lora", *layout)
@@ -132,8 +134,8 @@ def test_report_rerun_and_adapter_change(tmp_path, synth_dir):
     args = ("convert", str(base), str(dst), "--lora", str(adapter), "--progress", "none")
     assert run_cli(*args).returncode == 0
     report = json.loads((dst / "ckptconv-report.json").read_text())
-    assert report["lora"] == {"adapter": str(adapter), "mode": "adapter", "rank": 4, "alpha": 8.0,
-                              "targets": ["q_proj"]}
+    assert report["lora"] == {"adapter": str(adapter), "mode": "adapter", "layout": "converter", "rank": 4,
+                              "alpha": 8.0, "targets": ["q_proj"]}
     assert "nothing to do" in run_cli(*args).stdout
     make_adapter(base, adapter, targets=("q_proj",), seed=1)  # same names and shapes, other values
     again = run_cli(*args)
@@ -186,7 +188,8 @@ def test_adapter_of_a_deeper_model_is_refused(tmp_path, synth_dir):
     deeper = synth_dir(synth.SynthModel(num_layers=3), name="deeper")
     adapter = make_adapter(deeper, tmp_path / "adapter", targets=("q_proj",))
     result = run_cli("convert", str(base), str(tmp_path / "dst"), "--lora", str(adapter), "--progress", "none")
-    assert result.returncode == 2 and "unexpected tensor" in result.stderr and "layers.2." in result.stderr, result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "unexpected tensor" in result.stderr and "layers.2." in result.stderr, result.stderr
 
 
 def test_pickled_adapter_is_refused_unread(tmp_path, synth_dir):
@@ -298,3 +301,30 @@ def test_export_refuses_an_adapter_of_another_model(tmp_path, synth_dir):
     result = run_cli("export", str(dst), str(tmp_path / "back"), "--like", str(other), "--progress", "none")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "kernel_lora_a/value' has shape" in result.stderr or "was converted with" in result.stderr, result.stderr
+
+
+def test_restore_layout_is_rooted_where_maxtext_lora_training_reads(tmp_path, synth_dir):
+    """--lora-layout restore: the LoRA tree at the root of items (MaxText's lora_restore_path reads the model's own
+    LoRA paths there; bench/maxtext_lora_restore.py), rank and alpha in the metadata; export reads it back."""
+    import json
+
+    base = synth_dir()
+    adapter = make_adapter(base, tmp_path / "adapter", targets=("q_proj", "o_proj"))
+    converter, rooted = tmp_path / "converter", tmp_path / "rooted"
+    common = ("--devices", "2", "--progress", "none")
+    assert run_cli("convert", str(base), str(converter), "--lora", str(adapter), *common).returncode == 0
+    result = run_cli("convert", str(base), str(rooted), "--lora", str(adapter), "--lora-layout", "restore", *common)
+    assert result.returncode == 0, result.stderr
+    got, want = restore(rooted), restore(converter)
+    want.pop("step")
+    assert sorted(got) == sorted(name.removeprefix("params/params/") for name in want)
+    for name, value in want.items():
+        assert same_bits(got[name.removeprefix("params/params/")], value), name
+    meta = json.loads((rooted / "0" / "_CHECKPOINT_METADATA").read_text())["custom_metadata"]
+    assert meta["lora"] == {"lora_rank": 4, "lora_alpha": 8.0}
+    back = tmp_path / "back"
+    assert run_cli("export", str(rooted), str(back), "--like", str(base), "--progress", "none").returncode == 0
+    assert sorted(adapter_tensors(back)) == sorted(adapter_tensors(adapter))
+    refused = run_cli("convert", str(base), str(tmp_path / "m"), "--lora", str(adapter), "--merge-lora",
+                      "--lora-layout", "restore", *common)
+    assert refused.returncode == 2 and "--lora-layout restore places an adapter written alone" in refused.stderr

@@ -54,6 +54,7 @@ class ConvertRequest:
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
     lora: str | None = None  # a PEFT LoRA adapter of the source: written alone, or folded in (merge_lora)
     merge_lora: bool = False
+    lora_layout: str = "converter"  # an adapter alone: where its tree sits (ckptconv.plan.lora.LORA_LAYOUTS)
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -62,7 +63,8 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "provenance": source.provenance(),
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
-        "options": [request.devices, request.scan_layers, request.dtype, request.compression],
+        "options": [request.devices, request.scan_layers, request.dtype, request.compression]
+        + ([request.lora_layout] if request.lora else []),
         "format": 1,
     }
     if plan.adapter is not None:  # the adapter's bytes and the mode are part of what was converted
@@ -88,6 +90,9 @@ def _convert(request: ConvertRequest) -> dict:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
     if request.merge_lora and not request.lora:
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
+    if request.lora_layout != "converter" and (request.merge_lora or not request.lora):
+        raise BadInputError(f"--lora-layout {request.lora_layout} places an adapter written alone: give --lora "
+                            "ADAPTER_DIR without --merge-lora")
     if request.lora:
         _check_paths(request.lora, request.destination)
     timer = StageTimer(sample_rss=True)
@@ -115,7 +120,7 @@ def _plan(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Sour
     adapter = open_source(request.lora, hf_token_file=request.hf_token_file)
     if request.merge_lora:
         return lora.make_merged_plan(source, adapter, **layout_options), source
-    return lora.make_adapter_plan(source, adapter, **layout_options), adapter
+    return lora.make_adapter_plan(source, adapter, lora_layout=request.lora_layout, **layout_options), adapter
 
 
 def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
@@ -268,11 +273,16 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
             request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
             devices=request.devices, custom_metadata=_custom_metadata(plan, request),
             on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), use_compression=request.compression,
-            extra_items=dict(MAXTEXT_EXTRA_ITEMS), adopt=adopt,
+            extra_items=_extra_items(request), adopt=adopt,
         )
     end = timer.wall()
     timer.add("write", last_tile[0] - begin, begin)
     timer.add("commit", end - last_tile[0], last_tile[0])
+
+
+def _extra_items(request: ConvertRequest) -> dict:
+    """MaxText's TrainState fields beside the params; none in the restore layout, whose root is the LoRA tree."""
+    return {} if request.lora and request.lora_layout == "restore" else dict(MAXTEXT_EXTRA_ITEMS)
 
 
 def _custom_metadata(plan: ConversionPlan, request: ConvertRequest) -> dict:
@@ -306,6 +316,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "largest_shard_bytes": plan.largest_shard_bytes,
         **run_figures(timer, plan.output_bytes),
         **({"lora": {"adapter": request.lora, "mode": "merged" if request.merge_lora else "adapter",
+                     "layout": None if request.merge_lora else request.lora_layout,
                      "rank": plan.adapter["rank"], "alpha": plan.adapter["alpha"],
                      "targets": plan.adapter["targets"]}} if plan.adapter is not None else {}),
         "fingerprint": print_,

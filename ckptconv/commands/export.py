@@ -348,7 +348,8 @@ def _foreign_pending(pending: str) -> bool:
 
 def _export_file(name: str) -> bool:
     """A name at HF_DST that an export writes: weights, index, config and tokenizer files."""
-    return name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", ADAPTER_CONFIG, *COPIED_FILES)
+    return (name.endswith((".safetensors", PARTIAL))
+            or name in (INDEX_NAME, "config.json", ADAPTER_CONFIG, *COPIED_FILES))
 
 
 def _remove_export_files(dst: str) -> None:

@@ -28,8 +28,8 @@ from ckptconv.families.base import Family
 from ckptconv.families.inputs import LoraMerged, Plain
 from ckptconv.families.lora import ADAPTER_PREFIX, LEAF_A, LEAF_B, RANK, VALUE, Target, adapter_family, targets
 from ckptconv.plan.conversion import (
-    ConversionPlan, _check_devices_shard_something, _check_extra, _check_shapes_and_dtypes, _resolve, _sort_tensors,
-    expected_tensors, layout_jobs, make_plan, read_config, read_spec,
+    PARAMS_ROOT, ConversionPlan, _check_devices_shard_something, _check_extra, _check_shapes_and_dtypes, _resolve,
+    _sort_tensors, expected_tensors, layout_jobs, make_plan, read_config, read_spec,
 )
 from ckptconv.plan.export import PARAM_ROOT, ExportPlan, TensorEntry, _check_leaves
 from ckptconv.plan.export import Target as ExportTarget
@@ -107,9 +107,19 @@ def open_adapter(base: Source, adapter: Source, scan_layers: bool) -> tuple[Adap
     return Adapter(adapter, adapter_config, adapter_text, lora_family, spec, tensors), config_text, family
 
 
+# Where an adapter's tree sits in ``items``: as MaxText's converter writes it (``params/params/decoder/...``), or
+# at the root (``decoder/...``), which is what MaxText's ``lora.lora_restore_path`` restores (the paths of the
+# model's own LoRA parameters; ``lora_utils.restore_lora_from_path``).
+LORA_LAYOUTS = ("converter", "restore")
+
+
 def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DTYPE,
-                      scan_layers: bool = settings.SCAN_LAYERS, devices: int = settings.DEVICES) -> ConversionPlan:
-    """The adapter alone, laid out as MaxText 0.2.5's ``to_maxtext`` writes it (adapter mode)."""
+                      scan_layers: bool = settings.SCAN_LAYERS, devices: int = settings.DEVICES,
+                      lora_layout: str = "converter") -> ConversionPlan:
+    """The adapter alone, laid out as MaxText 0.2.5's ``to_maxtext`` writes it (adapter mode), or rooted where
+    its LoRA training restores from (``lora_layout="restore"``)."""
+    if lora_layout not in LORA_LAYOUTS:
+        raise BadInputError(f"--lora-layout {lora_layout!r}: expected one of {', '.join(LORA_LAYOUTS)}")
     _check_options(dtype, devices)
     found, config_text, _ = open_adapter(base, adapter, scan_layers)
     spec, family = found.spec, found.family
@@ -117,6 +127,9 @@ def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DT
     inputs = {name: Plain(found.tensors[name]) for name in expected_tensors(family.active_rules(spec), stacks, spec)}
     jobs = layout_jobs(family, spec, stacks, inputs, dtypes.OUTPUT[dtype], devices)
     _check_devices_shard_something(jobs, devices)
+    if lora_layout == "restore":
+        jobs = tuple(dataclasses.replace(job, leaves=tuple(dataclasses.replace(leaf, path=leaf.path[len(PARAMS_ROOT):])
+                                                           for leaf in job.leaves)) for job in jobs)
     return ConversionPlan(adapter.uri, family, spec, dtypes.OUTPUT[dtype], scan_layers, devices, jobs,
                           found.tensors, config_text, (), adapter=found.identity())
 
@@ -177,7 +190,10 @@ def make_adapter_export_plan(like: Source, stored: list[StoredLeaf], alpha: floa
     config_text, config = read_config(like)
     family = family_for(config.get("model_type"), f"{like.uri}/config.json")
     spec = read_spec(family, config, f"{like.uri}/config.json")
-    params = {leaf.path: leaf for leaf in stored if leaf.path[:1] == (PARAM_ROOT,)}
+    # the converter's root (params/params/...) or the restore layout's (decoder/...): planned as the former
+    rooted = {leaf.path if leaf.path[:1] == (PARAM_ROOT,) else PARAMS_ROOT + leaf.path: leaf for leaf in stored
+              if leaf.path[-2:] in ((LEAF_A, VALUE), (LEAF_B, VALUE))}
+    params = {path: dataclasses.replace(leaf, path=path) for path, leaf in rooted.items()}
     heads = {leaf.path[:-2] for leaf in params.values() if leaf.path[-2:] in ((LEAF_A, VALUE), (LEAF_B, VALUE))}
     every = tuple(t for rows in targets(family).values() for t in rows)
     chosen = tuple(t for t in every if any(head[-len(t.rule.outputs[0].path[:-1]):] == t.rule.outputs[0].path[:-1]
@@ -202,6 +218,8 @@ def make_adapter_export_plan(like: Source, stored: list[StoredLeaf], alpha: floa
         candidates.append((scan, jobs))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
+    jobs = tuple(dataclasses.replace(job, leaves=tuple(dataclasses.replace(leaf, path=rooted[leaf.path].path)
+                                                       for leaf in job.leaves)) for job in jobs)  # read where stored
     names = {piece.name: ADAPTER_PREFIX + piece.name for job in jobs for piece in job.pieces}
     tensors = tuple(TensorEntry(names[piece.name], piece.dtype, piece.shape) for job in jobs for piece in job.pieces)
     modules = sorted({t.module for t in chosen})
