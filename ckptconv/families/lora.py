@@ -88,9 +88,25 @@ def adapter_rules(chosen: tuple[Target, ...]) -> tuple[Rule, ...]:
     return tuple(rows)
 
 
+TEXT_LAYERS = "model.layers."  # a multimodal model's decoder, loaded alone (AutoModelForCausalLM) and trained so
+
+
+def _text_model_aliases(chosen: tuple[Target, ...]) -> tuple[tuple[str, str], ...]:
+    """A family whose rules name the decoder under another prefix (Qwen3.5's ``model.language_model.layers.``):
+    an adapter trained on its text model alone names it ``model.layers.``; both are read."""
+    prefixes = {t.rule.hf[: t.rule.hf.index("layers.")] for t in chosen if "layers." in t.rule.hf}
+    return tuple((ADAPTER_PREFIX + TEXT_LAYERS, prefix + "layers.") for prefix in sorted(prefixes)
+                 if prefix + "layers." != TEXT_LAYERS)
+
+
 def adapter_family(family: Family, chosen: tuple[Target, ...]) -> Family:
     """The family whose rules read an adapter of ``family``: the base's layout, PEFT's names."""
     aliases = tuple((ADAPTER_PREFIX + stored, canonical) for stored, canonical in family.aliases)
+    aliases += _text_model_aliases(chosen)
+
+    def not_converted(spec) -> tuple[tuple[str, str], ...]:
+        """What the base does not convert (a vision tower), its adapter tensors too: reported, not written."""
+        return tuple((ADAPTER_PREFIX + prefix, f"{what} (LoRA)") for prefix, what in family.not_converted(spec))
+
     return dataclasses.replace(family, name=f"{family.name} LoRA adapter", rules=adapter_rules(chosen),
-                               aliases=(*aliases, (ADAPTER_PREFIX, "")), joins=(),
-                               not_converted=lambda spec: ())
+                               aliases=(*aliases, (ADAPTER_PREFIX, "")), joins=(), not_converted=not_converted)

@@ -61,9 +61,22 @@ def _check_base_class(adapter: Source, adapter_config: dict, config: dict, base_
     mapping = adapter_config.get("auto_mapping")
     trained_on = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     architectures = config.get("architectures") or []
-    if isinstance(trained_on, str) and architectures and trained_on not in architectures:
+    stems = {_stem(str(a)) for a in architectures}
+    if isinstance(trained_on, str) and architectures and _stem(trained_on) not in stems:
         raise BadInputError(f"{adapter.uri}/{CONFIG_FILE}: the adapter was trained on {trained_on}, but {base_where} "
                             f"is {', '.join(map(str, architectures))}")
+
+
+HEADS = ("ForConditionalGeneration", "ForCausalLM", "Model")  # the same architecture with another head
+
+
+def _stem(architecture: str) -> str:
+    """``Qwen3_5MoeForConditionalGeneration`` and ``Qwen3_5MoeForCausalLM`` (its text model, which PEFT trains
+    when the model is loaded with AutoModelForCausalLM) are one architecture."""
+    for head in HEADS:
+        if architecture.endswith(head):
+            return architecture[: -len(head)].lower()
+    return architecture.lower()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +89,7 @@ class Adapter:
     family: Family
     spec: ModelSpec
     tensors: dict[str, TensorInfo]  # canonical name (``model.layers.0.self_attn.q_proj.lora_A.weight``) -> stored
+    not_converted: tuple[dict, ...]  # what the base does not convert either (a vision tower's LoRA): reported
 
     def identity(self) -> dict:
         """What a rerun's fingerprint must see of the adapter."""
@@ -98,13 +112,13 @@ def open_adapter(base: Source, adapter: Source, scan_layers: bool) -> tuple[Adap
     spec = dataclasses.replace(spec, dims={**spec.dims, RANK: adapter_config.rank})
     lora_family = adapter_family(family, chosen)
     stored = index_checkpoint(adapter)
-    tensors, _ = _sort_tensors(adapter, lora_family, spec, stored)
+    tensors, skipped = _sort_tensors(adapter, lora_family, spec, stored)
     stacks = family.layout(spec, scan_layers)
     expected = expected_tensors(lora_family.active_rules(spec), stacks, spec)
     inputs, consumed = _resolve(adapter, expected, tensors, None, lora_family, spec)
     _check_extra(adapter, lora_family, tensors, consumed)
     _check_shapes_and_dtypes(expected, inputs, None)
-    return Adapter(adapter, adapter_config, adapter_text, lora_family, spec, tensors), config_text, family
+    return Adapter(adapter, adapter_config, adapter_text, lora_family, spec, tensors, skipped), config_text, family
 
 
 # Where an adapter's tree sits in ``items``: as MaxText's converter writes it (``params/params/decoder/...``), or
@@ -131,7 +145,7 @@ def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DT
         jobs = tuple(dataclasses.replace(job, leaves=tuple(dataclasses.replace(leaf, path=leaf.path[len(PARAMS_ROOT):])
                                                            for leaf in job.leaves)) for job in jobs)
     return ConversionPlan(adapter.uri, family, spec, dtypes.OUTPUT[dtype], scan_layers, devices, jobs,
-                          found.tensors, config_text, (), adapter=found.identity())
+                          found.tensors, config_text, found.not_converted, adapter=found.identity())
 
 
 def make_merged_plan(base: Source, adapter: Source, *, dtype: str = settings.DTYPE,
@@ -155,7 +169,8 @@ def make_merged_plan(base: Source, adapter: Source, *, dtype: str = settings.DTY
             continue
         pieces = tuple(merged(piece, plan.family.canonical(piece.name)) for piece in job.pieces)
         jobs.append(dataclasses.replace(job, pieces=pieces))
-    return dataclasses.replace(plan, jobs=tuple(jobs), adapter=found.identity())
+    return dataclasses.replace(plan, jobs=tuple(jobs), adapter=found.identity(),
+                               not_converted=plan.not_converted + found.not_converted)
 
 
 def _base_rule(adapter_rule: str) -> str:
@@ -194,18 +209,16 @@ def make_adapter_export_plan(like: Source, stored: list[StoredLeaf], alpha: floa
     rooted = {leaf.path if leaf.path[:1] == (PARAM_ROOT,) else PARAMS_ROOT + leaf.path: leaf for leaf in stored
               if leaf.path[-2:] in ((LEAF_A, VALUE), (LEAF_B, VALUE))}
     params = {path: dataclasses.replace(leaf, path=path) for path, leaf in rooted.items()}
-    heads = {leaf.path[:-2] for leaf in params.values() if leaf.path[-2:] in ((LEAF_A, VALUE), (LEAF_B, VALUE))}
     every = tuple(t for rows in targets(family).values() for t in rows)
-    chosen = tuple(t for t in every if any(head[-len(t.rule.outputs[0].path[:-1]):] == t.rule.outputs[0].path[:-1]
-                                           for head in heads))
+    a_leaf = next(leaf for leaf in params.values() if leaf.path[-2:] == (LEAF_A, VALUE))
+    rank = a_leaf.shape[-1]
+    spec = dataclasses.replace(spec, dims={**spec.dims, RANK: rank})
+    chosen = tuple(t for t in every if _has_leaves(family, t, spec, params))
     if not chosen:
         raise BadInputError(f"{where}: its LoRA leaves are on no projection of family {family.name} "
                             f"({like.uri}/config.json); an adapter of another model?")
-    a_leaf = next(leaf for leaf in params.values() if leaf.path[-2:] == (LEAF_A, VALUE))
-    rank = a_leaf.shape[-1]
     if alpha is None:
         raise BadInputError(f"{where}: records no LoRA alpha (custom_metadata lora.lora_alpha); pass --lora-alpha")
-    spec = dataclasses.replace(spec, dims={**spec.dims, RANK: rank})
     lora_family = adapter_family(family, chosen)
     leaf_dtype = np.dtype(a_leaf.dtype)
     devices = math.prod(a_leaf.mesh_shape) if a_leaf.mesh_shape else 1
@@ -225,6 +238,19 @@ def make_adapter_export_plan(like: Source, stored: list[StoredLeaf], alpha: floa
     modules = sorted({t.module for t in chosen})
     lora = AdapterConfig(rank, float(alpha), tuple(modules), like.uri)
     return ExportPlan(lora_family, spec, config, config_text, scan, out_dtype, jobs, names, tensors, (), adapter=lora)
+
+
+def _has_leaves(family: Family, target: Target, spec: ModelSpec, params: dict) -> bool:
+    """Whether the checkpoint holds ``target``'s LoRA leaves in either layout (the layer stacks decide the paths:
+    Gemma 2's ``self_attention_local``)."""
+    lora_family = adapter_family(family, (target,))
+    for scan in (True, False):
+        for stack in family.layout(spec, scan):
+            for r in lora_family.active_rules(spec):
+                if r.kinds is None or stack.kind in r.kinds:
+                    if (*PARAMS_ROOT, *stack.path(r.outputs[0].path)) in params:
+                        return True
+    return False
 
 
 def peft_config(plan: ExportPlan) -> dict:
