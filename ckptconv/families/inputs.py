@@ -679,7 +679,9 @@ class LoraMerged:
     def read(self, source: Source, box: Box) -> np.ndarray:
         (r0, r1), (c0, c1) = box
         rank = self.a.shape[0]
-        a = read_box(self.adapter, self.a, ((0, rank), (c0, c1))).astype(np.float32)
+        # A whole (r x in: small), then its columns: a region of W cut along its columns (a band of one row)
+        # would make A's columns a strided range, which is not one read
+        a = read_box(self.adapter, self.a, ((0, rank), (0, self.a.shape[1])))[:, c0:c1].astype(np.float32)
         b = read_box(self.adapter, self.b, ((r0, r1), (0, rank))).astype(np.float32)
         delta = np.matmul(b, a) * np.float32(self.scaling)
         merged = self.base.read(source, box).astype(np.float32) + delta
