@@ -374,3 +374,21 @@ def test_every_family_converts_and_exports_its_adapter(tmp_path, family):
     if skipped:
         report = json.loads((dst / "ckptconv-report.json").read_text())
         assert any("(LoRA)" in entry["what"] for entry in report["not_converted"]), report["not_converted"]
+
+
+def test_target_modules_name_suffix_or_all_linear():
+    """PEFT's target_modules: module names, dotted suffixes of them, or all-linear (every projection)."""
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.lora import choose_targets
+    from ckptconv.read.adapter import AdapterConfig
+
+    family = BY_MODEL_TYPE["qwen3"]
+
+    def chosen(*names):
+        return [t.module for t in choose_targets(family, AdapterConfig(4, 8.0, names, None), "cfg")]
+
+    assert chosen("all-linear") == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert chosen("self_attn.q_proj", "down_proj") == ["q_proj", "down_proj"]  # the family's order
+    with pytest.raises(BadInputError, match="target module 'mlp.q_proj' is not a projection"):
+        chosen("mlp.q_proj")
