@@ -63,12 +63,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="write only partition I of N (0-based; run each on any worker sharing DST)")
     split.add_argument("--finalize", metavar="N", type=int,
                        help="join N finished partitions into the checkpoint and commit it once")
-    convert.add_argument("--lora", metavar="ADAPTER_DIR",
-                         help="a PEFT LoRA adapter of SOURCE (adapter_config.json + adapter_model.safetensors): "
-                              "write the adapter alone, in MaxText's LoRA layout")
-    convert.add_argument("--merge-lora", action="store_true",
-                         help="with --lora: fold the adapter into the base (W + (alpha/r) B A) and write the whole "
-                              "model")
+    _lora_flags(convert)
     convert.add_argument("--lora-layout", choices=("converter", "restore"), default="converter",
                          help="with --lora alone: 'converter' writes the tree under params/params as MaxText's "
                               "to_maxtext does; 'restore' at the root, where MaxText's lora.lora_restore_path reads it")
@@ -114,8 +109,19 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("source", help="HF checkpoint: a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     _layout_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of one line per figure")
+    _lora_flags(plan)
     _hf_token_flag(plan)
     return parser
+
+
+def _lora_flags(command: argparse.ArgumentParser) -> None:
+    """The adapter options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
+    command.add_argument("--lora", metavar="ADAPTER_DIR",
+                         help="a PEFT LoRA adapter of SOURCE (adapter_config.json + adapter_model.safetensors): "
+                              "write the adapter alone, in MaxText's LoRA layout")
+    command.add_argument("--merge-lora", action="store_true",
+                         help="with --lora: fold the adapter into the base (W + (alpha/r) B A) and write the whole "
+                              "model")
 
 
 def _layout_flags(command: argparse.ArgumentParser) -> None:
@@ -366,11 +372,14 @@ def _verify_integrity(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ckptconv.plan.conversion import make_plan
+    from ckptconv.commands.convert import ConvertRequest, plan_for
     from ckptconv.plan.estimate import plan_summary
     from ckptconv.read import open_source
 
-    plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
+    request = ConvertRequest(source=args.source, destination="", devices=args.devices, scan_layers=args.scan_layers,
+                             dtype=args.dtype, hf_token_file=args.hf_token_file, lora=args.lora,
+                             merge_lora=args.merge_lora)
+    plan, _ = plan_for(request, open_source(args.source, hf_token_file=args.hf_token_file))
     summary = plan_summary(plan)
     if args.json:
         print(json.dumps(summary, indent=2, allow_nan=False))
@@ -388,5 +397,5 @@ LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
                ("like", locations.SOURCE)),
     "inspect": (("destination", locations.CHECKPOINT),),
     "verify": (("source", locations.SOURCE), ("destination", locations.CHECKPOINT)),
-    "plan": (("source", locations.SOURCE),),
+    "plan": (("source", locations.SOURCE), ("lora", locations.SOURCE)),
 }

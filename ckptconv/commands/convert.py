@@ -99,7 +99,7 @@ def _convert(request: ConvertRequest) -> dict:
     started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
-        plan, source = _plan(request, source)
+        plan, source = plan_for(request, source)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         part = partition.Partition.parse(request.partition)
@@ -110,8 +110,10 @@ def _convert(request: ConvertRequest) -> dict:
         return _run(plan, source, request, timer, started, print_)
 
 
-def _plan(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
-    """The plan, and the source its jobs read: the base, or for an adapter alone the adapter."""
+def plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
+    """The plan, and the source its jobs read: the base, or for an adapter alone the adapter (``plan`` too)."""
+    if request.merge_lora and not request.lora:
+        raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
     layout_options = {"dtype": request.dtype, "scan_layers": request.scan_layers, "devices": request.devices}
     if not request.lora:
         return make_plan(source, **layout_options), source
