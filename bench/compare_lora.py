@@ -35,6 +35,7 @@ from bench.compare_families import overrides as family_overrides  # noqa: E402
 from bench.compare_maxtext import setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
 from ckptconv.families.llama import LLAMA31_ROPE  # noqa: E402
+from tests.lora_adapters import write_peft_adapter  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -143,34 +144,6 @@ QWEN3_06B = synth.SynthModel(model_type="qwen3", vocab_size=151936, hidden_size=
                              num_kv_heads=8, head_dim=128, intermediate_size=3072, tie_word_embeddings=True)
 
 
-def write_peft_adapter(model: synth.SynthModel, directory: Path, rank: int, alpha: int) -> None:
-    """A rank-``rank`` adapter on every projection, in PEFT's file layout (random bf16-exact float32 values)."""
-    import ml_dtypes
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    directory.mkdir(parents=True)
-    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    shapes = {"self_attn.q_proj": (q, model.hidden_size), "self_attn.k_proj": (kv, model.hidden_size),
-              "self_attn.v_proj": (kv, model.hidden_size), "self_attn.o_proj": (model.hidden_size, q),
-              "mlp.gate_proj": (model.intermediate_size, model.hidden_size),
-              "mlp.up_proj": (model.intermediate_size, model.hidden_size),
-              "mlp.down_proj": (model.hidden_size, model.intermediate_size)}
-    rng = np.random.default_rng(0)
-    tensors = {}
-    for layer in range(model.num_layers):
-        for module, (out, into) in shapes.items():
-            stem = f"base_model.model.model.layers.{layer}.{module}"
-            for which, shape in (("lora_A", (rank, into)), ("lora_B", (out, rank))):
-                values = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
-                tensors[f"{stem}.{which}.weight"] = values.astype(np.float32)
-    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": [m.split(".")[1] for m in shapes],
-              "bias": "none", "use_rslora": False, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {},
-              "auto_mapping": {"base_model_class": "Qwen3ForCausalLM"}}
-    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
-
-
 def timing(ctx: dict) -> dict:
     root = WORK / "timing"
     base, adapter = root / "qwen3-0.6b", root / "adapter-r16"
@@ -179,7 +152,7 @@ def timing(ctx: dict) -> dict:
         synth.write_checkpoint(QWEN3_06B, str(base))
     if not (adapter / "adapter_config.json").exists():
         shutil.rmtree(adapter, ignore_errors=True)
-        write_peft_adapter(QWEN3_06B, adapter, rank=16, alpha=32)
+        write_peft_adapter(QWEN3_06B, adapter, rank=16, alpha=32)  # tests/lora_adapters.py
     layout = ["--devices", "16", "--scan-layers", "--progress", "none"]
     flags = ["--", "--lazy_load_tensors=true", "--simulated_cpu_devices_count=16", "--save_dtype=bfloat16"]
     rows = []

@@ -14,6 +14,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from ckptconv.commands import synth
+
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -72,3 +74,27 @@ def write_merged_base(base: Path, adapter: Path, directory: Path, scaling: float
                 tensors[name] = (w.astype(np.float32) + delta).astype(w.dtype)
         save_file(tensors, str(directory / file.name), metadata={"format": "pt"})
     return directory
+
+
+def write_peft_adapter(model: synth.SynthModel, directory: Path, rank: int, alpha: int) -> None:
+    """A rank-``rank`` adapter on every projection, in PEFT's file layout (random bf16-exact float32 values)."""
+    directory.mkdir(parents=True)
+    q, kv = model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    shapes = {"self_attn.q_proj": (q, model.hidden_size), "self_attn.k_proj": (kv, model.hidden_size),
+              "self_attn.v_proj": (kv, model.hidden_size), "self_attn.o_proj": (model.hidden_size, q),
+              "mlp.gate_proj": (model.intermediate_size, model.hidden_size),
+              "mlp.up_proj": (model.intermediate_size, model.hidden_size),
+              "mlp.down_proj": (model.hidden_size, model.intermediate_size)}
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for layer in range(model.num_layers):
+        for module, (out, into) in shapes.items():
+            stem = f"base_model.model.model.layers.{layer}.{module}"
+            for which, shape in (("lora_A", (rank, into)), ("lora_B", (out, rank))):
+                values = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+                tensors[f"{stem}.{which}.weight"] = values.astype(np.float32)
+    save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": [m.split(".")[1] for m in shapes],
+              "bias": "none", "use_rslora": False, "use_dora": False, "rank_pattern": {}, "alpha_pattern": {},
+              "auto_mapping": {"base_model_class": "Qwen3ForCausalLM"}}
+    (directory / "adapter_config.json").write_text(json.dumps(config, indent=2))
