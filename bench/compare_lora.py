@@ -48,6 +48,7 @@ class Case:
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 CASES = [
     Case("qwen3", synth.SynthModel(model_type="qwen3"), "qwen3-0.6b"),
     Case("qwen3-unscanned", synth.SynthModel(model_type="qwen3"), "qwen3-0.6b", scan=False, devices=2),
@@ -59,6 +60,13 @@ CASES = [
          scan=False, devices=2, targets=("q_proj", "k_proj")),
     # tied, as MaxText's qwen2.5-1.5b (its table has no logits_dense for an untied one)
     Case("qwen2.5", synth.SynthModel(model_type="qwen2", tie_word_embeddings=True), "qwen2.5-1.5b"),
+    # MoE families: attention only (PEFT targets the experts through target_parameters, which MaxText lacks)
+    Case("qwen3_moe-attention", synth.SynthModel(model_type="qwen3_moe", num_experts=16, moe_intermediate_size=48,
+                                                 tie_word_embeddings=False), "qwen3-30b-a3b", targets=ATTENTION),
+    Case("mixtral-noscan-attention", synth.SynthModel(model_type="mixtral", num_experts=4, tie_word_embeddings=False),
+         "mixtral-8x7b", scan=False, targets=ATTENTION),
+    Case("gemma2", synth.SynthModel(model_type="gemma2", num_layers=4, vocab_size=256000, hidden_size=32, head_dim=8,
+                                    intermediate_size=64), "gemma2-2b"),
 ]
 
 
@@ -116,6 +124,16 @@ def run_case(case: Case, ctx: dict) -> dict:
             written = theirs / case.maxtext_model / adapter.name if mode == "adapter" else theirs
             entry |= compare(ctx, ours, written, root, mode)
         row[mode] = entry
+    if not case.scan and all(row[m].get("identical") is not None for m in ("adapter", "merged")):
+        # which adapter agrees with MaxText's merged kernel: W + (alpha/r) A B (bench/lora_consistency.py)
+        plain = root / "plain"
+        run([sys.executable, "-m", "ckptconv", "convert", str(base), str(plain), *layout], log=root / "plain.log")
+        check, _ = run([sys.executable, str(BENCH / "lora_consistency.py"), str(plain), str(root / "maxtext-merged"),
+                        str(16 / 4), str(root / "ckptconv-adapter"),
+                        str(root / "maxtext-adapter" / case.maxtext_model / "adapter")], log=root / "consistency.log")
+        found = [json.loads(line) for line in check.stdout.splitlines() if line.startswith("{")]
+        row["merged_consistency"] = {label: max(result[next(k for k in result if k.startswith("max"))].values())
+                                     for label, result in zip(("ckptconv", "maxtext"), found)}
     if case.name == "qwen3":  # which of these MaxText's own LoRA restore (lora.lora_restore_path) reads
         restore = root / "ckptconv-restore-layout"
         run([sys.executable, "-m", "ckptconv", "convert", str(base), str(restore), "--lora", str(adapter),
@@ -204,10 +222,25 @@ def write(rows: list[dict], timings: dict | None, ctx: dict, path: Path) -> None
             if "error" in entry:
                 cells.append(f"exit {entry['ckptconv_exit']}/{entry['maxtext_exit']}: {entry['error'][-120:]!r}")
             else:
-                verdict = "identical" if entry["identical"] else f"DIFFERENT {entry['value_mismatches']}"
+                verdict = "identical" if entry["identical"] else "differs in " + ", ".join(
+                    f"`{m['leaf'].removeprefix('params/params/decoder/')}`" for m in entry["value_mismatches"])
                 cells.append(f"{verdict}, {entry['leaves']} leaves")
         lines.append(f"| {row['case']} | {row['maxtext_model']} | {row['scan_layers']} | {row['devices']} | "
                      f"{','.join(t.removesuffix('_proj') for t in row['targets'])} | {cells[0]} | {cells[1]} |")
+    consistent = [row for row in rows if "merged_consistency" in row]
+    if consistent:
+        lines += ["", "## Which adapter agrees with MaxText's merged kernels?", "",
+                  "MaxText's model adds `x @ kernel_lora_a @ kernel_lora_b * alpha/r` to `x @ kernel` at run time "
+                  "(qwix), so an adapter is right for it when `W + alpha/r A B` is the kernel MaxText's merged mode "
+                  "writes. `bench/lora_consistency.py`: the largest difference over every LoRA'd kernel, in units of "
+                  "the largest `|alpha/r A B|` (about 0.01 is bfloat16 rounding; a missing factor shows as ~0.7). "
+                  "Where the family pre-scales its query kernel (Mixtral, Mistral, Gemma 2), MaxText's adapter mode "
+                  "leaves `lora_B` unscaled, ckptconv scales it as the kernel: the adapter leaves differ "
+                  "(the table above), and ckptconv's are the ones that agree.", "",
+                  "| case | ckptconv adapter | MaxText adapter |", "|---|---|---|"]
+        for row in consistent:
+            lines.append(f"| {row['case']} | {row['merged_consistency']['ckptconv']} | "
+                         f"{row['merged_consistency']['maxtext']} |")
     restores = next((row["maxtext_restore"] for row in rows if "maxtext_restore" in row), None)
     if restores:
         lines += ["", "## Does MaxText's own LoRA restore read it?", "",
