@@ -219,17 +219,20 @@ class Scale(Step):
 
     factor: str = "query_scale"
     divide: bool = False
+    # float64 arithmetic, rounded once to the output dtype: MaxText's converter scales LoRA's lora_B
+    # by a float64 1/sqrt(head_dim) (numpy promotes the float32 weights), its base kernels in float32
+    wide: bool = False
 
     @property
     def exact(self) -> bool:
         return False
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        factor = np.float32(spec.value(self.factor))
+        factor = (np.float64 if self.wide else np.float32)(spec.value(self.factor))
         return x / factor if self.divide else x * factor
 
     def inverse(self) -> Step:
-        return Scale(f"{self.name}_inverse", self.factor, not self.divide)
+        return Scale(f"{self.name}_inverse", self.factor, not self.divide, self.wide)
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,34 @@ class Add(Step):
 
     def inverse(self) -> Step:
         return Add(f"{self.name}_inverse", -self.constant)
+
+
+@dataclass(frozen=True)
+class PerHead(Step):
+    """Apply ``steps`` head by head to the last axis of a 2-D tensor that stays flat.
+
+    MaxText's LoRA ``kernel_lora_b`` of a projection is ``(r, heads * head_dim)``, flat, while the
+    base kernel's own steps (RoPE order, query scaling) act on a ``head_dim`` axis: this step
+    reshapes to ``(..., heads, head_dim)``, runs them, and flattens back. Cuts fall on whole heads.
+    """
+
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return all(step.exact for step in self.steps)
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return spec.dim("hd") if axis == len(shape) - 1 else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        heads = x.reshape(*x.shape[:-1], -1, spec.dim("hd"))  # a region holds whole heads, maybe not all
+        for step in self.steps:
+            heads = step.apply(heads, spec, full_box(heads.shape))
+        return np.ascontiguousarray(heads).reshape(x.shape)
+
+    def inverse(self) -> Step:
+        return PerHead(f"{self.name}_inverse", tuple(step.inverse() for step in reversed(self.steps)))
 
 
 Size = int | str  # a count, or the name of a spec dimension (sizes that follow the config)

@@ -101,6 +101,7 @@ class ConversionPlan:
     tensors: dict[str, TensorInfo]
     config_text: str
     not_converted: tuple[dict, ...]
+    adapter: dict | None = None  # a LoRA conversion: what its fingerprint sees of the adapter (ckptconv.plan.lora)
 
     @property
     def leaves(self) -> tuple[LeafPlan, ...]:

@@ -90,6 +90,7 @@ class ExportPlan:
     hf_names: dict[str, str]  # the rules' tensor names -> the names written (as --like stores them)
     tensors: tuple[TensorEntry, ...]
     not_exported: tuple[dict, ...]
+    adapter: Any = None  # a LoRA adapter's export: its AdapterConfig (rank, alpha, targets); see ckptconv.plan.lora
 
     @property
     def output_bytes(self) -> int:
