@@ -142,9 +142,6 @@ def _synthetic(model: synth.SynthModel):
     return lambda directory: synth.write_checkpoint(model, str(directory))
 
 
-DEEPSEEK_FP8 = synth.SynthModel(model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
-                                intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
-                                vocab_size=300)
 GPT_OSS = synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                            head_dim=16, intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300)
 
@@ -153,9 +150,9 @@ GPT_OSS = synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=4, n
     (_bf16_qwen3_5, "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed"),
     (_synthetic(synth.SynthModel(model_type="qwen3")), "has no FP8 weights to keep (no quantization_config)"),
     (_synthetic(GPT_OSS), "has no FP8 weights to keep (its experts are MXFP4)"),
-    (_synthetic(DEEPSEEK_FP8), "is an FP8 release, but MaxText 0.2.5's deepseek model has no leaves for its block "
-                               "scales"),
-], ids=["qwen3.5-bf16", "qwen3", "gpt-oss-mxfp4", "deepseek-v3-fp8"])
+    (_synthetic(synth.SynthModel(model_type="deepseek_v3", num_layers=3, num_experts=4)),
+     "has no FP8 weights to keep (no quantization_config)"),
+], ids=["qwen3.5-bf16", "qwen3", "gpt-oss-mxfp4", "deepseek-v3-bf16"])
 @pytest.mark.parametrize("command", ["convert", "plan"])
 def test_source_without_keepable_fp8_is_refused_in_one_line(tmp_path, make, message, command):
     src, dst = tmp_path / "hf", tmp_path / "dst"
@@ -172,3 +169,75 @@ def test_export_refuses_float8_output(tmp_path):
     """export writes Hugging Face files in one dtype: float8_e4m3fn is convert's mode, not export's."""
     result = run_cli("export", str(tmp_path / "ckpt"), str(tmp_path / "back"), "--like", str(tmp_path), "--dtype", KEEP)
     assert result.returncode == 2 and "float8_e4m3fn" in result.stderr
+
+
+# DeepSeek-V3's FP8 layout at small widths: 4 heads of 128 nope + 64 RoPE (q_b_proj's 128-row blocks straddle heads),
+# kv_lora 512 + 64 (kv_a_proj_with_mqa: 4.5 blocks), q_lora 192, MLPs of 320 and 192 rows (partial blocks)
+DEEPSEEK_FP8 = {"hidden_size": 256, "num_layers": 3, "num_heads": 4, "head_dim": 128, "intermediate_size": 320,
+                "moe_intermediate_size": 192, "num_experts": 4, "quantization": "fp8", "vocab_size": 300,
+                "config_overrides": {"q_lora_rank": 192, "kv_lora_rank": 512, "qk_rope_head_dim": 64}}
+
+
+def _dequantised_release(src, dst) -> None:
+    """The release as float32 safetensors transformers loads: every FP8 weight times its block's scale (float32,
+    as MaxText's loader computes it), config.json without quantization_config (Kimi-K2: DeepSeek-V3's class)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    stored = {n: t for path in sorted(src.glob("*.safetensors")) for n, t in load_file(str(path)).items()}
+    values = {}
+    for name, tensor in stored.items():
+        if name.endswith("_scale_inv"):
+            continue
+        value = tensor.to(torch.float32)
+        scale = stored.get(name + "_scale_inv")
+        if scale is not None:
+            value = value * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:value.shape[0], :value.shape[1]]
+        values[name] = value.contiguous()
+    dst.mkdir()
+    save_file(values, str(dst / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps({**config, "model_type": "deepseek_v3", "torch_dtype": "float32"}))
+
+
+@pytest.mark.parametrize("model_type, scan, devices", [("deepseek_v3", True, 16), ("deepseek_v3", False, 1),
+                                                       ("kimi_k2", True, 4)])
+def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, devices):
+    """DeepSeek-V3's and Kimi-K2's FP8 releases kept: e4m3 kernels as stored, each ``weight_scale_inv`` in float32
+    beside its kernel on the grid MaxText's loader dequantises by; that dequantisation (MaxText's
+    ``dequantize_weight`` rule: every kernel axis a multiple of its scale's) gives transformers' float32 logits of
+    the release's values; the bfloat16 conversion is the same values rounded once more."""
+    from tests.test_logits import hf_logits, semantics
+
+    model = synth.SynthModel(model_type=model_type, **DEEPSEEK_FP8)
+    src = synth_dir(model)
+    report = convert(src, tmp_path / "kept", scan, KEEP, devices)
+    kept = restore(tmp_path / "kept")
+    weights = quantised(kept)
+    assert {n.rsplit("/", 1)[-1] for n in weights} == {"kernel", "wi_0", "wi_1", "wo"}
+    assert len(weights) == sum(1 for n in kept if n.endswith("_scale"))  # every scale leaf beside its kernel
+    for name, value in kept.items():
+        if not name.startswith("params/"):
+            continue
+        if name in weights:
+            scale = kept[name[:-len("kernel")] + "kernel_scale" if name.endswith("/kernel") else name + "_scale"]
+            assert value.dtype == E4M3 and scale.dtype == np.float32, name
+            assert scale.ndim == value.ndim and all(d % s == 0 for d, s in zip(value.shape, scale.shape)), name
+        elif not name.endswith("_scale"):
+            assert value.dtype == BF16, name  # embeddings, norms, router, bias: as the release stores them
+    wq_b = next(v for n, v in kept.items() if n.endswith("wq_b/kernel_scale"))
+    assert wq_b.shape[-1] == 3  # 192 rows a head: three 64-row groups, none straddling a 128-row block
+    assert report["dtype"] == KEEP
+
+    reference = tmp_path / "dequantised"
+    _dequantised_release(src, reference)
+    tokens = TOKENS % model.vocab_size
+    expected = hf_logits(reference, tokens)
+    params = maxtext_forward.dequantize(unflatten(kept)["params"]["params"])
+    got = maxtext_forward.forward(params, tokens, semantics(model), scan=scan)[:, :model.vocab_size]
+    assert np.abs(expected).max() > 1e-3
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+    verified = run_cli("verify", str(src), str(tmp_path / "kept"), "--progress", "none")
+    assert verified.returncode == 0 and "OK" in verified.stdout + verified.stderr, verified.stderr
