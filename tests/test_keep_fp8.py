@@ -178,29 +178,6 @@ DEEPSEEK_FP8 = {"hidden_size": 256, "num_layers": 3, "num_heads": 4, "head_dim":
                 "config_overrides": {"q_lora_rank": 192, "kv_lora_rank": 512, "qk_rope_head_dim": 64}}
 
 
-def _dequantised_release(src, dst) -> None:
-    """The release as float32 safetensors transformers loads: every FP8 weight times its block's scale (float32,
-    as MaxText's loader computes it), config.json without quantization_config (Kimi-K2: DeepSeek-V3's class)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    stored = {n: t for path in sorted(src.glob("*.safetensors")) for n, t in load_file(str(path)).items()}
-    values = {}
-    for name, tensor in stored.items():
-        if name.endswith("_scale_inv"):
-            continue
-        value = tensor.to(torch.float32)
-        scale = stored.get(name + "_scale_inv")
-        if scale is not None:
-            value = value * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:value.shape[0], :value.shape[1]]
-        values[name] = value.contiguous()
-    dst.mkdir()
-    save_file(values, str(dst / "model.safetensors"))
-    config = json.loads((src / "config.json").read_text())
-    config.pop("quantization_config")
-    (dst / "config.json").write_text(json.dumps({**config, "model_type": "deepseek_v3", "torch_dtype": "float32"}))
-
-
 @pytest.mark.parametrize("model_type, scan, devices", [("deepseek_v3", True, 16), ("deepseek_v3", False, 1),
                                                        ("kimi_k2", True, 4)])
 def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, devices):
@@ -231,7 +208,7 @@ def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, device
     assert report["dtype"] == KEEP
 
     reference = tmp_path / "dequantised"
-    _dequantised_release(src, reference)
+    hub_checkpoints.dequantised_release(src, reference)
     tokens = TOKENS % model.vocab_size
     expected = hf_logits(reference, tokens)
     params = maxtext_forward.dequantize(unflatten(kept)["params"]["params"])
