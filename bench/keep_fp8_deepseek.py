@@ -73,7 +73,8 @@ def maxtext_config(family: str, config: dict, scan: bool, work: str, ckpt: str =
     overrides = {
         "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
         "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "keepfp8",
-        **({"load_parameters_path": ckpt} if ckpt else {}), "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
+        **({"load_parameters_path": ckpt} if ckpt else {}), "scan_layers": scan, "attention": "dot_product",
+        "dtype": "float32",
         "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
         "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
         "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False,
@@ -168,7 +169,8 @@ def convert(src: Path, dst: Path, scan: bool, devices: int, dtype: str) -> dict:
 def scale_leaves(items: Path) -> dict:
     """The scale leaves written and their bytes, from Orbax's metadata (MaxText's venv)."""
     code = ("import json, sys, orbax.checkpoint as ocp, jax\n"
-            "m = ocp.PyTreeCheckpointer().metadata(sys.argv[1]); m = getattr(getattr(m, 'item_metadata', m), 'tree', m)\n"
+            "m = ocp.PyTreeCheckpointer().metadata(sys.argv[1])\n"
+            "m = getattr(getattr(m, 'item_metadata', m), 'tree', m)\n"
             "flat = jax.tree_util.tree_flatten_with_path(m)[0]\n"
             "print(json.dumps({'/'.join(str(getattr(k, 'key', k)) for k in p): [str(v.dtype), list(v.shape)] "
             "for p, v in flat}))")
@@ -180,6 +182,28 @@ def scale_leaves(items: Path) -> dict:
     return {"leaves": len(leaves), "e4m3_leaves": len(e4m3), "scale_leaves": len(scales),
             "wq_b_scale": next((v for n, v in scales.items() if n.endswith("wq_b/kernel_scale")), None),
             "wkv_a_scale": next((v for n, v in scales.items() if n.endswith("wkv_a/kernel_scale")), None)}
+
+
+def plan_full_releases() -> dict:
+    """The full DeepSeek-V3 and Kimi-K2 FP8 releases planned from their published config.json (header-only files),
+    with both dtypes: output bytes and predicted peak."""
+    sys.path.insert(0, str(REPO))
+    from bench.giants import plan_of
+    from ckptconv.commands import synth
+    from tests.published_configs import DEEPSEEK_V3, KIMI_K2
+
+    plans = {}
+    for name, config in (("DeepSeek-V3", DEEPSEEK_V3), ("Kimi-K2-Instruct", KIMI_K2)):
+        src = WORK / f"{name}-headers"
+        shutil.rmtree(src, ignore_errors=True)
+        model = synth.SynthModel(model_type=config["model_type"], config_overrides=dict(config), quantization="fp8")
+        synth.write_checkpoint(model, str(src), max_shard_bytes=5 * 10**9, header_only=True)
+        (src / "config.json").write_text(json.dumps(config))
+        plans[name] = [{k: p[k] for k in ("source_bytes", "output_bytes", "predicted_peak_rss_bytes")} | {"dtype": d}
+                       for d in ("bfloat16", "float8_e4m3fn") for p in (plan_of(src, 16, d),)]
+        print(json.dumps({name: plans[name]}), flush=True)
+        shutil.rmtree(src, ignore_errors=True)
+    return plans
 
 
 def run_case(family: str, scan: bool) -> dict:
@@ -214,7 +238,7 @@ def cell(result: dict) -> str:
     return f"{verdict}, max abs {result['max_abs_logits_diff']:.1e} (logits up to {result['max_abs_logit']:.2f})"
 
 
-def write(rows: list[dict], path: Path) -> None:
+def write(rows: list[dict], plans: dict, path: Path) -> None:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# DeepSeek-V3 / Kimi-K2 FP8 releases kept FP8, run by MaxText 0.2.5", "",
@@ -240,6 +264,17 @@ def write(rows: list[dict], path: Path) -> None:
             f"| {w.get('wq_b_scale')} / {w.get('wkv_a_scale')} | {k['output_bytes']:,} | {b.get('output_bytes', 0):,} "
             f"| {k['peak_rss_bytes'] / GIB:.2f} / {k['predicted_peak_rss_bytes'] / GIB:.2f} GiB "
             f"| {cell(r['load-params'])} | {cell(r['from-pretrained'])} |")
+    if plans:
+        lines += ["", "| full release, published config.json, header-only files | --dtype | source | output "
+                      "| output - source | predicted peak RSS (16 devices) |", "|---|---|---|---|---|---|"]
+        for name, runs in plans.items():
+            for p in runs:
+                extra = (p["output_bytes"] - p["source_bytes"]) / 2**20
+                lines.append(f"| {name} | {p['dtype']} | {p['source_bytes'] / GIB:.1f} GiB "
+                             f"| {p['output_bytes'] / GIB:.1f} GiB | {extra:+,.1f} MiB "
+                             f"| {p['predicted_peak_rss_bytes'] / GIB:.2f} GiB |")
+        lines += ["", "Kept, the output is the release's bytes, the multi-token-prediction layer aside (not "
+                      "converted), plus the regrouped `wq_b` and `wkv_a` scales' extra entries."]
     lines += ["", "`from_pretrained` builds its restore target from the model's own parameters, which for DeepSeek "
               "hold no scale leaf (`layers/attention_mla.py` builds `wq_a`...`wkv_b` without `block_size`), and never "
               "calls `_augment_want_with_scales` / `maybe_dequantize_restored_params` "
@@ -259,6 +294,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", default=str(BENCH / "KEEP-FP8-DEEPSEEK.md"))
+    parser.add_argument("--skip-plans", action="store_true", help="do not plan the full releases")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
@@ -268,7 +304,7 @@ def main(argv: list[str]) -> int:
         row = run_case(family, scan)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    write(rows, Path(args.out))
+    write(rows, {} if args.skip_plans else plan_full_releases(), Path(args.out))
     return 0 if all(r.get("load-params", {}).get("ok") for r in rows) else 1
 
 

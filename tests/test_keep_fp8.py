@@ -9,12 +9,16 @@ and only its ``qwen3.5-*-fp8`` models hold the block scales. So:
   fewer bytes; ``verify`` passes; MaxText's runtime semantics on the tree give transformers' logits of the
   release's values; ``export`` gives the release's own files back;
 - a tensor the release stores in float32 stays float32, a float16 one becomes float32 (MaxText's rule);
-- a source with no FP8 weights (a bfloat16 release, MXFP4, INT4), or an FP8 release whose scales MaxText 0.2.5
-  has no leaves for (DeepSeek-V3, Kimi-K2: its converter would drop them), is refused in one line, exit 2, and
-  nothing is written.
+- DeepSeek-V3's and Kimi-K2's FP8 releases (MaxText 0.2.5's converter drops their scales: nothing to be
+  bit-identical to): e4m3 kernels with their float32 scales beside them, regrouped onto the grid MaxText's loader
+  dequantises by; that dequantisation gives transformers' logits of the release's values; ``verify`` passes;
+  ``export`` gives the release's own files back;
+- a source with no FP8 weights (a bfloat16 release, MXFP4, INT4) is refused in one line, exit 2, and nothing is
+  written.
 
 Bit-for-bit equality with MaxText's own output is measured by ``bench/compare_families.py`` (the ``-keepfp8``
-cases in bench/FAMILIES.md).
+cases in bench/FAMILIES.md); MaxText's own loader and forward pass on kept DeepSeek checkpoints by
+``bench/keep_fp8_deepseek.py`` (bench/KEEP-FP8-DEEPSEEK.md).
 """
 
 from __future__ import annotations
@@ -101,22 +105,23 @@ def test_float32_stays_float32_and_float16_becomes_float32(tmp_path):
     assert leaves["params/params/decoder/layers/layer_1/attention/A_log"].dtype == BF16  # the others as stored
 
 
-def test_kept_checkpoint_exports_the_release_back(tmp_path):
+def _raw(directory) -> dict:
+    """Every tensor of a safetensors directory: dtype, shape and bytes."""
     import torch
     from safetensors.torch import load_file
 
+    return {name: (str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
+            for path in sorted(directory.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
+
+
+def test_kept_checkpoint_exports_the_release_back(tmp_path):
     config = hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=4)
     src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
     hub_checkpoints.make_fp8(str(src), config)
     convert(src, dst, True, KEEP)
     result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
     assert result.returncode == 0, result.stderr
-
-    def raw(directory) -> dict:
-        return {name: (str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
-                for path in sorted(directory.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
-
-    assert raw(back) == {k: v for k, v in raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
+    assert _raw(back) == {k: v for k, v in _raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
 
 
 @pytest.mark.slow
@@ -132,6 +137,22 @@ def test_kept_peak_is_predicted(synth_dir, tmp_path):
     for devices in (16, 1):
         measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP)
         assert source_bytes > 1.5 * GiB and measured < 1.5 * GiB
+
+
+@pytest.mark.slow
+def test_kept_deepseek_peak_is_predicted(synth_dir, tmp_path):
+    """At DeepSeek-V3's layer widths (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432, experts of 2048;
+    one dense and one MoE layer with 8 experts), kept e4m3 with 16 and 1 devices: the plan's prediction bounds the
+    measured peak, within 1.5x (the scale grids are read whole and regrouped: a few KiB a tensor)."""
+    from ckptconv.families.deepseek import V32_WIDTHS
+    from tests.test_memory import GiB, convert_peak
+
+    widths = {**V32_WIDTHS, "model_type": "deepseek_v3", "num_layers": 2,
+              "config_overrides": {k: v for k, v in V32_WIDTHS["config_overrides"].items() if "index" not in k}}
+    src = synth_dir(synth.SynthModel(**widths), name="deepseek-v3-fp8-widths", max_shard_bytes=5 * 10**9, fast=True)
+    for devices in (16, 1):
+        measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP)
+        assert source_bytes > 1 * GiB and measured < 1.5 * GiB
 
 
 def _bf16_qwen3_5(directory) -> None:
@@ -218,3 +239,10 @@ def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, device
 
     verified = run_cli("verify", str(src), str(tmp_path / "kept"), "--progress", "none")
     assert verified.returncode == 0 and "OK" in verified.stdout + verified.stderr, verified.stderr
+
+    # export: the release's own files back (e4m3 weights, float32 block scales ungrouped), config.json as shipped
+    back = tmp_path / "back"
+    result = run_cli("export", str(tmp_path / "kept"), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert _raw(back) == _raw(src)
+    assert (back / "config.json").read_text() == (src / "config.json").read_text()

@@ -184,7 +184,10 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
-    unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
+    # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
+    # unless kept) is converted, not unused
+    unused, unused_consumed = _resolve_present({n: r for n, r in inactive.items() if n not in consumed}, tensors,
+                                               scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
@@ -207,13 +210,22 @@ NOT_KEEPABLE = {
 }
 
 
+def kept_spec(family: Family, spec: ModelSpec) -> ModelSpec | None:
+    """An FP8 release read dequantised by default whose family also has rules for its scales (DeepSeek's), read
+    kept instead (``--dtype float8_e4m3fn``; export of such a checkpoint); None for any other spec."""
+    if spec.values.get("quantization") == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
+        return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
+    return None
+
+
 def _keep_fp8(where: str, family: Family, spec: ModelSpec) -> ModelSpec:
     """``--dtype float8_e4m3fn`` keeps an FP8 release's weights and scales as stored: an FP8 release whose family
     has rules for its scales (DeepSeek's, read dequantised otherwise) is read kept; a source whose weights MaxText
     cannot hold that way is refused rather than quantised with made-up scales."""
     scheme = spec.values.get("quantization")
-    if scheme == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
-        return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
+    kept = kept_spec(family, spec)
+    if kept is not None:
+        return kept
     if scheme != FP8_KEPT:
         reason = NOT_KEEPABLE[scheme].format(family=family.name)
         raise BadInputError(f"{where}: --dtype {settings.KEEP_FP8} keeps an FP8 release's weights as stored; "
