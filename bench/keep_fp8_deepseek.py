@@ -275,13 +275,14 @@ def write(rows: list[dict], plans: dict, path: Path) -> None:
                              f"| {p['predicted_peak_rss_bytes'] / GIB:.2f} GiB |")
         lines += ["", "Kept, the output is the release's bytes, the multi-token-prediction layer aside (not "
                       "converted), plus the regrouped `wq_b` and `wkv_a` scales' extra entries."]
-    lines += ["", "`from_pretrained` builds its restore target from the model's own parameters, which for DeepSeek "
-              "hold no scale leaf (`layers/attention_mla.py` builds `wq_a`...`wkv_b` without `block_size`), and never "
-              "calls `_augment_want_with_scales` / `maybe_dequantize_restored_params` "
-              "(`utils/model_creation_utils.py` L841-1060): it restores the e4m3 kernels cast to the model's dtype "
-              "without their scales, so its logits are not the model's. Only the training loader "
-              "(`load_parameters_path` through `checkpointing.load_params_from_path`, L1097) reads a kept DeepSeek "
-              "checkpoint.", ""]
+    lines += ["", "`from_pretrained` (`utils/model_creation_utils.py` L841-1227) builds its restore target from the "
+              "model's own parameters, which for DeepSeek hold no scale leaf (`layers/attention_mla.py` builds "
+              "`wq_a`...`wkv_b` without `block_size`), and never calls `_augment_want_with_scales` / "
+              "`maybe_dequantize_restored_params`: it restores the e4m3 kernels cast to the model's dtype without "
+              "their scales, so its logits are not the model's. A kept DeepSeek checkpoint is read by "
+              "`checkpointing.load_params_from_path` (`common/checkpointing.py` L933-1108), the `load_parameters_path` "
+              "route of training (`load_state_if_possible`, L779) and of `maxtext_utils.setup_decode_state` (L1654).",
+              ""]
     path.write_text("\n".join(lines))
 
 

@@ -246,3 +246,23 @@ def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, device
     assert result.returncode == 0, result.stderr
     assert _raw(back) == _raw(src)
     assert (back / "config.json").read_text() == (src / "config.json").read_text()
+
+
+def test_deepseek_v32_fp8_release_kept_and_exported_back(tmp_path, synth_dir):
+    """DeepSeek-V3.2's FP8 release (its lightning indexer's ``wq_b`` and ``wk`` FP8 too, power-of-two scales) kept by
+    the same rules: every FP8 weight e4m3 beside its float32 scale, and ``export`` gives the release's files back."""
+    model = synth.SynthModel(model_type="deepseek_v32", **DEEPSEEK_FP8)
+    src = synth_dir(model)
+    convert(src, tmp_path / "kept", True, KEEP)
+    kept = restore(tmp_path / "kept")
+    weights = quantised(kept)
+    assert {n for n in weights if "/indexer/" in n} == {
+        "params/params/decoder/dense_layers/self_attention/indexer/wq_b/kernel",
+        "params/params/decoder/dense_layers/self_attention/indexer/wk/kernel",
+        "params/params/decoder/moe_layers/self_attention/indexer/wq_b/kernel",
+        "params/params/decoder/moe_layers/self_attention/indexer/wk/kernel"}
+    assert all(kept[n].dtype == E4M3 for n in weights)
+    back = tmp_path / "back"
+    result = run_cli("export", str(tmp_path / "kept"), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert _raw(back) == _raw(src)
