@@ -274,8 +274,8 @@ def write(rows: list[dict], plans: dict, path: Path) -> None:
                              f"| {p['output_bytes'] / GIB:.1f} GiB | {extra:+,.1f} MiB "
                              f"| {p['predicted_peak_rss_bytes'] / GIB:.2f} GiB |")
         lines += ["", "Kept, the output is the source's bytes plus the regrouped `wq_b` and `wkv_a` scales' extra "
-                      "entries (these header-only sources hold no multi-token-prediction layer; a release's is reported, "
-                      "not converted)."]
+                      "entries (these header-only sources hold no multi-token-prediction layer; a release's is "
+                      "reported, not converted)."]
     lines += ["", "`from_pretrained` (`utils/model_creation_utils.py` L841-1227) builds its restore target from the "
               "model's own parameters, which for DeepSeek hold no scale leaf (`layers/attention_mla.py` builds "
               "`wq_a`...`wkv_b` without `block_size`), and never calls `_augment_want_with_scales` / "
