@@ -212,6 +212,7 @@ CLOSING = ["", "The leaf-by-leaf comparison with MaxText's own `--save_dtype flo
 
 def deepseek_section(deepseek: dict) -> list[str]:
     return [DEEPSEEK_HEADING, "",
+            f"Run on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. "
             "A tiny DeepSeek-V3 FP8 release (e4m3 linear layers with float32 128x128 `weight_scale_inv`), "
             "converted by MaxText's `to_maxtext` (model `deepseek3-671b` at the checkpoint's sizes, unscanned "
             "(its scanned DeepSeek conversion fails in any dtype), lazy loading, 16 devices), and by "
