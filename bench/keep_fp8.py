@@ -7,8 +7,10 @@
    a fresh process: output bytes, peak RSS (the conversion's own VmHWM) against the plan's prediction, wall;
 2. the full Qwen3.5-35B-A3B-FP8 and -397B-A17B-FP8 planned from their published config.json (header-only
    files) with both dtypes: output bytes;
-3. MaxText 0.2.5's own ``to_maxtext --save_dtype float8_e4m3fn`` on a tiny DeepSeek-V3 FP8 release (which ckptconv
-   refuses in that mode): the dtypes of the leaves it writes and whether any holds a block scale.
+3. MaxText 0.2.5's own ``to_maxtext --save_dtype float8_e4m3fn`` on a tiny DeepSeek-V3 FP8 release: the dtypes of
+   the leaves it writes and whether any holds a block scale (none: it drops them), beside ckptconv's scale leaves
+   for the same release (``--deepseek-only``: this step alone, its section of --out replaced). MaxText's forward
+   pass on ckptconv's kept DeepSeek checkpoints is ``bench/keep_fp8_deepseek.py``.
 
 The leaf-by-leaf comparison with MaxText for Qwen3.5 is ``bench/compare_families.py --only qwen3.5-fp8-keepfp8,...``
 (bench/FAMILIES.md). Writes bench/KEEP-FP8.md; work files in bench/work/keep-fp8/ (deleted unless --keep).
@@ -76,15 +78,16 @@ def deepseek_under_maxtext(ctx: dict) -> dict:
                          "--simulated_cpu_devices_count=16", "--save_dtype=float8_e4m3fn"],
                         capture_output=True, text=True, env=ctx["mt_env"])
     (root / "maxtext.log").write_text(mt.stdout + mt.stderr)
-    row = {"ckptconv_exit": ours.returncode, "ckptconv_says": ours.stderr.strip().splitlines()[-1:],
-           "maxtext_exit": mt.returncode}
+    row = {"ckptconv_exit": ours.returncode, "maxtext_exit": mt.returncode}
+    if ours.returncode:
+        row["ckptconv_says"] = ours.stderr.strip().splitlines()[-1:]
+    else:
+        mine = _leaves(ctx, root / "ckptconv" / "0" / "items")
+        row["ckptconv_scale_leaves"] = sum(1 for n in mine if n.endswith("_scale"))
     if mt.returncode:
         row["maxtext_error"] = mt.stderr.strip().splitlines()[-1:]
         return row
-    items = next(theirs.glob("**/items"))
-    listed = subprocess.run([ctx["mt_python"], "-c", LIST_LEAVES, str(items)], capture_output=True, text=True,
-                            env=ctx["mt_env"], check=True)
-    leaves = json.loads(listed.stdout.strip().splitlines()[-1])
+    leaves = _leaves(ctx, next(theirs.glob("**/items")))
     source_scales = sum(1 for name in json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
                         if name.endswith("_scale_inv"))
     by_dtype: dict[str, int] = {}
@@ -96,13 +99,34 @@ def deepseek_under_maxtext(ctx: dict) -> dict:
     return row
 
 
+def _leaves(ctx: dict, items: Path) -> dict:
+    """Every leaf's dtype and shape, read in MaxText's venv."""
+    listed = subprocess.run([ctx["mt_python"], "-c", LIST_LEAVES, str(items)], capture_output=True, text=True,
+                            env=ctx["mt_env"], check=True)
+    return json.loads(listed.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-maxtext", action="store_true")
     parser.add_argument("--reuse", metavar="LOG", help="take step 1's rows from an earlier run's printed lines")
     parser.add_argument("--out", default=str(BENCH / "KEEP-FP8.md"))
+    parser.add_argument("--deepseek-only", action="store_true",
+                        help="rerun step 3 alone and replace its section of an existing --out")
     args = parser.parse_args(argv)
+    if args.deepseek_only:
+        from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext
+
+        ctx = setup_maxtext()
+        ctx["mt_env"] = {**ctx["mt_env"], **OFFLINE_ENV}
+        deepseek = deepseek_under_maxtext(ctx)
+        print(json.dumps({"deepseek": deepseek}), flush=True)
+        out = Path(args.out)
+        text = out.read_text()
+        head = text[:text.index(DEEPSEEK_HEADING)] if DEEPSEEK_HEADING in text else text.rstrip("\n") + "\n\n"
+        out.write_text(head + "\n".join(deepseek_section(deepseek) + CLOSING))
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[dict]] = {}
     plans: dict[str, list[dict]] = {}
@@ -177,18 +201,28 @@ def write(rows: dict, plans: dict, deepseek: dict | None, path: Path) -> None:
                          f"| {p['output_bytes'] / GIB:.1f} GiB "
                          f"| {p['output_bytes'] / wide:.3f} | {gib(p['predicted_peak_rss_bytes'])} |")
     if deepseek is not None:
-        lines += ["", "## MaxText 0.2.5 on a DeepSeek-V3 FP8 release with `--save_dtype float8_e4m3fn`", "",
-                  "A tiny DeepSeek-V3 FP8 release (e4m3 linear layers with float32 128x128 `weight_scale_inv`), "
-                  "converted by MaxText's `to_maxtext` (model `deepseek3-671b` at the checkpoint's sizes, unscanned "
-                  "(its scanned DeepSeek conversion fails in any dtype), lazy loading, 16 devices):", "", "```",
-                  json.dumps(deepseek, indent=2), "```", "",
-                  "MaxText's DeepSeek parameter mapping names no scale, so the release's `weight_scale_inv` tensors "
-                  "are never read: the e4m3 kernels are written without their block scales, and MaxText's runtime "
-                  "(`dequantize_weight` with no scale) multiplies by raw e4m3 codes. ckptconv refuses this case "
-                  "(`ckptconv_says`) instead of writing that checkpoint."]
-    lines += ["", "The leaf-by-leaf comparison with MaxText's own `--save_dtype float8_e4m3fn` output is in "
-                  "bench/FAMILIES.md (`qwen3.5-fp8-keepfp8*` rows, `bench/compare_families.py`).", ""]
-    path.write_text("\n".join(lines))
+        lines += [""] + deepseek_section(deepseek)
+    path.write_text("\n".join(lines + CLOSING))
+
+
+DEEPSEEK_HEADING = "## MaxText 0.2.5 on a DeepSeek-V3 FP8 release with `--save_dtype float8_e4m3fn`"
+CLOSING = ["", "The leaf-by-leaf comparison with MaxText's own `--save_dtype float8_e4m3fn` output is in "
+               "bench/FAMILIES.md (`qwen3.5-fp8-keepfp8*` rows, `bench/compare_families.py`).", ""]
+
+
+def deepseek_section(deepseek: dict) -> list[str]:
+    return [DEEPSEEK_HEADING, "",
+            f"Run on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC. "
+            "A tiny DeepSeek-V3 FP8 release (e4m3 linear layers with float32 128x128 `weight_scale_inv`), "
+            "converted by MaxText's `to_maxtext` (model `deepseek3-671b` at the checkpoint's sizes, unscanned "
+            "(its scanned DeepSeek conversion fails in any dtype), lazy loading, 16 devices), and by "
+            "`ckptconv convert --dtype float8_e4m3fn`:", "", "```", json.dumps(deepseek, indent=2), "```", "",
+            "MaxText's DeepSeek parameter mapping names no scale, so the release's `weight_scale_inv` tensors "
+            "are never read: the e4m3 kernels are written without their block scales (`scale_leaves`: none), and "
+            "MaxText's runtime (`dequantize_weight` with no scale) multiplies by raw e4m3 codes. ckptconv writes each "
+            "scale beside its kernel (`ckptconv_scale_leaves`), where MaxText's `load_params_from_path` dequantises "
+            "it: its forward pass on those checkpoints against transformers' logits is "
+            "[KEEP-FP8-DEEPSEEK.md](KEEP-FP8-DEEPSEEK.md)."]
 
 
 if __name__ == "__main__":

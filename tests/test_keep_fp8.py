@@ -9,12 +9,16 @@ and only its ``qwen3.5-*-fp8`` models hold the block scales. So:
   fewer bytes; ``verify`` passes; MaxText's runtime semantics on the tree give transformers' logits of the
   release's values; ``export`` gives the release's own files back;
 - a tensor the release stores in float32 stays float32, a float16 one becomes float32 (MaxText's rule);
-- a source with no FP8 weights (a bfloat16 release, MXFP4, INT4), or an FP8 release whose scales MaxText 0.2.5
-  has no leaves for (DeepSeek-V3, Kimi-K2: its converter would drop them), is refused in one line, exit 2, and
-  nothing is written.
+- DeepSeek-V3's and Kimi-K2's FP8 releases (MaxText 0.2.5's converter drops their scales: nothing to be
+  bit-identical to): e4m3 kernels with their float32 scales beside them, regrouped onto the grid MaxText's loader
+  dequantises by; that dequantisation gives transformers' logits of the release's values; ``verify`` passes;
+  ``export`` gives the release's own files back;
+- a source with no FP8 weights (a bfloat16 release, MXFP4, INT4) is refused in one line, exit 2, and nothing is
+  written.
 
 Bit-for-bit equality with MaxText's own output is measured by ``bench/compare_families.py`` (the ``-keepfp8``
-cases in bench/FAMILIES.md).
+cases in bench/FAMILIES.md); MaxText's own loader and forward pass on kept DeepSeek checkpoints by
+``bench/keep_fp8_deepseek.py`` (bench/KEEP-FP8-DEEPSEEK.md).
 """
 
 from __future__ import annotations
@@ -101,22 +105,23 @@ def test_float32_stays_float32_and_float16_becomes_float32(tmp_path):
     assert leaves["params/params/decoder/layers/layer_1/attention/A_log"].dtype == BF16  # the others as stored
 
 
-def test_kept_checkpoint_exports_the_release_back(tmp_path):
+def _raw(directory) -> dict:
+    """Every tensor of a safetensors directory: dtype, shape and bytes."""
     import torch
     from safetensors.torch import load_file
 
+    return {name: (str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
+            for path in sorted(directory.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
+
+
+def test_kept_checkpoint_exports_the_release_back(tmp_path):
     config = hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=4)
     src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
     hub_checkpoints.make_fp8(str(src), config)
     convert(src, dst, True, KEEP)
     result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none")
     assert result.returncode == 0, result.stderr
-
-    def raw(directory) -> dict:
-        return {name: (str(t.dtype), tuple(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
-                for path in sorted(directory.glob("*.safetensors")) for name, t in load_file(str(path)).items()}
-
-    assert raw(back) == {k: v for k, v in raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
+    assert _raw(back) == {k: v for k, v in _raw(src).items() if not k.startswith(("mtp.", "model.visual."))}
 
 
 @pytest.mark.slow
@@ -134,6 +139,22 @@ def test_kept_peak_is_predicted(synth_dir, tmp_path):
         assert source_bytes > 1.5 * GiB and measured < 1.5 * GiB
 
 
+@pytest.mark.slow
+def test_kept_deepseek_peak_is_predicted(synth_dir, tmp_path):
+    """At DeepSeek-V3's layer widths (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432, experts of 2048;
+    one dense and one MoE layer with 8 experts), kept e4m3 with 16 and 1 devices: the plan's prediction bounds the
+    measured peak, within 1.5x (the scale grids are read whole and regrouped: a few KiB a tensor)."""
+    from ckptconv.families.deepseek import V32_WIDTHS
+    from tests.test_memory import GiB, convert_peak
+
+    widths = {**V32_WIDTHS, "model_type": "deepseek_v3", "num_layers": 2,
+              "config_overrides": {k: v for k, v in V32_WIDTHS["config_overrides"].items() if "index" not in k}}
+    src = synth_dir(synth.SynthModel(**widths), name="deepseek-v3-fp8-widths", max_shard_bytes=5 * 10**9, fast=True)
+    for devices in (16, 1):
+        measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP)
+        assert source_bytes > 1 * GiB and measured < 1.5 * GiB
+
+
 def _bf16_qwen3_5(directory) -> None:
     hub_checkpoints.make(str(directory), hub_checkpoints.qwen3_5_moe_config())
 
@@ -142,9 +163,6 @@ def _synthetic(model: synth.SynthModel):
     return lambda directory: synth.write_checkpoint(model, str(directory))
 
 
-DEEPSEEK_FP8 = synth.SynthModel(model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
-                                intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
-                                vocab_size=300)
 GPT_OSS = synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                            head_dim=16, intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300)
 
@@ -153,9 +171,9 @@ GPT_OSS = synth.SynthModel(model_type="gpt_oss", hidden_size=64, num_layers=4, n
     (_bf16_qwen3_5, "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed"),
     (_synthetic(synth.SynthModel(model_type="qwen3")), "has no FP8 weights to keep (no quantization_config)"),
     (_synthetic(GPT_OSS), "has no FP8 weights to keep (its experts are MXFP4)"),
-    (_synthetic(DEEPSEEK_FP8), "is an FP8 release, but MaxText 0.2.5's deepseek model has no leaves for its block "
-                               "scales"),
-], ids=["qwen3.5-bf16", "qwen3", "gpt-oss-mxfp4", "deepseek-v3-fp8"])
+    (_synthetic(synth.SynthModel(model_type="deepseek_v3", num_layers=3, num_experts=4)),
+     "has no FP8 weights to keep (no quantization_config)"),
+], ids=["qwen3.5-bf16", "qwen3", "gpt-oss-mxfp4", "deepseek-v3-bf16"])
 @pytest.mark.parametrize("command", ["convert", "plan"])
 def test_source_without_keepable_fp8_is_refused_in_one_line(tmp_path, make, message, command):
     src, dst = tmp_path / "hf", tmp_path / "dst"
@@ -172,3 +190,79 @@ def test_export_refuses_float8_output(tmp_path):
     """export writes Hugging Face files in one dtype: float8_e4m3fn is convert's mode, not export's."""
     result = run_cli("export", str(tmp_path / "ckpt"), str(tmp_path / "back"), "--like", str(tmp_path), "--dtype", KEEP)
     assert result.returncode == 2 and "float8_e4m3fn" in result.stderr
+
+
+# DeepSeek-V3's FP8 layout at small widths: 4 heads of 128 nope + 64 RoPE (q_b_proj's 128-row blocks straddle heads),
+# kv_lora 512 + 64 (kv_a_proj_with_mqa: 4.5 blocks), q_lora 192, MLPs of 320 and 192 rows (partial blocks)
+DEEPSEEK_FP8 = {"hidden_size": 256, "num_layers": 3, "num_heads": 4, "head_dim": 128, "intermediate_size": 320,
+                "moe_intermediate_size": 192, "num_experts": 4, "quantization": "fp8", "vocab_size": 300,
+                "config_overrides": {"q_lora_rank": 192, "kv_lora_rank": 512, "qk_rope_head_dim": 64}}
+
+
+@pytest.mark.parametrize("model_type, scan, devices", [("deepseek_v3", True, 16), ("deepseek_v3", False, 1),
+                                                       ("kimi_k2", True, 4)])
+def test_deepseek_fp8_release_kept(tmp_path, synth_dir, model_type, scan, devices):
+    """DeepSeek-V3's and Kimi-K2's FP8 releases kept: e4m3 kernels as stored, each ``weight_scale_inv`` in float32
+    beside its kernel on the grid MaxText's loader dequantises by; that dequantisation (MaxText's
+    ``dequantize_weight`` rule: every kernel axis a multiple of its scale's) gives transformers' float32 logits of
+    the release's values; the bfloat16 conversion is the same values rounded once more."""
+    from tests.test_logits import hf_logits, semantics
+
+    model = synth.SynthModel(model_type=model_type, **DEEPSEEK_FP8)
+    src = synth_dir(model)
+    report = convert(src, tmp_path / "kept", scan, KEEP, devices)
+    kept = restore(tmp_path / "kept")
+    weights = quantised(kept)
+    assert {n.rsplit("/", 1)[-1] for n in weights} == {"kernel", "wi_0", "wi_1", "wo"}
+    assert len(weights) == sum(1 for n in kept if n.endswith("_scale"))  # every scale leaf beside its kernel
+    for name, value in kept.items():
+        if not name.startswith("params/"):
+            continue
+        if name in weights:
+            scale = kept[name[:-len("kernel")] + "kernel_scale" if name.endswith("/kernel") else name + "_scale"]
+            assert value.dtype == E4M3 and scale.dtype == np.float32, name
+            assert scale.ndim == value.ndim and all(d % s == 0 for d, s in zip(value.shape, scale.shape)), name
+        elif not name.endswith("_scale"):
+            assert value.dtype == BF16, name  # embeddings, norms, router, bias: as the release stores them
+    wq_b = next(v for n, v in kept.items() if n.endswith("wq_b/kernel_scale"))
+    assert wq_b.shape[-1] == 3  # 192 rows a head: three 64-row groups, none straddling a 128-row block
+    assert report["dtype"] == KEEP
+
+    reference = tmp_path / "dequantised"
+    hub_checkpoints.dequantised_release(src, reference)
+    tokens = TOKENS % model.vocab_size
+    expected = hf_logits(reference, tokens)
+    params = maxtext_forward.dequantize(unflatten(kept)["params"]["params"])
+    got = maxtext_forward.forward(params, tokens, semantics(model), scan=scan)[:, :model.vocab_size]
+    assert np.abs(expected).max() > 1e-3
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+    verified = run_cli("verify", str(src), str(tmp_path / "kept"), "--progress", "none")
+    assert verified.returncode == 0 and "OK" in verified.stdout + verified.stderr, verified.stderr
+
+    # export: the release's own files back (e4m3 weights, float32 block scales ungrouped), config.json as shipped
+    back = tmp_path / "back"
+    result = run_cli("export", str(tmp_path / "kept"), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert _raw(back) == _raw(src)
+    assert (back / "config.json").read_text() == (src / "config.json").read_text()
+
+
+def test_deepseek_v32_fp8_release_kept_and_exported_back(tmp_path, synth_dir):
+    """DeepSeek-V3.2's FP8 release (its lightning indexer's ``wq_b`` and ``wk`` FP8 too, power-of-two scales) kept by
+    the same rules: every FP8 weight e4m3 beside its float32 scale, and ``export`` gives the release's files back."""
+    model = synth.SynthModel(model_type="deepseek_v32", **DEEPSEEK_FP8)
+    src = synth_dir(model)
+    convert(src, tmp_path / "kept", True, KEEP)
+    kept = restore(tmp_path / "kept")
+    weights = quantised(kept)
+    assert {n for n in weights if "/indexer/" in n} == {
+        "params/params/decoder/dense_layers/self_attention/indexer/wq_b/kernel",
+        "params/params/decoder/dense_layers/self_attention/indexer/wk/kernel",
+        "params/params/decoder/moe_layers/self_attention/indexer/wq_b/kernel",
+        "params/params/decoder/moe_layers/self_attention/indexer/wk/kernel"}
+    assert all(kept[n].dtype == E4M3 for n in weights)
+    back = tmp_path / "back"
+    result = run_cli("export", str(tmp_path / "kept"), str(back), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    assert _raw(back) == _raw(src)

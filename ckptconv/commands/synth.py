@@ -27,6 +27,7 @@ import numpy as np
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
 from ckptconv.families.base import JSON_NULL, Family, LayoutError
+from ckptconv.families.inputs import FP8_KEPT
 
 
 @dataclass(frozen=True)
@@ -146,15 +147,19 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
-def _keeps_scales(model_type: str) -> bool:
-    """A family whose rules read FP8 block scales themselves (MaxText keeps its FP8 releases quantised)."""
-    return any(rule.hf.endswith("_scale_inv") for rule in BY_MODEL_TYPE[model_type].rules)
+def _keeps_scales(model: SynthModel) -> bool:
+    """A release whose rules read its FP8 block scales themselves whatever --dtype (Qwen3.5: MaxText keeps its FP8
+    releases quantised); DeepSeek's read them so only under --dtype float8_e4m3fn, else decode them."""
+    from ckptconv.plan.conversion import read_spec
+
+    family = BY_MODEL_TYPE[model.model_type]
+    return read_spec(family, model.config(), "<synthetic config>").values.get("quantization") == FP8_KEPT
 
 
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
-    if model.quantization == "fp8" and _keeps_scales(model.model_type):
+    if model.quantization == "fp8" and _keeps_scales(model):
         return None
     if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
             and not name.endswith(_FP8_KEPT)):

@@ -34,9 +34,10 @@ from ckptconv.families.base import (
     GIB, JSON_NULL, MIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
 )
 from ckptconv.families.decoder import KERNEL, L, LAYER_NORM_ROWS, OUT_KERNEL, make_spec
+from ckptconv.families.inputs import FP8_KEPT
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
-from ckptconv.families.transforms import TRANSPOSE, split_last
+from ckptconv.families.transforms import TRANSPOSE, Regroup, Split, split_last
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
@@ -129,6 +130,40 @@ ROWS = LAYER_NORM_ROWS + (
     rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL),
 )
 
+# An FP8 release converted with --dtype float8_e4m3fn (the plan makes its scheme FP8_KEPT): its e4m3 weights are
+# written as stored, and each weight_scale_inv beside its kernel (kernel -> kernel_scale, an expert's wi_0 ->
+# wi_0_scale), where MaxText 0.2.5's training loader (checkpointing.load_params_from_path) restores it and
+# dequantises the kernel (maybe_dequantize_restored_params). Its model declares no scale leaves, so this is the
+# only loader that reads them; MaxText's own converter writes none (its mapping names no weight_scale_inv).
+FP8_WEIGHTS = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "indexer.wq_b",
+               "indexer.wk", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "shared_experts.gate_proj",
+               "shared_experts.up_proj", "shared_experts.down_proj", "}.gate_proj", "}.up_proj", "}.down_proj")
+BLOCK = 128  # the releases' weight_block_size, both axes
+
+
+def _kept(spec: ModelSpec) -> bool:
+    return spec.values.get("quantization") == FP8_KEPT
+
+
+def _scale_rule(weight: Rule) -> Rule:
+    """The block scales of an FP8 weight rule -> the leaf beside its kernel: each axis regrouped onto the grid
+    MaxText's loader dequantises by (:class:`~ckptconv.families.transforms.Regroup`; the heads the weight's steps
+    split an axis into are that axis' parts), then the weight's own steps."""
+    out = weight.outputs[0]
+    splits = {s.axis: s.outer for s in out.steps if isinstance(s, Split)}  # on the transposed (MaxText) kernel
+    rows, cols = weight.hf_shape
+    # HF rows are the kernel's last axis (split_last), HF columns its first (split_first)
+    regroup = (Regroup(f"regroup_{rows}", 0, rows, splits.get(-1)), Regroup(f"regroup_{cols}", 1, cols, splits.get(0)))
+    leaf = out.path[-1]
+    path = (*out.path[:-1], "kernel_scale" if leaf == "kernel" else f"{leaf}_scale")
+    return Rule(weight.hf + "_scale_inv", (f"{rows}_blocks", f"{cols}_blocks"), (Output(path, regroup + out.steps),),
+                lambda spec, w=weight.when: _kept(spec) and w(spec), weight.kinds,
+                "block scales of an FP8 release converted dequantised")
+
+
+SCALE_ROWS = tuple(_scale_rule(r) for r in ROWS if r.hf.removesuffix(".weight").endswith(FP8_WEIGHTS))
+BLOCKED = ("q", "q_lora", "emb", "kv_a", "kv_lora", "kv_b", "o", "mlp", "moe_mlp", "shared_mlp", "index_q", "index_hd")
+
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     release = RELEASES[cfg.config["model_type"]]
@@ -165,6 +200,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         index_heads, index_hd = cfg.int("index_n_heads", 64), cfg.int("index_head_dim", 128)
         cfg.runtime("index_topk")
     dims |= {"index_heads": index_heads, "index_hd": index_hd, "index_q": index_heads * index_hd}
+    dims |= {f"{d}_blocks": -(-dims[d] // BLOCK) for d in BLOCKED}  # an FP8 release's scale grids
     layers = cfg.int("num_hidden_layers")
     # transformers' defaults, as for every missing field
     dense = cfg.count("first_k_dense_replace", release["first_k_dense_replace"])
@@ -319,7 +355,7 @@ FAMILY = Family(
     name="deepseek",
     model_types=("deepseek_v3", "kimi_k2", "deepseek_v2", "deepseek_v32"),
     decoder_block="deepseek",
-    rules=ROWS,
+    rules=ROWS + SCALE_ROWS,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,

@@ -431,6 +431,77 @@ class Resize(Step):
         return Resize(f"{self.name}_inverse", self.axis, self.source, self.size)
 
 
+@dataclass(frozen=True)
+class Regroup(Step):
+    """Block scales (one per ``block`` rows of a weight axis of ``size`` rows, the last block possibly partial)
+    -> the same scales repeated on the coarsest uniform grid that tiles the kernel MaxText makes of that axis.
+
+    MaxText's loader dequantises a kernel by its scale leaf only on a uniform grid: each kernel axis is cut into
+    equal blocks of ``kernel dim / scale dim`` (``dequantize_weight``). An FP8 release's 128-row blocks are that grid
+    only when the axis holds whole blocks and no head split cuts one: DeepSeek's ``q_b_proj`` has 192 rows a head,
+    ``kv_a_proj_with_mqa`` 576 rows. Groups of ``gcd(block, rows a part)`` rows (``parts``: the heads the axis
+    splits into; none: the whole axis) never straddle a block nor a head, so repeating each block's scale over its
+    groups is exact; it is the identity when the axis holds whole blocks a part (Qwen3.5's, most of DeepSeek's).
+    """
+
+    axis: int = 0
+    size: str = "emb"
+    parts: str | None = None
+    block: int = 128
+
+    def _grid(self, shape: Shape, spec: ModelSpec) -> tuple[int, int, int]:
+        """(axis, rows, rows a group)."""
+        axis, rows = _axis(self.axis, len(shape)), spec.dim(self.size)
+        parts = spec.dim(self.parts) if self.parts else 1
+        if rows % parts:
+            raise Misaligned(f"{self.name}: {self.size}={rows} does not split into {parts} {self.parts}")
+        return axis, rows, math.gcd(self.block, rows // parts)
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, rows, group = self._grid(shape, spec)
+        if shape[axis] != -(-rows // self.block):
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not the {self.block}-blocks of {rows} rows")
+        return (*shape[:axis], rows // group, *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, rows, group = self._grid(shape, spec)
+        start, stop = box[axis]
+        return (*box[:axis], (start * self.block // group, min(stop * self.block, rows) // group), *box[axis + 1:])
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE if axis == _axis(self.axis, len(shape)) else 1  # a scale grid is small: read whole
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis, rows, group = self._grid(x.shape, spec)
+        return np.take(x, np.arange(rows // group) * group // self.block, axis=axis)
+
+    def inverse(self) -> Step:
+        return Ungroup(f"{self.name}_inverse", self.axis, self.size, self.parts, self.block)
+
+
+@dataclass(frozen=True)
+class Ungroup(Regroup):
+    """The inverse of :class:`Regroup` (MaxText -> HF): one scale a block again, the first of its groups."""
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, rows, group = self._grid(shape, spec)
+        if shape[axis] != rows // group:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not {rows // group} groups of {rows} rows")
+        return (*shape[:axis], -(-rows // self.block), *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, rows, group = self._grid(shape, spec)
+        start, stop = box[axis]
+        return (*box[:axis], (start * group // self.block, -(-stop * group // self.block)), *box[axis + 1:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis, rows, group = self._grid(x.shape, spec)
+        return np.take(x, np.arange(-(-rows // self.block)) * self.block // group, axis=axis)
+
+    def inverse(self) -> Step:
+        return Regroup(self.name.removesuffix("_inverse"), self.axis, self.size, self.parts, self.block)
+
+
 # --- The steps families use ---------------------------------------------------------------
 
 TRANSPOSE = Permute("transpose", (1, 0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -170,6 +170,8 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     where = f"{source.uri}/config.json"
     family = family_for(config.get("model_type"), where)
     spec = read_spec(family, config, where)
+    if dtype == settings.KEEP_FP8:
+        spec = _keep_fp8(where, family, spec)
     stored = index_checkpoint(source)
     _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
@@ -182,10 +184,11 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
-    if dtype == settings.KEEP_FP8:
-        _check_keepable(where, family, scheme)
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
-    unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
+    # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
+    # unless kept) is converted, not unused
+    unused, unused_consumed = _resolve_present({n: r for n, r in inactive.items() if n not in consumed}, tensors,
+                                               scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
@@ -199,23 +202,36 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
 
 
 # Why a source cannot be kept FP8 (--dtype float8_e4m3fn), by its quantisation scheme: MaxText 0.2.5 keeps a
-# tensor e4m3 only when the source stores it so, and holds the block scales only in its qwen3.5-*-fp8 models.
+# tensor e4m3 only when the source stores it so, and dequantises it only by a scale stored beside it.
 NOT_KEEPABLE = {
     None: "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed",
-    FP8_BLOCK: ("is an FP8 release, but MaxText 0.2.5's {family} model has no leaves for its block scales "
-                "(its to_maxtext would write the e4m3 weights without them, each block off by its scale)"),
+    FP8_BLOCK: "is an FP8 release, but ckptconv's {family} rules have no leaves for its block scales",
     MXFP4_SCHEME: "has no FP8 weights to keep (its experts are MXFP4)",
     INT4_SCHEME: "has no FP8 weights to keep (its experts are INT4)",
 }
 
 
-def _check_keepable(where: str, family: Family, scheme: str | None) -> None:
-    """``--dtype float8_e4m3fn`` keeps an FP8 release's weights and scales as stored: a source whose
-    weights MaxText cannot hold that way is refused rather than quantised with made-up scales."""
+def kept_spec(family: Family, spec: ModelSpec) -> ModelSpec | None:
+    """An FP8 release read dequantised by default whose family also has rules for its scales (DeepSeek's), read
+    kept instead (``--dtype float8_e4m3fn``; export of such a checkpoint); None for any other spec."""
+    if spec.values.get("quantization") == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
+        return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
+    return None
+
+
+def _keep_fp8(where: str, family: Family, spec: ModelSpec) -> ModelSpec:
+    """``--dtype float8_e4m3fn`` keeps an FP8 release's weights and scales as stored: an FP8 release whose family
+    has rules for its scales (DeepSeek's, read dequantised otherwise) is read kept; a source whose weights MaxText
+    cannot hold that way is refused rather than quantised with made-up scales."""
+    scheme = spec.values.get("quantization")
+    kept = kept_spec(family, spec)
+    if kept is not None:
+        return kept
     if scheme != FP8_KEPT:
         reason = NOT_KEEPABLE[scheme].format(family=family.name)
         raise BadInputError(f"{where}: --dtype {settings.KEEP_FP8} keeps an FP8 release's weights as stored; "
                             f"this checkpoint {reason}; convert with --dtype bfloat16")
+    return spec
 
 
 # --- claims the headers must be able to back, checked before anything is enumerated ---------
