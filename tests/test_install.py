@@ -112,6 +112,9 @@ def test_make_test_keeps_the_failing_tests_names():
                               capture_output=True, text=True, timeout=60).stdout
     assert any("-m pytest" in line and "--junitxml=test-results.xml" in line for line in commands.splitlines())
     assert "test-results.xml" in (ROOT / ".ci" / "run").read_text()
+    # the peak-RSS tests run alone after the rest, with a JUnit file of their own that .ci/run reads too
+    assert any("-m memory" in line and "--junitxml=test-results-memory.xml" in line for line in commands.splitlines())
+    assert "test-results-memory.xml" in (ROOT / ".ci" / "run").read_text()
 
 
 # --- the worker images' build context -------------------------------------------------------------------

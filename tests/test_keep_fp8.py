@@ -125,6 +125,7 @@ def test_kept_checkpoint_exports_the_release_back(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.memory
 def test_kept_peak_is_predicted(synth_dir, tmp_path):
     """At Qwen3.5-397B-A17B-FP8's widths (one period, 8 experts), kept e4m3 with 1 and 16 devices: the plan's
     prediction bounds the measured peak, within 1.5x (the tiles hold e4m3 bytes, the prediction counts them)."""
@@ -140,6 +141,7 @@ def test_kept_peak_is_predicted(synth_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.memory
 def test_kept_deepseek_peak_is_predicted(synth_dir, tmp_path):
     """At DeepSeek-V3's layer widths (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432, experts of 2048;
     one dense and one MoE layer with 8 experts), kept e4m3 with 16 and 1 devices: the plan's prediction bounds the

@@ -394,6 +394,7 @@ def test_target_modules_name_suffix_or_all_linear():
         chosen("mlp.q_proj")
 
 
+@pytest.mark.memory
 def test_merge_streams_the_base(tmp_path, synth_dir):
     """Merged at Qwen3-0.6B widths (4 layers): the peak stays within plan's prediction and near a plain conversion's
     (the adapter is read region by region beside the base, never held whole)."""

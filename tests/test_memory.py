@@ -25,6 +25,8 @@ from ckptconv.commands import synth
 from ckptconv.families import FAMILIES
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.memory  # measured alone, after the rest of the suite (make test)
+
 MiB = 2**20
 GiB = 2**30
 
