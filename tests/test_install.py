@@ -80,10 +80,10 @@ def test_demo_then_test_adds_the_test_extra_and_then_installs_nothing(venv):
     _make("test", venv)
     first, *rest = _calls(venv)
     assert first == "-m pip install -q --disable-pip-version-check -e .[prefect,test]"
-    assert [call.split()[:2] for call in rest] == [["-m", "pytest"]]
+    assert [call.split()[:2] for call in rest] == [["-m", "pytest"]] * 2  # the suite, then the memory tests alone
     _make("demo", venv)
     _make("test", venv)
-    assert [call.split()[1] for call in _calls(venv)] == ["flows.demo", "pytest"]
+    assert [call.split()[1] for call in _calls(venv)] == ["flows.demo", "pytest", "pytest"]
 
 
 def test_test_then_demo_installs_nothing_more(venv):
