@@ -564,7 +564,7 @@ FP8_KEPT = "fp8-block-128-kept"
 
 
 def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tuple[Input, tuple[str, ...]] | None:
-    """The input a rule's tensor ``name`` reads, and the stored names it consumes (None: absent).
+    """The input a rule's tensor ``name`` reads, and the names (keys of ``tensors``) it consumes (None: absent).
 
     Quantised checkpoints keep some tensors in bfloat16 (embeddings, norms, routers): a tensor
     decodes only when its companions are there.
@@ -581,7 +581,7 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
         if scales is None:
             raise BadInputError(f"{blocks.file}: MXFP4 tensor {blocks.name!r} has no {name + '_scales'!r}")
         _check_mxfp4(blocks, scales)
-        return MXFP4(blocks, scales), (blocks.name, scales.name)
+        return MXFP4(blocks, scales), (name + "_blocks", name + "_scales")  # keys of tensors (canonical names)
     if scheme == INT4_SCHEME and name + "_packed" in tensors:
         parts = [tensors.get(name + suffix) for suffix in ("_packed", "_scale", "_shape")]
         if None in parts:
@@ -589,7 +589,7 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
             raise BadInputError(f"{parts[0].file}: INT4 tensor {parts[0].name!r} has no {absent!r}")
         packed, scale, shape = parts
         _check_int4(packed, scale, shape)
-        return INT4Groups(packed, scale, shape), (packed.name, scale.name, shape.name)
+        return INT4Groups(packed, scale, shape), (name + "_packed", name + "_scale", name + "_shape")
     if info is None:
         return None
     return Plain(info), (name,)
