@@ -102,8 +102,8 @@ def write(rows: list[dict], path: Path) -> None:
              "every leaf of theirs is exactly ours rounded to float16; the elements that differ are all below "
              "float16's normal range (its subnormals hold fewer bits). Both write the router bias under "
              "`params/params`; neither writes the vision tensors.", "",
-             "| layout | devices | ckptconv --dtype | leaves (step included) | elements | differing (all below f16's normal range) "
-             "| max abs diff | max rel diff | theirs = ours rounded to f16 | ckptconv peak RSS | ckptconv wall "
+             "| layout | devices | ckptconv --dtype | leaves (step included) | elements "
+             "| differing (all below f16's normal range) | max abs diff | max rel diff | theirs = ours rounded to f16 | ckptconv peak RSS | ckptconv wall "
              "| MaxText wall |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
