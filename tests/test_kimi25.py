@@ -86,6 +86,19 @@ def test_quantization_config_at_the_top_is_read_too():
         read_spec(family, both, "src/config.json")
 
 
+def test_config_written_by_transformers_parses():
+    """Kimi_K25Config as transformers writes it (its text_config rewritten as deepseek_v3, its own vision fields)."""
+    transformers = pytest.importorskip("transformers")
+    text = transformers.DeepseekV3Config(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=4, first_k_dense_replace=1,
+                                         n_routed_experts=4, moe_intermediate_size=32)
+    config = transformers.Kimi_K25Config(text_config=text.to_dict(), tie_word_embeddings=False,
+                                         vision_config={"hidden_size": 32, "num_hidden_layers": 1})
+    data = json.loads(config.to_json_string())
+    spec = read_spec(BY_MODEL_TYPE[data["model_type"]], data, "config.json")
+    assert (spec.dim("emb"), spec.dim("experts"), spec.num_layers, spec.value("dense_layers")) == (64, 4, 2, 1)
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("text_config.model_type", "deepseek_v32", "text_config: field 'model_type' = 'deepseek_v32' is not supported"),
     ("tie_word_embeddings", True, "field 'tie_word_embeddings' = True is not supported"),
