@@ -148,9 +148,25 @@ def _one_group_short_everywhere(tensors):
     tensors[EXPERT + "_shape"][1] -= 32
 
 
-@pytest.mark.parametrize("change", [_one_group_short, _one_group_short_everywhere], ids=["packed", "all-parts"])
+def _nan_scale(tensors):
+    tensors[EXPERT + "_scale"][5, 3] = float("nan")
+
+
+def _inf_scale(tensors):
+    tensors[EXPERT + "_scale"][-1, -1] = float("-inf")
+
+
+def _shape_off_by_a_group(tensors):
+    """The parts agree; the stored shape says a group more."""
+    tensors[EXPERT + "_shape"][1] += 32
+
+
+@pytest.mark.parametrize("change", [_one_group_short, _one_group_short_everywhere, _nan_scale, _inf_scale,
+                                    _shape_off_by_a_group],
+                         ids=["packed", "all-parts", "nan-scale", "inf-scale", "stored-shape"])
 def test_damaged_int4_expert_is_one_line_exit_2(tmp_path, synth_dir, change):
-    """A packed INT4 expert a group short is refused in one line naming it, exit 2, before anything is written."""
+    """A damaged INT4 expert (packed words a group short, a NaN or infinite group scale, a stored shape that is
+    not its parts') is refused in one line naming it, exit 2, before anything is written."""
     from safetensors.torch import load_file, save_file
 
     src, dst = synth_dir(K25), tmp_path / "dst"
