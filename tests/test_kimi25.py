@@ -5,7 +5,7 @@ The strong check is cheap: the same random values written as a plain Kimi-K2-Thi
 synthetic writer draws them in the same order) convert to the same leaves, bit for bit, so everything
 tests/test_int4.py and the DeepSeek tests prove of Kimi-K2 holds for the wrapper. The logits of the
 wrapper itself (transformers' Kimi_K25ForConditionalGeneration on these files) are tests/test_logits.py's
-``kimi_k25-noscan`` case.
+``kimi_k25`` and ``kimi_k25-noscan`` cases.
 """
 
 import json

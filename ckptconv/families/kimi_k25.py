@@ -94,7 +94,8 @@ K26_FULL = {**K26_WIDTHS, "vocab_size": 163840, "num_layers": 61, "num_experts":
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("kimi_k25", {"num_layers": 3, **MOE}),),
-    logits=(Example("kimi_k25-noscan", {"num_layers": 3, **MOE}, scan=False, devices=4),),
+    logits=(Example("kimi_k25", {"num_layers": 3, **MOE}, devices=4),
+            Example("kimi_k25-noscan", {"num_layers": 3, **MOE}, scan=False, devices=4)),
     memory=(MemoryExample("kimi-k2.6-int4", K26_WIDTHS, devices=(16, 1), bound=int(1.5 * GIB),
                           source_bytes=int(1.9 * GIB), full=K26_FULL, max_shard_bytes=5 * 10**9),),
     hub_prefixes={"kimi_k25": ("", PREFIX)},
