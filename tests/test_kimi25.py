@@ -99,6 +99,25 @@ def test_config_written_by_transformers_parses():
     assert (spec.dim("emb"), spec.dim("experts"), spec.num_layers, spec.value("dense_layers")) == (64, 4, 2, 1)
 
 
+def test_the_wrapper_fields_of_the_release_are_accepted():
+    """Kimi-K2-Thinking's published config.json as the text_config, beside the wrapper's own fields (those
+    vLLM's KimiK25Config reads, vision settings in the release's vt_* spelling): Kimi-K2-Thinking's spec."""
+    from tests.published_configs import KIMI_K2_THINKING
+
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"}, "bos_token_id": 163584,
+              "eos_token_id": 163585, "pad_token_id": 163839, "ignore_index": -100, "tie_word_embeddings": False,
+              "media_placeholder_token_id": 163605, "use_unified_vision_chunk": True,
+              "video_placeholder": "<|kimi_k25_video_placeholder|>", "dtype": "bfloat16",
+              "vision_config": {"vt_hidden_size": 1152, "vt_num_hidden_layers": 27, "mm_hidden_size": 1152,
+                                "text_hidden_size": 7168, "patch_size": 14, "merge_kernel_size": [2, 2]},
+              "text_config": KIMI_K2_THINKING}
+    wrapped = read_spec(BY_MODEL_TYPE["kimi_k25"], config, "config.json")
+    plain = read_spec(BY_MODEL_TYPE["kimi_k2"], KIMI_K2_THINKING, "config.json")
+    assert (wrapped.dims, wrapped.values, wrapped.num_layers) == (plain.dims, plain.values, plain.num_layers)
+    assert wrapped.dim("experts") == 384 and wrapped.values["quantization"] == INT4_SCHEME
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("text_config.model_type", "deepseek_v32", "text_config: field 'model_type' = 'deepseek_v32' is not supported"),
     ("tie_word_embeddings", True, "field 'tie_word_embeddings' = True is not supported"),
