@@ -11,6 +11,7 @@ wrapper itself (transformers' Kimi_K25ForConditionalGeneration on these files) a
 import json
 import re
 
+import numpy as np
 import pytest
 
 from ckptconv.commands import synth
@@ -196,3 +197,38 @@ def test_damaged_int4_expert_is_one_line_exit_2(tmp_path, synth_dir, change):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and EXPERT.removesuffix(".weight") in lines[0], result.stderr
     assert not dst.exists() or not any(dst.iterdir())
+
+
+def test_conditional_generation_checkpoint_saved_by_transformers(tmp_path):
+    """Kimi_K25ForConditionalGeneration as transformers saves it (the hub's names, except the text layers, which
+    transformers 5.24 saves as ``language_model.model.blocks.N``): the text decoder converts, the vision tower
+    and projector are reported, the text logits match, and export gives back the names it saved."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests.test_logits import hf_logits, maxtext_logits, semantics
+
+    torch.manual_seed(0)
+    model = synth.SynthModel(model_type="kimi_k25", hidden_size=64, num_layers=3, num_heads=4, head_dim=16,
+                             intermediate_size=96, moe_intermediate_size=32, num_experts=4, vocab_size=128)
+    fields = {k: v for k, v in model.config().items() if k not in ("architectures", "model_type", "torch_dtype")}
+    hf_model = transformers.Kimi_K25ForConditionalGeneration(transformers.Kimi_K25Config(**fields))
+    with torch.no_grad():  # a router bias that steers routing (transformers initialises it to zeros)
+        for name, tensor in hf_model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                tensor.copy_(torch.randn(tensor.shape) * 0.2)
+    src, dst, back = tmp_path / "hf", tmp_path / "dst", tmp_path / "back"
+    hf_model.to(torch.bfloat16).save_pretrained(str(src))  # bf16-exact weights
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((dst / "ckptconv-report.json").read_text())
+    assert sorted(e["what"] for e in report["not_converted"]) == ["multimodal projector", "vision tower (MoonViT)"]
+    tokens = np.random.default_rng(5).integers(0, 128, size=10)
+    expected = hf_logits(src, tokens, wrapper="kimi_k25")
+    got = maxtext_logits(dst, tokens, semantics(model), True, 128)
+    assert np.abs(expected).max() > 1e-3
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)
+    result = run_cli("export", str(dst), str(back), "--like", str(src), "--progress", "none", "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    saved = set(index_checkpoint(LocalSource(str(src))))
+    exported = set(index_checkpoint(LocalSource(str(back))))
+    assert exported == {n for n in saved if n.startswith("language_model.")}

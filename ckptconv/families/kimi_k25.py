@@ -109,7 +109,9 @@ FAMILY = Family(
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,
-    # the hub's names; transformers' own (a PEFT adapter's): model.language_model.*, lm_head.*
-    aliases=((PREFIX, ""), ("model.language_model.", "model.")),
+    # transformers 5.24's save_pretrained renames the text layers too when it undoes its vision tower's
+    # blocks -> layers renaming (its own loader renames them back); then the hub's names; transformers'
+    # in-memory ones (a PEFT adapter's): model.language_model.*
+    aliases=((PREFIX + "model.blocks.", "model.layers."), (PREFIX, ""), ("model.language_model.", "model.")),
     not_converted=not_converted,
 )
