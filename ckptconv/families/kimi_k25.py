@@ -9,11 +9,14 @@ wrapper only moves it:
   transformers rewrites it), read exactly as a Kimi-K2 ``config.json``; the compressed-tensors
   ``quantization_config`` sits in ``text_config`` (read at the top level too, never both);
 - its tensors carry a ``language_model.`` prefix (``language_model.model.layers.N.*``,
-  ``language_model.lm_head.weight``), stripped by an alias (export writes it back when ``--like``
-  has it);
+  ``language_model.lm_head.weight``; transformers 5.24's ``save_pretrained`` writes the layers as
+  ``language_model.model.blocks.N``), stripped by aliases (export writes the names ``--like`` has);
 - the vision tower (MoonViT, ``vision_tower.*``) and the projector (``mm_projector.*``) are not
   part of MaxText's text decoder: reported, not converted (MaxText's ``kimi-k2.5-text`` /
   ``kimi-k2.6-text`` scripts drop them too).
+
+MaxText's scripts write every leaf in float16; here the leaves are written in the dtype asked for, and
+``--dtype float32`` rounded to float16 is theirs (bench/GIANTS.md).
 """
 
 from __future__ import annotations
