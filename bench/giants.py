@@ -134,7 +134,10 @@ def write(rows: dict, plans: dict, path: Path) -> None:
             lines.append(f"| {name} | {p['source_bytes'] / GIB:.0f} GiB | {p['output_bytes'] / GIB:.0f} GiB | "
                          f"{p['devices']} | {p['predicted_peak_rss_gib']:.2f} GiB | "
                          f"{p['predicted_seconds'] / 3600:.1f} h | {p['plan_seconds']:.1f} s |")
-    path.write_text("\n".join(lines) + "\n")
+    # other scripts' sections below this one's tables (bench/kimi25_vs_maxtext.py's) stay as they are
+    old = path.read_text() if path.exists() else ""
+    rest = old[old.index("\n## "):] if "\n## " in old else ""
+    path.write_text("\n".join(lines) + "\n" + rest)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,13 @@ FAMILIES = {
                 "rope": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "original_max_position_embeddings": 4096}},
+    # Kimi-K2.5 / K2.6: Kimi-K2's decoder in the multimodal wrapper as the hub ships it (language_model. names,
+    # text_config, a vision tower beside); MaxText runs it as its kimi-k2-1t model, as its kimi-k2.5-text script does
+    "kimi-k2.5": {"maxtext_model": "kimi-k2-1t", "model_type": "kimi_k2", "routed_scaling_factor": 2.827,
+                  "max_position_embeddings": 131072, "wrapper": "kimi_k25",
+                  "rope": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
+                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                           "original_max_position_embeddings": 4096}},
     # DeepSeek-V2-Lite: queries without LoRA, 2 shared experts, softmax top-k routing without a bias (not renormalised)
     "deepseek2": {"maxtext_model": "deepseek2-16b", "model_type": "deepseek_v2", "config": "DeepseekV2Config",
                   "routed_scaling_factor": 1.0, "max_position_embeddings": 163840,
@@ -132,9 +139,27 @@ def make_hf(family: str, out: str) -> None:
     if f["model_type"] == "kimi_k2":  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
         path = Path(out) / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": f["model_type"]}, indent=2))
+    if f.get("wrapper") == "kimi_k25":
+        wrap_kimi_k25(Path(out))
     np.save(Path(out) / "hf_logits.npy", logits)
     print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max()),
                       **({"indexer_effect_on_logits": float(np.abs(logits - dense).max())} if indexers else {})}))
+
+
+def wrap_kimi_k25(out: Path) -> None:
+    """The saved decoder as Kimi-K2.5's release lays it out: every tensor under ``language_model.``, a vision
+    tower tensor beside, the decoder's config.json in ``text_config`` of KimiK25ForConditionalGeneration's."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    (file,) = out.glob("*.safetensors")
+    tensors = {"language_model." + name: value for name, value in load_file(str(file)).items()}
+    tensors["vision_tower.patch_embed.proj.weight"] = torch.zeros((32, 3, 14, 14), dtype=torch.bfloat16)
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    text = json.loads((out / "config.json").read_text())
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+               "vision_config": {"hidden_size": 32, "num_hidden_layers": 1}, "tie_word_embeddings": False}
+    (out / "config.json").write_text(json.dumps(wrapper, indent=2))
 
 
 def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
@@ -259,17 +284,30 @@ def cell(result: dict | None, key: str) -> str:
             + (f", mismatched {result['mismatched']}" if result["n_mismatched"] else ", every one equal"))
 
 
-def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
+def kept_table_lines(path: Path) -> dict[str, str]:
+    """The table lines of an earlier LOADERS.md by case name."""
+    names = {case.name for case in CASES}
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {line.split("|")[1].strip(): line for line in lines
+            if line.startswith("| ") and line.split("|")[1].strip() in names}
+
+
+def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | None = None) -> None:
     versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
                                "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
     lines = [
-        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / DeepSeek-V2 / DeepSeek-V3.2 checkpoints",
+        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 "
+        "checkpoints",
         "",
         f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
+        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU)."
+        + (f" The rows of {', '.join(sorted(kept))} are kept from the earlier run of this file (`--merge`)."
+           if kept else ""),
         "Each row: a tiny random model from transformers' own class (`DeepseekV3ForCausalLM`; deepseek2: "
         "`DeepseekV2ForCausalLM`, queries without LoRA, softmax routing without a bias; deepseek3.2: "
-        "`DeepseekV32ForCausalLM`, its indexer choosing 4 of the 8 tokens) (1 dense + 2 MoE layers, 8 experts, "
+        "`DeepseekV32ForCausalLM`, its indexer choosing 4 of the 8 tokens; kimi-k2.5: the kimi-k2 model stored as "
+        "Kimi-K2.5's release lays it out, `language_model.` names, `text_config`, a vision tensor beside) "
+        "(1 dense + 2 MoE layers, 8 experts, "
         "weights and a random router bias rounded to bf16), converted by `ckptconv convert --dtype float32 --devices 1`; "
         "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
         "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
@@ -280,15 +318,17 @@ def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
         "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
         "|---|---|---|---|---|",
     ]
+    table = dict(kept or {})
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | - | - | {r['error']} | - |")
+            table[r["case"]] = f"| {r['case']} | - | - | {r['error']} | - |"
             continue
         lp = r.get("load-params", {})
         where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
         indexer = (f" (indexer: {r['indexer_effect_on_logits']:.2f})" if "indexer_effect_on_logits" in r else "")
-        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
-                     f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
+        table[r["case"]] = (f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
+                            f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
+    lines += [table[case.name] for case in CASES if case.name in table]
     lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
     path.write_text("\n".join(lines))
 
@@ -314,6 +354,8 @@ def main(argv: list[str]) -> int:
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
+    # without the last run's raw rows, --merge keeps the other cases' lines of the table as they are
+    kept_lines = kept_table_lines(Path(args.out)) if args.merge and not previous.exists() else {}
     rows = []
     for case in CASES:
         if wanted and case.name not in wanted:
@@ -326,7 +368,8 @@ def main(argv: list[str]) -> int:
                   key=lambda r: names.index(r["case"]))
     WORK.mkdir(parents=True, exist_ok=True)
     previous.write_text(json.dumps(rows, indent=2))
-    write(rows, Path(args.out), args.legacy_rev)
+    write(rows, Path(args.out), args.legacy_rev, {k: v for k, v in kept_lines.items() if k not in
+                                                  {row["case"] for row in rows}})
     return 0 if all(r.get("from-pretrained", {}).get("ok") and r.get("load-params", {}).get("ok")
                     for r in rows if r["layout"] == "current") else 1
 

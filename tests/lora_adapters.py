@@ -19,6 +19,10 @@ from ckptconv.commands import synth
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+# Multimodal wrappers AutoModelForCausalLM does not build (their own class reads the hub's files)
+WRAPPER_CLASSES = {"kimi_k25": "Kimi_K25ForConditionalGeneration"}
+
+
 def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8, targets=ALL, seed: int = 0,
                  std: float = 0.05, **config) -> Path:
     """A PEFT LoRA adapter of the HF model at ``base``, with random A and B, saved (safetensors) at ``directory``."""
@@ -26,7 +30,9 @@ def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model_type = json.loads((Path(base) / "config.json").read_text())["model_type"]
+    cls = getattr(transformers, WRAPPER_CLASSES.get(model_type, "AutoModelForCausalLM"))
+    model = cls.from_pretrained(str(base), dtype=torch.float32)
     lora = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), **config)
     wrapped = peft.get_peft_model(model, lora)
     rng = np.random.default_rng(seed)

@@ -66,6 +66,7 @@ def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     (routed_bias false); deepseek3.2 (use_indexer): the Indexer's wq_b, wk, k_norm (a LayerNorm) and
     weights_proj in every layer's self_attention."""
     c = m.config()
+    c = c.get("text_config", c)  # Kimi-K2.5's wrapper: Kimi-K2's decoder in text_config
     emb, heads, L, dense, E = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], \
         c["first_k_dense_replace"], c["n_routed_experts"]
     qk, kv_lora, rope = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["kv_lora_rank"], c["qk_rope_head_dim"]
@@ -248,6 +249,7 @@ def hybrid_leaves(config: dict, scan: bool) -> dict[str, tuple]:
 MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
     "deepseek": lambda mt, m, scan: deepseek_leaves(m, scan),
+    "kimi_k25": lambda mt, m, scan: deepseek_leaves(m, scan),
     "gpt_oss": lambda mt, m, scan: gpt_oss_leaves(m, scan),
     "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
     "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),

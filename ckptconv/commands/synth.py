@@ -102,7 +102,7 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
         if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
-        shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
+        shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
@@ -167,9 +167,15 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return "mxfp4"
     if (model.quantization == "int4" and name.endswith(_LINEAR)
-            and not _ignored(name.removesuffix(".weight"), model.config()["quantization_config"]["ignore"])):
+            and not _ignored(name.removesuffix(".weight"), _quantization_config(model)["ignore"])):
         return "int4"
     return None
+
+
+def _quantization_config(model: SynthModel) -> dict:
+    """The release's quantization_config: at the top of config.json, or in its text_config (Kimi-K2.5's)."""
+    config = model.config()
+    return config.get("quantization_config") or config.get("text_config", {}).get("quantization_config") or {}
 
 
 # DeepSeek's FP8 releases: the linear layers of every layer, the indexer's two (V3.2); its weights_proj stays bf16
@@ -221,7 +227,7 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     groups = _group(entries, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
-    quantization = model.config().get("quantization_config", {})
+    quantization = _quantization_config(model)
     make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")),
                   quantization.get("scale_fmt") == "ue8m0")
     if len(groups) == 1:

@@ -72,11 +72,12 @@ HEADS = ("ForConditionalGeneration", "ForCausalLM", "Model")  # the same archite
 
 def _stem(architecture: str) -> str:
     """``Qwen3_5MoeForConditionalGeneration`` and ``Qwen3_5MoeForCausalLM`` (its text model, which PEFT trains
-    when the model is loaded with AutoModelForCausalLM) are one architecture."""
+    when the model is loaded with AutoModelForCausalLM) are one architecture; so are transformers' and the hub's
+    spellings of one name (``Kimi_K25ForConditionalGeneration``, the release's ``KimiK25ForConditionalGeneration``)."""
     for head in HEADS:
         if architecture.endswith(head):
-            return architecture[: -len(head)].lower()
-    return architecture.lower()
+            return architecture[: -len(head)].lower().replace("_", "")
+    return architecture.lower().replace("_", "")
 
 
 @dataclasses.dataclass(frozen=True)
