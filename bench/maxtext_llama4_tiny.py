@@ -1,0 +1,43 @@
+"""Run MaxText 0.2.5's own ``llama4_ckpt_unscanned.py`` on a tiny Llama 4 hub checkpoint (bench only; MaxText's venv).
+
+    <maxtext-venv>/bin/python bench/maxtext_llama4_tiny.py HF_DIR OUT_DIR
+
+MaxText's Llama 4 script takes the model's sizes from a built-in table keyed by ``--model-size``
+(``MODEL_PARAMS_DICT``: Scout's and Maverick's), so a tiny model fails there. This runner adds one entry,
+``llama4-tiny``, with the sizes of the checkpoint's own ``config.json`` (and the script's own settings for
+Llama 4: ``rope_type`` llama3.1, ``scale_query`` false), then runs the script exactly as its ``__main__``
+does, with ``--huggingface-checkpoint true`` (its route for hub files; it writes on 16 simulated devices).
+Nothing else of MaxText is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    hf_dir, out_dir = sys.argv[1:3]
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    text, vision = config["text_config"], config["vision_config"]
+    from maxtext.checkpoint_conversion.standalone_scripts import llama_or_mistral_ckpt
+
+    llama_or_mistral_ckpt.MODEL_PARAMS_DICT["llama4-tiny"] = {
+        "num_layers": text["num_hidden_layers"], "num_heads": text["num_attention_heads"],
+        "num_kv_heads": text["num_key_value_heads"], "dims_per_head": text["head_dim"],
+        "vocab": text["vocab_size"], "base_emb_dim": text["hidden_size"], "num_experts": text["num_local_experts"],
+        "rope_type": "llama3.1", "scale_query": False,
+        "interleave_moe_layer_step": text.get("interleave_moe_layer_step", 1),
+        "inhomogeneous_layer_cycle_interval": 4, "num_layers_vit": vision["num_hidden_layers"],
+        "num_att_head_vit": vision["num_attention_heads"], "hidden_size_vit": vision["hidden_size"],
+    }
+    sys.argv = ["llama4_ckpt_unscanned", "--base-model-path", hf_dir, "--maxtext-model-path", out_dir,
+                "--model-size", "llama4-tiny", "--huggingface-checkpoint", "true"]
+    runpy.run_module("maxtext.checkpoint_conversion.standalone_scripts.llama4_ckpt_unscanned", run_name="__main__",
+                     alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
