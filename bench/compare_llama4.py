@@ -1,15 +1,16 @@
-"""Llama 4: ckptconv against MaxText 0.2.5's own ``llama4_ckpt_unscanned.py``, leaf by leaf, bit for bit.
+"""Llama 4: ckptconv against MaxText 0.2.5's own Llama 4 converters, leaf by leaf, bit for bit.
 
     .venv/bin/python bench/compare_llama4.py [--only scout,maverick]
 
 Per case: a tiny random ``Llama4ForConditionalGeneration`` made by transformers' own class and
 ``save_pretrained`` (``bench/hf_tiny.py --class Llama4ForConditionalGeneration``, from the ``config.json``
 ``ckptconv.commands.synth`` writes: the hub's ``language_model.model.*`` names, fused experts, a one-layer
-vision tower); MaxText's script on it (``bench/maxtext_llama4_tiny.py``: its hub route, 16 simulated
-devices, unscanned: the only layout it writes from hub files); ckptconv unscanned on 1 and on 16 devices,
-and scanned on 16, the last compared with MaxText's unscanned leaves restacked as MaxText's llama4 scan
-holds them (``decoder/layers/layers_{i % 4}``, cycle ``i // 4`` on axis 1). MaxText's vision leaves
-(``vision_encoder``) are left out of the comparison: ckptconv does not convert the vision tower.
+vision tower); MaxText's two scripts on it (``bench/maxtext_llama4_tiny.py``: their hub routes, 16 simulated
+devices): ``llama4_ckpt_unscanned.py`` (unscanned) and ``llama_or_mistral_ckpt.py`` (scanned); ckptconv
+unscanned on 1 and on 16 devices against the first, and scanned on 16 against the second and against the
+first's leaves restacked as MaxText's llama4 scan holds them (``decoder/layers/layers_{i % 4}``, cycle
+``i // 4`` on axis 1). The unscanned script's vision leaves (``vision_encoder``) are left out of the
+comparison: ckptconv does not convert the vision tower (the scanned script skips it too).
 Prints the rows as JSON and a Markdown table for ``bench/FAMILIES.md``. Work files: bench/work/llama4/.
 """
 
@@ -36,7 +37,12 @@ MODELS = {  # Maverick's pattern (dense and MoE layers alternate), Scout's (ever
                                  **SMALL),
     "scout": synth.SynthModel(model_type="llama4", num_layers=4, **SMALL),
 }
-OURS = (("noscan-1dev", False, 1), ("noscan-16dev", False, 16), ("scan-16dev", True, 16))
+# (ckptconv's layout, scan, devices, MaxText's output it is compared with, restacked in cycles of 4)
+OURS = (("noscan-1dev", False, 1, "maxtext-unscanned", False), ("noscan-16dev", False, 16, "maxtext-unscanned", False),
+        ("scan-16dev", True, 16, "maxtext-scanned", False), ("scan-16dev", True, 16, "maxtext-unscanned", True))
+MAXTEXT_LAYOUTS = {("maxtext-unscanned", False): "llama4_ckpt_unscanned.py",
+                   ("maxtext-scanned", False): "llama_or_mistral_ckpt.py (scanned)",
+                   ("maxtext-unscanned", True): "llama4_ckpt_unscanned.py, restacked in cycles of 4"}
 VISION = "params/params/vision_encoder"
 
 
@@ -49,24 +55,27 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
                 "Llama4ForConditionalGeneration"], root / "hf_tiny.log", ctx["mt_env"])
     if made.returncode:
         return [{"case": name, "error": error_line(made)}]
-    theirs = run([ctx["mt_python"], BENCH / "maxtext_llama4_tiny.py", root / "hf", root / "maxtext"],
-                 root / "maxtext.log", ctx["mt_env"])
-    if theirs.returncode:
-        return [{"case": name, "error": f"MaxText: {error_line(theirs)}"}]
+    for theirs, flags in (("maxtext-unscanned", []), ("maxtext-scanned", ["--scanned"])):
+        made = run([ctx["mt_python"], BENCH / "maxtext_llama4_tiny.py", root / "hf", root / theirs, *flags],
+                   root / f"{theirs}.log", ctx["mt_env"])
+        if made.returncode:
+            return [{"case": name, "error": f"MaxText ({theirs}): {error_line(made)}"}]
     rows = []
-    for layout, scan, devices in OURS:
+    for layout, scan, devices, theirs, restacked in OURS:
         out = root / f"ckptconv-{layout}"
-        mine = run([sys.executable, "-m", "ckptconv", "convert", root / "hf", out, "--progress", "none", "--devices",
-                    devices, "--scan-layers" if scan else "--no-scan-layers"], root / f"ckptconv-{layout}.log")
+        if not out.exists():
+            mine = run([sys.executable, "-m", "ckptconv", "convert", root / "hf", out, "--progress", "none",
+                        "--devices", devices, "--scan-layers" if scan else "--no-scan-layers"],
+                       root / f"ckptconv-{layout}.log")
+            if mine.returncode:
+                rows.append({"case": f"llama4-{name}-{layout}", "error": f"ckptconv: {error_line(mine)}"})
+                continue
         row = {"case": f"llama4-{name}-{layout}", "layers": model.num_layers, "scan": scan, "devices": devices,
-               "maxtext_layout": "unscanned, restacked in cycles of 4" if scan else "same"}
-        if mine.returncode:
-            rows.append(row | {"error": f"ckptconv: {error_line(mine)}"})
-            continue
-        restack = ["--stack-layers-of-b", "--cycle", "4"] if scan else []
-        result_file = root / f"compare-{layout}.json"
-        run([ctx["mt_python"], BENCH / "compare_outputs.py", out, root / "maxtext", *restack, "--ignore-in-b", VISION,
-             "--json", result_file], root / f"compare-{layout}.log", ctx["mt_env"])
+               "maxtext_layout": MAXTEXT_LAYOUTS[theirs, restacked]}
+        restack = ["--stack-layers-of-b", "--cycle", "4"] if restacked else []
+        result_file = root / f"compare-{layout}-{theirs}{'-restacked' if restacked else ''}.json"
+        run([ctx["mt_python"], BENCH / "compare_outputs.py", out, root / theirs, *restack, "--ignore-in-b", VISION,
+             "--json", result_file], result_file.with_suffix(".log"), ctx["mt_env"])
         result = json.loads(result_file.read_text())
         rows.append(row | {"identical": result["identical"], "leaves": result["leaves_compared"],
                            "bytes": result["bytes_compared"], "mismatches": result["value_mismatches"][:3],
@@ -77,7 +86,7 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | layers | scan | devices | MaxText layout | leaves | KiB | result | metadata that differs |",
+    lines = ["| case | layers | scan | devices | MaxText's output | leaves | KiB | result | metadata that differs |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:

@@ -1,8 +1,8 @@
 """Llama 4 (``model_type: llama4``; Scout 17B-16E, Maverick 17B-128E): MaxText ``decoder_block: llama4``.
 
 The text decoder of ``Llama4ForConditionalGeneration``, stored as the hub ships it (``language_model.model.*``,
-``language_model.lm_head.weight``; its config in ``text_config``). As MaxText 0.2.5's
-``llama4_ckpt_unscanned.py`` writes it:
+``language_model.lm_head.weight``; its config in ``text_config``). As MaxText 0.2.5's Llama 4 scripts write
+it from hub files (``llama4_ckpt_unscanned.py``; scanned, ``llama_or_mistral_ckpt.py --huggingface-checkpoint``):
 
 - attention kernels are only reshaped: HF's Llama 4 already rotates interleaved pairs (MaxText's RoPE), and
   MaxText scales queries at run time (``scale_query: False`` for llama4), so no permutation and no scaling;
@@ -17,8 +17,8 @@ attention and attention temperature tuning are run-time settings (no weights); t
 layers must be the ones MaxText derives from its two intervals. Scanned, MaxText scans whole cycles of
 ``inhomogeneous_layer_cycle_interval`` layers (the least common multiple of the two intervals: 4 for both
 releases) as ``decoder/layers/layers_{position}``, over the cycles (axis 1); a model whose layers are not
-whole cycles converts unscanned only. The vision tower and the projector (MaxText's ``--multimodal`` part of
-its script) are not converted and are named in the report.
+whole cycles converts unscanned only. The vision tower and the projector (which MaxText's unscanned script
+also converts) are not converted and are named in the report.
 """
 
 from __future__ import annotations
