@@ -162,3 +162,27 @@ def test_released_widths_plan_from_headers(tmp_path):
         plan = make_plan(LocalSource(str(directory)), devices=16)
         experts = [leaf.shape for leaf in plan.leaves if leaf.name.endswith("MoeBlock_0/wi_0")]
         assert experts == [(fields["num_experts"], 12, 5120, 8192)] * moe_positions  # 48 layers: 12 cycles
+
+
+@pytest.mark.parametrize("release", ["scout", "maverick"])
+def test_configs_written_by_transformers_parse(release):
+    """transformers' Llama4Config at its defaults (Scout's sizes) and with Maverick's text settings, as its
+    config.json writes them, and the same in transformers 4's spelling (``rope_scaling`` and ``rope_theta``,
+    ``torch_dtype``, an empty ``no_rope_layers``, ``attn_temperature_tuning`` as a number)."""
+    transformers = pytest.importorskip("transformers")
+    text = {} if release == "scout" else {"interleave_moe_layer_step": 2, "num_local_experts": 128,
+                                          "use_qk_norm": False}
+    config = json.loads(transformers.Llama4Config(text_config=text).to_json_string())
+    older = json.loads(json.dumps(config))
+    t = older["text_config"]
+    t |= {"rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192},
+          "rope_theta": t.pop("rope_parameters")["rope_theta"], "torch_dtype": "bfloat16", "no_rope_layers": [],
+          "attn_temperature_tuning": 4, "cache_implementation": "hybrid", "for_llm_compressor": False}
+    for variant in (config, older):
+        spec = read_spec(BY_MODEL_TYPE["llama4"], variant, "config.json")
+        assert spec.num_layers == 48 and spec.value("cycle") == 4
+        assert {k: spec.dim(k) for k in ("emb", "heads", "kv_heads", "hd", "mlp", "moe_mlp", "experts", "vocab")} == {
+            "emb": 5120, "heads": 40, "kv_heads": 8, "hd": 128, "mlp": 16384, "moe_mlp": 8192,
+            "experts": 16 if release == "scout" else 128, "vocab": 202048}
+        assert len(spec.value("moe_layers")) == (48 if release == "scout" else 24)
