@@ -248,7 +248,7 @@ def llama4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     """MaxText's llama4 tree (Llama4DecoderLayer; Llama4ScannableBlock): every ``interleave_moe_layer_step``-th
     layer holds Llama4MoEBlock_0 (MoeBlock_0 and shared_experts), the others a dense mlp; scanned, cycles of 4
     layers (NoPE every 4th) as ``layers/layers_{p}`` over the cycles on axis 1."""
-    t = m.config()["text_config"]
+    t = m.config().get("text_config", m.config())
     emb, nq, nkv, hd, E = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"], \
         t["num_local_experts"]
     mlp, moe, step, L = t["intermediate_size_mlp"], t["intermediate_size"], t["interleave_moe_layer_step"], \
@@ -306,7 +306,7 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
                                 config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
-    if mt == "llama4":  # whole cycles of 4, Maverick's pattern (dense and MoE layers alternate)
+    if mt.startswith("llama4"):  # whole cycles of 4, Maverick's pattern (dense and MoE layers alternate)
         return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=8, num_experts=4,
                                 moe_intermediate_size=32, config_overrides={"interleave_moe_layer_step": 2})
     if mt in ("qwen3_next", "qwen3_5_moe"):  # whole periods of 4 (Qwen3-Next: and a remainder of 2)

@@ -94,7 +94,7 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
 EAGER = {"gpt_oss"}
 # families whose checkpoints are a multimodal wrapper's: transformers' own class reads them, and its text model
 # runs the tokens (transformers 5.24's Llama4ForConditionalGeneration fails without images)
-CONDITIONAL = {"llama4": ("Llama4ForConditionalGeneration", "language_model")}
+CONDITIONAL = {"llama4": ("Llama4ForConditionalGeneration", "language_model")}  # by model_type
 
 
 def semantics(model: synth.SynthModel) -> Semantics:
@@ -137,7 +137,7 @@ def test_logits_match_hf(tmp_path, synth_dir, case):
     assert result.returncode == 0, result.stderr
 
     tokens = np.random.default_rng(3).integers(0, model.vocab_size, size=12)
-    expected = hf_logits(src, tokens, conditional=CONDITIONAL.get(family.name, False), eager=family.name in EAGER)
+    expected = hf_logits(src, tokens, conditional=CONDITIONAL.get(model.model_type, False), eager=family.name in EAGER)
     got = maxtext_logits(dst, tokens, semantics(model), scan, model.vocab_size)
     assert np.abs(expected).max() > 1e-3  # a real signal, not zeros
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)

@@ -1,5 +1,8 @@
 """Llama 4 (``model_type: llama4``; Scout 17B-16E, Maverick 17B-128E): MaxText ``decoder_block: llama4``.
 
+(``llama4_text``: the text model alone, as ``Llama4ForCausalLM`` saves it: ``model.*`` and ``lm_head.weight``,
+its config flat; read through aliases onto the same rules. MaxText's scripts take only the wrapper's names.)
+
 The text decoder of ``Llama4ForConditionalGeneration``, stored as the hub ships it (``language_model.model.*``,
 ``language_model.lm_head.weight``; its config in ``text_config``). As MaxText 0.2.5's Llama 4 scripts write
 it from hub files (``llama4_ckpt_unscanned.py``; scanned, ``llama_or_mistral_ckpt.py --huggingface-checkpoint``):
@@ -72,12 +75,15 @@ RULES = (
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
-    cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index", "vision_config")
     tied = cfg.bool("tie_word_embeddings", False)
-    text = cfg.nested("text_config")
-    text.require("model_type", ("llama4_text",), "llama4_text")
-    if text.bool("tie_word_embeddings", tied) != tied:
-        text.fail(f"tie_word_embeddings={not tied} differs from the model's tie_word_embeddings={tied}")
+    if cfg.config.get("model_type") == "llama4":  # the multimodal wrapper: the decoder's config in text_config
+        cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index", "vision_config")
+        text = cfg.nested("text_config")
+        text.require("model_type", ("llama4_text",), "llama4_text")
+        if text.bool("tie_word_embeddings", tied) != tied:
+            text.fail(f"tie_word_embeddings={not tied} differs from the model's tie_word_embeddings={tied}")
+    else:
+        text = cfg
     text.require("hidden_act", ("silu",), "silu")
     text.require("attention_bias", (False,), False)
     text.rope()
@@ -143,6 +149,8 @@ def synthetic_config(m: Sizes) -> dict:
     vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "num_hidden_layers": 1,
               "num_attention_heads": 2, "intermediate_size": 64, "image_size": 28, "patch_size": 14,
               "vision_output_dim": 64, "projector_input_dim": 64, "projector_output_dim": 64}
+    if m.model_type == "llama4_text":
+        return {**text, "architectures": ["Llama4ForCausalLM"], "torch_dtype": m.dtype}
     return {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
             "vision_config": vision, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
             "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
@@ -160,9 +168,14 @@ SCOUT = {**WIDTHS, "vocab_size": 202048, "num_layers": 48, "num_experts": 16}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("llama4-scout", {**SMALL, "num_layers": 4}),
-                Example("llama4-maverick", {**SMALL, "num_layers": 8, "config_overrides": MAVERICK})),
+                Example("llama4-maverick", {**SMALL, "num_layers": 8, "config_overrides": MAVERICK}),
+                Example("llama4_text", {**SMALL, "model_type": "llama4_text", "num_layers": 4,
+                                        "config_overrides": MAVERICK})),
     logits=(Example("llama4-maverick", {**SMALL, "num_layers": 8, "config_overrides": MAVERICK}, devices=4),
-            Example("llama4-scout-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4)),
+            Example("llama4-scout-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4),
+            Example("llama4_text", {**SMALL, "model_type": "llama4_text", "num_layers": 4,
+                                    "config_overrides": MAVERICK}, devices=4)),
+    hub_prefixes={"llama4_text": (TEXT, "")},
     memory=(MemoryExample("llama4-scout-widths", {**WIDTHS, "num_layers": 4, "num_experts": 2,
                                                   "config_overrides": MAVERICK},
                           devices=(16, 1), bound=int(1.5 * GIB), source_bytes=3 * GIB, full=SCOUT,
@@ -171,11 +184,12 @@ SYNTHETIC = Synthetic(
 
 FAMILY = Family(
     name="llama4",
-    model_types=("llama4",),
+    model_types=("llama4", "llama4_text"),
     decoder_block="llama4",
     rules=RULES,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,
+    aliases=(("model.", TEXT + "model."), ("lm_head.", TEXT + "lm_head.")),  # llama4_text: Llama4ForCausalLM's names
     not_converted=lambda spec: (("vision_model.", "vision tower"), ("multi_modal_projector.", "multimodal projector")),
 )
