@@ -8,7 +8,8 @@ its float32 logits on 12 tokens; ``ckptconv convert --dtype float32 --devices 1`
 a fresh process of MaxText's venv, ``model_creation_utils.from_pretrained`` (MaxText's inference loader) with
 MaxText's own ``llama4-17b-16e`` / ``llama4-17b-128e`` config (sizes and run-time settings overridden from the
 checkpoint's ``config.json``) and one forward pass: max abs difference against transformers' logits
-(float32; tolerance 1e-4). MaxText's llama3.1 RoPE hardcodes Llama 3.1's scaling (factor 8, low/high
+(float32; tolerance 1e-4); and, in another fresh process, ``checkpointing.load_params_from_path`` (MaxText's
+training loader) into the model's abstract state, every leaf against what the checkpoint holds, bit for bit. MaxText's llama3.1 RoPE hardcodes Llama 3.1's scaling (factor 8, low/high
 frequency factors 1/4, 8192 positions) and reads none of the checkpoint's, so the models here use exactly
 those (Scout's pattern) or none (``rope_use_scale: false``, Maverick's). Work files: bench/work/llama4-logits/.
 """
@@ -81,12 +82,10 @@ def maxtext_overrides(config: dict) -> dict:
 
 # --- in MaxText's venv -----------------------------------------------------------------------
 
-def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
-    import jax.numpy as jnp
+def maxtext_config(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str):
     import maxtext
     import numpy as np
     from maxtext.configs import pyconfig
-    from maxtext.utils import model_creation_utils
 
     config = json.loads((Path(hf_dir) / "synth-config.json").read_text())
     tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
@@ -99,14 +98,50 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
         "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False, **maxtext_overrides(config),
     }
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    mt_config = pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])
-    model, _ = model_creation_utils.from_pretrained(mt_config)
+    return pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])
+
+
+def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    import jax.numpy as jnp
+    import numpy as np
+    from maxtext.utils import model_creation_utils
+
+    tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
+    model, _ = model_creation_utils.from_pretrained(maxtext_config(maxtext_model, ckpt, scan, hf_dir, work))
     ids = jnp.asarray(tokens[None], jnp.int32)
     positions = jnp.arange(len(tokens), dtype=jnp.int32)[None]
     logits = np.asarray(model(ids, positions, jnp.ones_like(ids), enable_dropout=False), np.float32)[0]
     hf = np.load(Path(hf_dir) / "hf_logits.npy")
     diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
     return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}
+
+
+def run_load_params(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    """MaxText's training loader into the model's abstract state: every leaf as written, bit for bit."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from flax import nnx
+    from maxtext.common import checkpointing
+    from maxtext.utils import model_creation_utils
+
+    config = maxtext_config(maxtext_model, ckpt, scan, hf_dir, work)
+    _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
+    loaded = checkpointing.load_params_from_path(ckpt, nnx.state(abstract_model, nnx.Param),
+                                                 config.checkpoint_storage_concurrent_gb)
+    pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
+    got = {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(ckpt)
+    meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    written = checkpointer.restore(ckpt, args=ocp.args.PyTreeRestore(restore_args=args))
+    want = {"/".join(str(k.key) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(written["params"]["params"])[0]}
+    mismatched = sorted(k for k in want if k not in got or got[k].shape != want[k].shape
+                        or got[k].tobytes() != want[k].astype(got[k].dtype).tobytes())
+    return {"leaves_written": len(want), "leaves_loaded": len(got), "mismatched": mismatched[:5],
+            "load_params_ok": not mismatched and set(want) == set(got)}
 
 
 # --- the driver ------------------------------------------------------------------------------
@@ -134,26 +169,35 @@ def run_case(case: Case) -> dict:
         return row | {"error": "convert: " + error_line(converted)}
     result = run([MT_PYTHON, __file__, "forward", case.maxtext_model, dst / "0" / "items", str(case.scan), hf,
                   root / "mt"], root / "forward.log", env=MT_ENV)
-    return row | (last_json(result) if result.returncode == 0 else {"error": "MaxText: " + error_line(result)})
+    if result.returncode:
+        return row | {"error": "MaxText: " + error_line(result)}
+    row |= last_json(result)
+    loaded = run([MT_PYTHON, __file__, "load_params", case.maxtext_model, dst / "0" / "items", str(case.scan), hf,
+                  root / "mt-load"], root / "load_params.log", env=MT_ENV)
+    return row | (last_json(loaded) if loaded.returncode == 0 else {"load_params_error": error_line(loaded)})
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| case | MaxText model_name | scan | layers | max abs logit | max abs difference | result |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| case | MaxText model_name | scan | layers | max abs logit | max abs difference | result "
+             "| `load_params_from_path` |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan']} | {r['layers']} | - | - | **fails**: "
-                         f"`{r['error'].replace('|', '/')[:200]}` |")
+                         f"`{r['error'].replace('|', '/')[:200]}` | - |")
             continue
+        loaded = (f"fails: `{r['load_params_error'][:120]}`" if "load_params_error" in r else
+                  f"{'**every leaf as written**' if r['load_params_ok'] else 'DIFFERENT: ' + str(r['mismatched'])} "
+                  f"({r['leaves_loaded']} / {r['leaves_written']} leaves)")
         lines.append(f"| {r['case']} | {r['maxtext_model']} | {r['scan']} | {r['layers']} | {r['max_abs_logit']:.2f} "
-                     f"| {r['max_abs_logits_diff']:.1e} | {'**ok**' if r['ok'] else 'DIFFERENT'} |")
+                     f"| {r['max_abs_logits_diff']:.1e} | {'**ok**' if r['ok'] else 'DIFFERENT'} | {loaded} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] == "forward":
+    if argv and argv[0] in ("forward", "load_params"):
         maxtext_model, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
-        print(json.dumps(run_forward(maxtext_model, ckpt, scan, hf_dir, work)), flush=True)
+        step = run_forward if argv[0] == "forward" else run_load_params
+        print(json.dumps(step(maxtext_model, ckpt, scan, hf_dir, work)), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names: " + ", ".join(c.name for c in CASES))
@@ -169,7 +213,7 @@ def main(argv: list[str]) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps(rows, indent=2))
     print(table(rows))
-    return 0 if all(r.get("ok") for r in rows) else 1
+    return 0 if all(r.get("ok") and r.get("load_params_ok") for r in rows) else 1
 
 
 if __name__ == "__main__":
