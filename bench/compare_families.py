@@ -341,7 +341,7 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
     # sections other scripts' results are recorded in (``## Llama 4``: bench/compare_llama4.py) are kept
     earlier = path.read_text() if path.exists() else ""
     sections = earlier[earlier.index("\n## ") + 1:earlier.index("\nRaw rows:")] if "\n## " in earlier else ""
-    lines += ["", sections.rstrip(), ""] if sections else []
+    lines += ["", sections.rstrip()] if sections else []
     lines += ["", "Raw rows: `bench/work/families/results.json`.", ""]
     path.write_text("\n".join(lines))
 
