@@ -338,6 +338,10 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
         lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from earlier runs (`--merge`)."]
     table = {**(kept or {}), **fresh}
     lines += [table[case.name] for case in CASES if case.name in table]
+    # sections other scripts' results are recorded in (``## Llama 4``: bench/compare_llama4.py) are kept
+    earlier = path.read_text() if path.exists() else ""
+    sections = earlier[earlier.index("\n## ") + 1:earlier.index("\nRaw rows:")] if "\n## " in earlier else ""
+    lines += ["", sections.rstrip()] if sections else []
     lines += ["", "Raw rows: `bench/work/families/results.json`.", ""]
     path.write_text("\n".join(lines))
 

@@ -99,10 +99,12 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
                    f"{a.reshape(-1)[diff[0]]!r} vs {b.reshape(-1)[diff[0]]!r}")
 
 
-def stacked_view(meta: dict) -> dict:
+def stacked_view(meta: dict, cycle: int = 0) -> dict:
     """B's unscanned leaves ``decoder/<stack>_{i}/X`` seen as scanned ``decoder/<stack>/X``, stacked as
     MaxText scans (parameters on axis 1, its param_scan_axis; other collections such as DeepSeek's
-    MoEBiasVar on axis 0): for comparing with a layout MaxText's converter cannot write itself."""
+    MoEBiasVar on axis 0): for comparing with a layout MaxText's converter cannot write itself.
+    ``cycle`` > 0: MaxText scans whole cycles of that many layers (Llama 4): layer ``i`` is position
+    ``i % cycle`` of cycle ``i // cycle``, seen as ``decoder/<stack>/<stack>_{i % cycle}/X``."""
     import re
 
     groups: dict[tuple, dict[int, tuple]] = {}
@@ -114,8 +116,10 @@ def stacked_view(meta: dict) -> dict:
             rest[path] = m
             continue
         name, index = path[layer].rsplit("_", 1)
-        stacked = path[:layer] + (name,) + path[layer + 1:]
-        groups.setdefault(stacked, {})[int(index)] = path
+        position, index = (int(index) % cycle, int(index) // cycle) if cycle else (None, int(index))
+        inner = (f"{name}_{position}",) if cycle else ()
+        stacked = path[:layer] + (name, *inner) + path[layer + 1:]
+        groups.setdefault(stacked, {})[index] = path
     for stacked, layers in groups.items():
         axis = 1 if stacked[:2] == ("params", "params") else 0
         rest[stacked] = ("stack", [layers[i] for i in sorted(layers)], axis)
@@ -146,12 +150,16 @@ def load(items: Path, path: tuple, meta, raw: dict) -> np.ndarray:
     return restore_leaf(items, path, meta)
 
 
-def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False, moves: dict[tuple, tuple] | None = None) -> dict:
+def compare(ckpt_a: str, ckpt_b: str, stack_b: bool = False, moves: dict[tuple, tuple] | None = None,
+            cycle: int = 0, ignore_b: tuple[str, ...] = ()) -> dict:
     start = time.perf_counter()
     items_a, items_b = items_dir(ckpt_a), items_dir(ckpt_b)
     meta_a, raw_b = leaf_metadata(items_a), leaf_metadata(items_b)
-    meta_b = moved_view(stacked_view(raw_b) if stack_b else raw_b, moves or {})
+    ignored = sorted("/".join(p) for p in raw_b if any("/".join(p).startswith(i) for i in ignore_b))
+    raw_b = {p: m for p, m in raw_b.items() if "/".join(p) not in ignored}
+    meta_b = moved_view(stacked_view(raw_b, cycle) if stack_b else raw_b, moves or {})
     result = {"a": ckpt_a, "b": ckpt_b, "leaves_a": len(meta_a), "leaves_b": len(meta_b),
+              "ignored_in_b": ignored,
               "only_in_a": ["/".join(p) for p in sorted(set(meta_a) - set(meta_b))],
               "only_in_b": ["/".join(p) for p in sorted(set(meta_b) - set(meta_a))],
               "leaves_compared": 0, "bytes_compared": 0, "value_mismatches": [], "metadata_differences": [],
@@ -200,9 +208,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare B's leaves under prefix FROM (a/b) as if they were under TO")
     parser.add_argument("--stack-layers-of-b", action="store_true",
                         help="B is unscanned: stack its layers_{i} leaves on axis 1 before comparing")
+    parser.add_argument("--cycle", type=int, default=0,
+                        help="with --stack-layers-of-b: MaxText scans cycles of this many layers (layers/layers_{p})")
+    parser.add_argument("--ignore-in-b", action="append", default=[], metavar="PREFIX",
+                        help="leave B's leaves under PREFIX (a/b) out (listed in the JSON as ignored_in_b)")
     args = parser.parse_args(argv)
     moves = {tuple(old.split("/")): tuple(new.split("/")) for old, new in (m.split("=") for m in args.moved_in_b)}
-    result = compare(args.a, args.b, args.stack_layers_of_b, moves)
+    result = compare(args.a, args.b, args.stack_layers_of_b, moves, args.cycle, tuple(args.ignore_in_b))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     for row in result["leaves"]:
@@ -211,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"metadata  {diff['leaf']}: {diff['field']} {diff['a']} vs {diff['b']}")
     for name in result["only_in_a"] + result["only_in_b"]:
         print(f"missing  {name} (in one checkpoint only)")
+    if result["ignored_in_b"]:
+        print(f"ignored  {len(result['ignored_in_b'])} leaves of B under {', '.join(args.ignore_in_b)}")
     print(f"compare_outputs: {'IDENTICAL' if result['identical'] else 'DIFFERENT'}: {result['leaves_compared']} leaves, "
           f"{result['bytes_compared'] / 2**20:.1f} MiB compared bit for bit in {result['seconds']:.1f} s")
     return 0 if result["identical"] else 1

@@ -24,6 +24,8 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--class", dest="cls", help="the transformers model class (default: AutoModelForCausalLM's "
+                        "choice), e.g. Llama4ForConditionalGeneration for the hub's multimodal wrapper")
     args = parser.parse_args()
     import numpy as np
     import torch
@@ -32,12 +34,15 @@ def main() -> None:
     fields = json.loads(Path(args.config).read_text())
     config = transformers.AutoConfig.for_model(**fields)
     torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    if args.cls:
+        model = getattr(transformers, args.cls)(config).to(torch.float32).eval()
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for tensor in list(model.parameters()):
             noise = torch.randn(tensor.shape) * (0.05 if tensor.ndim > 1 else 0.1)
             tensor.copy_((tensor + noise if tensor.ndim == 1 else noise).to(torch.bfloat16).to(torch.float32))
-        tokens = [t % config.vocab_size for t in TOKENS]
+        tokens = [t % config.get_text_config().vocab_size for t in TOKENS]
         logits = model(torch.tensor([tokens])).logits[0].numpy()
     out = Path(args.out)
     model.to(torch.bfloat16).save_pretrained(str(out))

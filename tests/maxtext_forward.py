@@ -10,6 +10,9 @@ are post-norm (each branch's output normalised before the residual add) and its 
 all heads (a ``(heads * head_dim,)`` scale). DeepSeek's multi-head latent attention runs from its
 low-rank kernels (RoPE on the interleaved pairs of the rope dimensions, one rope key shared by all
 heads) and its MoE routes by sigmoid scores plus the router bias (stacked on axis 0 when scanned).
+Llama 4 skips RoPE on every 4th layer (NoPE; there its queries are temperature-tuned), L2-normalises
+q and k after RoPE on the others, and scales each chosen expert's *input* by the sigmoid of its
+router logit, beside a shared expert.
 If a conversion gets any of that wrong, logits differ from the HF model's.
 """
 
@@ -40,7 +43,8 @@ class Semantics:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     # plain | gemma2 (local/global pairs) | gemma3 (blocks of 6) | gpt_oss, olmo3 (blocks of 2, 4) | deepseek
-    # (``dense_layers`` then ``moe_layers``; extra["dense_layers"] of them dense)
+    # (``dense_layers`` then ``moe_layers``; extra["dense_layers"] of them dense) | llama4 (cycles of
+    # extra["cycle"]; extra["nope_interval"], extra["use_qk_norm"], extra["floor_scale"], extra["attn_scale"])
     layout: str = "plain"
     post_norm: bool = False  # OLMo 3: no pre-norms; attention and MLP outputs normalised before the residual add
     sliding_window: int | None = None  # tokens a sliding layer sees (itself included)
@@ -60,9 +64,10 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict | None) -> np.nd
         old = scaling["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
         scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq)
-        smooth = (old / wavelen - low) / (high - low)
-        medium = (wavelen >= old / high) & (wavelen <= old / low)
-        inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+        with np.errstate(divide="ignore", invalid="ignore"):  # Llama 4 Scout: high == low, no medium band
+            smooth = (old / wavelen - low) / (high - low)
+            medium = (wavelen >= old / high) & (wavelen <= old / low)
+            inv_freq = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     return inv_freq
 
 
@@ -97,7 +102,7 @@ def layer_params(params: dict, i: int, sem: Semantics, scan: bool) -> dict:
         half = "local" if i % 2 == 0 else "global"
         node = _take(decoder["layers"], i // 2, 1) if scan else decoder[f"layers_{i // 2}"]
         return {k[: -len(half) - 1]: v for k, v in node.items() if k.endswith("_" + half)}
-    period = {"gemma3": 6, "gpt_oss": 2, "olmo3": 4}.get(sem.layout)
+    period = {"gemma3": 6, "gpt_oss": 2, "olmo3": 4, "llama4": sem.extra.get("cycle")}.get(sem.layout)
     if period and scan:  # MaxText scans whole blocks: block position i % period, block i // period
         blocks = sem.num_layers // period
         if i < blocks * period:
@@ -211,6 +216,37 @@ def _deepseek_moe(h, block, sem: Semantics):
     return out
 
 
+def _llama4_moe(h, block, sem: Semantics):
+    """Llama 4: the top k router logits chosen; each chosen expert runs on the input scaled by the sigmoid of
+    its logit (MaxText: ``inputs_2d * router_scores``, outputs summed with weight 1), plus the shared expert."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    routed = block["MoeBlock_0"]
+    logits = h @ f32(routed["gate"]["kernel"])
+    top = np.argsort(-logits, axis=-1, kind="stable")[:, : sem.top_k]
+    scores = 1 / (1 + np.exp(-np.take_along_axis(logits, top, axis=-1)))
+    out = _mlp(h, block["shared_experts"], _silu)
+    wi_0, wi_1, wo = f32(routed["wi_0"]), f32(routed["wi_1"]), f32(routed["wo"])
+    for t in range(h.shape[0]):
+        for k in range(sem.top_k):
+            e, x = top[t, k], h[t] * scores[t, k]
+            out[t] += (_silu(x @ wi_0[e]) * (x @ wi_1[e])) @ wo[e]
+    return out
+
+
+def _llama4_positions(q, k, positions, sem: Semantics, nope: bool):
+    """Llama 4's q/k after projection: RoPE (interleaved pairs) then an L2 norm, or on a NoPE layer neither,
+    its queries temperature-tuned instead (1 + attn_scale * log1p(floor((position + 1) / floor_scale)))."""
+    if nope:
+        scale = np.log1p(np.floor((positions + 1) / sem.extra["floor_scale"])) * sem.extra["attn_scale"] + 1.0
+        return (q * scale[:, None, None]).astype(np.float32), k
+    inv_freq = rope_frequencies(q.shape[-1], sem.theta, sem.rope_scaling)
+    q, k = apply_rope(q, positions, inv_freq, True), apply_rope(k, positions, inv_freq, True)
+    if sem.extra["use_qk_norm"]:
+        l2 = lambda x: x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + sem.eps)  # noqa: E731
+        q, k = l2(q), l2(k)
+    return q, k
+
+
 def _mla_attention(h, att, positions, sem: Semantics):
     """Multi-head latent attention: queries through wq_a, q_norm, wq_b (or one query kernel); keys and values
     from wkv_a's latent (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope
@@ -246,7 +282,7 @@ def _qk_norm(x, scale, eps):
     return rms_norm(x.reshape(x.shape[0], -1), scale, eps).reshape(x.shape)
 
 
-def _attention(h, att, positions, sem: Semantics, window: int | None = None):
+def _attention(h, att, positions, sem: Semantics, window: int | None = None, nope: bool = False):
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
     k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
@@ -256,8 +292,11 @@ def _attention(h, att, positions, sem: Semantics, window: int | None = None):
     if "query_norm" in att:
         q, k = _qk_norm(q, att["query_norm"]["scale"], sem.eps), _qk_norm(k, att["key_norm"]["scale"], sem.eps)
     head_dim = q.shape[-1]
-    inv_freq = rope_frequencies(head_dim, sem.theta, sem.rope_scaling)
-    q, k = apply_rope(q, positions, inv_freq, sem.interleaved), apply_rope(k, positions, inv_freq, sem.interleaved)
+    if sem.layout == "llama4":
+        q, k = _llama4_positions(q, k, positions, sem, nope)
+    else:
+        inv_freq = rope_frequencies(head_dim, sem.theta, sem.rope_scaling)
+        q, k = apply_rope(q, positions, inv_freq, sem.interleaved), apply_rope(k, positions, inv_freq, sem.interleaved)
     if sem.runtime_query_scale:
         q = q / np.float32(math.sqrt(head_dim))
     groups = q.shape[1] // k.shape[1]
@@ -307,7 +346,8 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
         if sem.layout == "deepseek":
             x = x + _mla_attention(h, p["self_attention"], positions, sem)
         else:
-            x = x + _attention(h, p.get("self_attention", p.get("GptOssAttention")), positions, sem)
+            nope = sem.layout == "llama4" and (i + 1) % sem.extra["nope_interval"] == 0
+            x = x + _attention(h, p.get("self_attention", p.get("GptOssAttention")), positions, sem, nope=nope)
         h = rms_norm(x, p["post_self_attention_layer_norm"]["scale"], sem.eps)
         if "mlp" in p:  # a dense layer (every layer of a dense model; DeepSeek's first ones)
             x = x + _mlp(h, p["mlp"], _silu)
@@ -315,6 +355,8 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
             x = x + _deepseek_moe(h, p["DeepSeekMoeBlock_0"], sem)
         elif sem.moe == "gpt_oss":
             x = x + _gpt_oss_moe(h, p["GptOssMlp"], sem)
+        elif sem.moe == "llama4":
+            x = x + _llama4_moe(h, p["Llama4MoEBlock_0"], sem)
         else:
             x = x + _moe(h, p.get("moe_block", p.get("MoeBlock_0")), sem)
     x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)

@@ -245,6 +245,38 @@ def hybrid_leaves(config: dict, scan: bool) -> dict[str, tuple]:
 
 
 
+def llama4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's llama4 tree (Llama4DecoderLayer; Llama4ScannableBlock): every ``interleave_moe_layer_step``-th
+    layer holds Llama4MoEBlock_0 (MoeBlock_0 and shared_experts), the others a dense mlp; scanned, cycles of 4
+    layers (NoPE every 4th) as ``layers/layers_{p}`` over the cycles on axis 1."""
+    t = m.config().get("text_config", m.config())
+    emb, nq, nkv, hd, E = t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"], \
+        t["num_local_experts"]
+    mlp, moe, step, L = t["intermediate_size_mlp"], t["intermediate_size"], t["interleave_moe_layer_step"], \
+        t["num_hidden_layers"]
+    common = {"self_attention/query/kernel": (emb, nq, hd), "self_attention/key/kernel": (emb, nkv, hd),
+              "self_attention/value/kernel": (emb, nkv, hd), "self_attention/out/kernel": (nq, hd, emb),
+              "pre_self_attention_layer_norm/scale": (emb,), "post_self_attention_layer_norm/scale": (emb,)}
+    dense = common | {"mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
+    b = "Llama4MoEBlock_0"
+    sparse = common | {f"{b}/MoeBlock_0/gate/kernel": (emb, E), f"{b}/MoeBlock_0/wi_0": (E, emb, moe),
+                       f"{b}/MoeBlock_0/wi_1": (E, emb, moe), f"{b}/MoeBlock_0/wo": (E, moe, emb),
+                       f"{b}/shared_experts/wi_0/kernel": (emb, moe), f"{b}/shared_experts/wi_1/kernel": (emb, moe),
+                       f"{b}/shared_experts/wo/kernel": (moe, emb)}
+    leaves = {"params/params/token_embedder/embedding": (t["vocab_size"], emb),
+              "params/params/decoder/decoder_norm/scale": (emb,)}
+    if not m.tie_word_embeddings:
+        leaves["params/params/decoder/logits_dense/kernel"] = (emb, t["vocab_size"])
+    kind = lambda i: sparse if (i + 1) % step == 0 else dense  # noqa: E731
+    for i in range(4 if scan else L):
+        for name, shape in kind(i).items():
+            if scan:
+                leaves[f"params/params/decoder/layers/layers_{i}/{name}"] = stacked(shape, L // 4)
+            else:
+                leaves[f"params/params/decoder/layers_{i}/{name}"] = shape
+    return leaves
+
+
 # MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
 MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
@@ -254,6 +286,7 @@ MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple
     "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
     "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
+    "llama4": lambda mt, m, scan: llama4_leaves(m, scan),
 }
 
 
@@ -275,6 +308,9 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
                                 config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
+    if mt.startswith("llama4"):  # whole cycles of 4, Maverick's pattern (dense and MoE layers alternate)
+        return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=8, num_experts=4,
+                                moe_intermediate_size=32, config_overrides={"interleave_moe_layer_step": 2})
     if mt in ("qwen3_next", "qwen3_5_moe"):  # whole periods of 4 (Qwen3-Next: and a remainder of 2)
         return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=6 if mt == "qwen3_next" else 8,
                                 num_experts=4, moe_intermediate_size=32)

@@ -83,10 +83,20 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
                                     sliding_window=t["sliding_window"], sliding_layers=(True, True, True, False)),
     "qwen3_next": lambda m, t: hybrid_semantics(m.model_type, t),
     "qwen3_5_moe": lambda m, t: hybrid_semantics(m.model_type, t),
+    "llama4": lambda m, t: Semantics(
+        family="llama4", num_layers=m.num_layers, eps=t["rms_norm_eps"], theta=t["rope_parameters"]["rope_theta"],
+        rope_scaling=t["rope_parameters"], runtime_query_scale=True, moe="llama4", top_k=t["num_experts_per_tok"],
+        layout="llama4", extra={"cycle": 4, "nope_interval": t["no_rope_layer_interval"],
+                                "use_qk_norm": t["use_qk_norm"], "floor_scale": t["floor_scale"],
+                                "attn_scale": t["attn_scale"]}),
 }
 SEMANTICS["kimi_k25"] = SEMANTICS["deepseek"]  # Kimi-K2.5's text decoder is Kimi-K2's (in its text_config)
 # transformers' default attention for these has no sinks: its eager one does
 EAGER = {"gpt_oss"}
+# families whose checkpoints are a multimodal wrapper's: transformers' own class reads them, and its text model
+# runs the tokens (transformers 5.24's Llama4ForConditionalGeneration fails without images)
+CONDITIONAL = {"llama4": ("Llama4ForConditionalGeneration", "language_model"),  # by model_type
+               "kimi_k25": ("Kimi_K25ForConditionalGeneration", None)}
 
 
 def semantics(model: synth.SynthModel) -> Semantics:
@@ -100,21 +110,18 @@ EXAMPLES = {example.name: (family, example) for family in FAMILIES for example i
 CASES = {name: (synth.for_family(family, example.model), example.scan) for name, (family, example) in EXAMPLES.items()}
 
 
-# Multimodal wrappers AutoModelForCausalLM does not build: their own class reads the hub's files (text only here)
-WRAPPER_CLASSES = {"kimi_k25": "Kimi_K25ForConditionalGeneration"}
-
-
-def hf_logits(src, tokens: np.ndarray, conditional: bool = False, eager: bool = False,
-              wrapper: str | None = None) -> np.ndarray:
+def hf_logits(src, tokens: np.ndarray, conditional: bool | tuple[str, str | None] = False, eager: bool = False) -> np.ndarray:
+    """transformers' float32 logits; ``conditional``: the multimodal class to load (True: Gemma 3's), or
+    (class, its text model's attribute) to run the text model alone."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    cls = transformers.Gemma3ForConditionalGeneration if conditional else transformers.AutoModelForCausalLM
-    if wrapper in WRAPPER_CLASSES:
-        cls = getattr(transformers, WRAPPER_CLASSES[wrapper])
+    name, text = ("Gemma3ForConditionalGeneration", None) if conditional is True else conditional or (
+        "AutoModelForCausalLM", None)
+    cls = getattr(transformers, name)
     hf_model = cls.from_pretrained(str(src), dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
     hf_model.eval()
     with torch.no_grad():
-        return hf_model(torch.tensor(tokens[None])).logits[0].numpy()
+        return (getattr(hf_model, text) if text else hf_model)(torch.tensor(tokens[None])).logits[0].numpy()
 
 
 def maxtext_logits(dst, tokens: np.ndarray, sem: Semantics, scan: bool, vocab: int) -> np.ndarray:
@@ -132,7 +139,7 @@ def test_logits_match_hf(tmp_path, synth_dir, case):
     assert result.returncode == 0, result.stderr
 
     tokens = np.random.default_rng(3).integers(0, model.vocab_size, size=12)
-    expected = hf_logits(src, tokens, eager=family.name in EAGER, wrapper=model.model_type)
+    expected = hf_logits(src, tokens, conditional=CONDITIONAL.get(model.model_type, False), eager=family.name in EAGER)
     got = maxtext_logits(dst, tokens, semantics(model), scan, model.vocab_size)
     assert np.abs(expected).max() > 1e-3  # a real signal, not zeros
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)

@@ -1,0 +1,195 @@
+"""Llama 4 (``model_type: llama4``; Scout 17B-16E, Maverick 17B-128E): MaxText ``decoder_block: llama4``.
+
+(``llama4_text``: the text model alone, as ``Llama4ForCausalLM`` saves it: ``model.*`` and ``lm_head.weight``,
+its config flat; read through aliases onto the same rules. MaxText's scripts take only the wrapper's names.)
+
+The text decoder of ``Llama4ForConditionalGeneration``, stored as the hub ships it (``language_model.model.*``,
+``language_model.lm_head.weight``; its config in ``text_config``). As MaxText 0.2.5's Llama 4 scripts write
+it from hub files (``llama4_ckpt_unscanned.py``; scanned, ``llama_or_mistral_ckpt.py --huggingface-checkpoint``):
+
+- attention kernels are only reshaped: HF's Llama 4 already rotates interleaved pairs (MaxText's RoPE), and
+  MaxText scales queries at run time (``scale_query: False`` for llama4), so no permutation and no scaling;
+- MoE layers (every ``interleave_moe_layer_step``-th: Scout all, Maverick every second) hold
+  ``Llama4MoEBlock_0/MoeBlock_0`` (router ``gate``; experts ``wi_0``, ``wi_1``, ``wo``) and
+  ``Llama4MoEBlock_0/shared_experts``; the others a dense ``mlp`` of ``intermediate_size_mlp``;
+- the experts are stored fused, (experts, in, out) as MaxText holds them: ``experts.gate_up_proj``
+  (experts, emb, 2 * mlp), gate first, is cut into ``wi_0`` and ``wi_1``; ``experts.down_proj`` is ``wo``.
+
+Layers without RoPE (``no_rope_layers``: every ``no_rope_layer_interval``-th), the L2 q/k norm, chunked
+attention and attention temperature tuning are run-time settings (no weights); the patterns of NoPE and MoE
+layers must be the ones MaxText derives from its two intervals. Scanned, MaxText scans whole cycles of
+``inhomogeneous_layer_cycle_interval`` layers (the least common multiple of the two intervals: 4 for both
+releases) as ``decoder/layers/layers_{position}``, over the cycles (axis 1); a model whose layers are not
+whole cycles converts unscanned only. The vision tower and the projector (which MaxText's unscanned script
+also converts) are not converted and are named in the report.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ckptconv.families.base import (
+    GIB, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule, untied,
+)
+from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
+from ckptconv.families.transforms import TakeRanges
+from ckptconv.read.spec import ConfigReader, ModelSpec
+
+TEXT = "language_model."
+P = TEXT + "model.layers.{layer}."
+DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
+BLOCK = "Llama4MoEBlock_0"
+# experts.gate_up_proj (experts, emb, 2 * moe_mlp): gate the first half of the last axis, up the second
+GATE = TakeRanges("gate_half", 2, "moe_mlp2", 0, "moe_mlp")
+UP = TakeRanges("up_half", 2, "moe_mlp2", "moe_mlp", "moe_mlp")
+
+RULES = (
+    rule(P + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("q", "emb"), Q_KERNEL),
+    rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), KV_KERNEL),
+    rule(P + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL),
+    rule(P + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL),
+    rule(P + "input_layernorm.weight", ("pre_self_attention_layer_norm", "scale"), ("emb",)),
+    rule(P + "post_attention_layernorm.weight", ("post_self_attention_layer_norm", "scale"), ("emb",)),
+    # dense layers
+    rule(P + "feed_forward.gate_proj.weight", ("mlp", "wi_0", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
+    rule(P + "feed_forward.up_proj.weight", ("mlp", "wi_1", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
+    rule(P + "feed_forward.down_proj.weight", ("mlp", "wo", "kernel"), ("emb", "mlp"), KERNEL, kinds=DENSE),
+    # MoE layers: router, fused routed experts, the shared expert (as wide as one routed expert)
+    rule(P + "feed_forward.router.weight", (BLOCK, "MoeBlock_0", "gate", "kernel"), ("experts", "emb"), KERNEL,
+         kinds=MOE),
+    Rule(P + "feed_forward.experts.gate_up_proj", ("experts", "emb", "moe_mlp2"),
+         (Output((BLOCK, "MoeBlock_0", "wi_0"), (GATE,)), Output((BLOCK, "MoeBlock_0", "wi_1"), (UP,))), kinds=MOE),
+    rule(P + "feed_forward.experts.down_proj", (BLOCK, "MoeBlock_0", "wo"), ("experts", "moe_mlp", "emb"),
+         kinds=MOE),
+    rule(P + "feed_forward.shared_expert.gate_proj.weight", (BLOCK, "shared_experts", "wi_0", "kernel"),
+         ("moe_mlp", "emb"), KERNEL, kinds=MOE),
+    rule(P + "feed_forward.shared_expert.up_proj.weight", (BLOCK, "shared_experts", "wi_1", "kernel"),
+         ("moe_mlp", "emb"), KERNEL, kinds=MOE),
+    rule(P + "feed_forward.shared_expert.down_proj.weight", (BLOCK, "shared_experts", "wo", "kernel"),
+         ("emb", "moe_mlp"), KERNEL, kinds=MOE),
+    rule(TEXT + "model.embed_tokens.weight", ("token_embedder", "embedding"), ("vocab", "emb")),
+    rule(TEXT + "model.norm.weight", ("decoder", "decoder_norm", "scale"), ("emb",)),
+    rule(TEXT + "lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL, when=untied,
+         note=TIED_NOTE),
+)
+
+
+def read_spec(cfg: ConfigReader) -> ModelSpec:
+    tied = cfg.bool("tie_word_embeddings", False)
+    if cfg.config.get("model_type") == "llama4":  # the multimodal wrapper: the decoder's config in text_config
+        cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index", "vision_config")
+        text = cfg.nested("text_config")
+        text.require("model_type", ("llama4_text",), "llama4_text")
+        if text.bool("tie_word_embeddings", tied) != tied:
+            text.fail(f"tie_word_embeddings={not tied} differs from the model's tie_word_embeddings={tied}")
+    else:
+        text = cfg
+    text.require("hidden_act", ("silu",), "silu")
+    text.require("attention_bias", (False,), False)
+    text.rope()
+    text.runtime("rms_norm_eps", "max_position_embeddings", "num_experts_per_tok", "use_qk_norm",
+                 "attention_chunk_size", "attn_temperature_tuning", "floor_scale", "attn_scale",
+                 "cache_implementation", "for_llm_compressor", "layer_types")
+    dims = read_attention(text)
+    layers = text.int("num_hidden_layers")
+    dims |= {"vocab": text.int("vocab_size"), "mlp": text.int("intermediate_size_mlp"),
+             "moe_mlp": text.int("intermediate_size"), "experts": text.int("num_local_experts")}
+    dims["moe_mlp2"] = 2 * dims["moe_mlp"]
+    step, nope = text.int("interleave_moe_layer_step", 1), text.int("no_rope_layer_interval", 4)
+    moe = [i for i in range(layers) if (i + 1) % step == 0]  # MaxText: determine_is_moe_layer
+    if text.raw("moe_layers") is not None and text.raw("moe_layers") != moe:
+        text.fail(f"moe_layers={_short(text.raw('moe_layers'))} is not every {step}-th layer "
+                  f"(interleave_moe_layer_step={step}), the only pattern MaxText's llama4 decoder runs")
+    ropes = [int((i + 1) % nope != 0) for i in range(layers)]  # MaxText: determine_is_nope_layer
+    if text.raw("no_rope_layers") not in (None, [], ropes):
+        text.fail(f"no_rope_layers={_short(text.raw('no_rope_layers'))} is not a NoPE layer every {nope} "
+                  f"(no_rope_layer_interval={nope}), the only pattern MaxText's llama4 decoder runs")
+    values = {"tie_word_embeddings": tied, "moe_layers": tuple(moe), "cycle": math.lcm(step, nope)}
+    return make_spec(cfg, "llama4", dims, values, layers)
+
+
+def _short(value: object) -> str:
+    s = str(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """``decoder/layers/layers_{p}`` over the cycles (scanned), else ``decoder/layers_{i}``; each layer dense
+    or MoE by its index."""
+    moe, layers = spec.value("moe_layers"), spec.num_layers
+    if not scan:
+        return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False, kind="moe" if i in moe else "dense")
+                     for i in range(layers))
+    cycle = spec.value("cycle")
+    if layers % cycle:
+        raise LayoutError(f"num_hidden_layers={layers} is not a multiple of {cycle} (MaxText's "
+                          "inhomogeneous_layer_cycle_interval for these NoPE and MoE intervals): its llama4 scan "
+                          "holds whole cycles only (convert with --no-scan-layers)")
+    return tuple(LayerStack(("decoder", "layers", f"layers_{p}"), tuple(range(p, layers, cycle)), True,
+                            kind="moe" if p in moe else "dense") for p in range(cycle))
+
+
+def synthetic_config(m: Sizes) -> dict:
+    """Llama4ForConditionalGeneration's config.json as transformers writes it, with Scout's run-time settings
+    (Llama 3.1 RoPE scaling, NoPE every 4th layer, L2 q/k norm); ``num_experts`` > 0 sets the experts,
+    ``config_overrides`` e.g. Maverick's ``interleave_moe_layer_step: 2``. A one-layer vision tower's config
+    rides along (its tensors, if written, are reported, not converted)."""
+    text = {"model_type": "llama4_text", "vocab_size": m.vocab_size, "hidden_size": m.hidden_size,
+            "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
+            "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
+            "intermediate_size": m.moe_intermediate_size or m.intermediate_size // 2,
+            "intermediate_size_mlp": m.intermediate_size, "num_local_experts": m.num_experts or 4,
+            "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "no_rope_layer_interval": 4,
+            "hidden_act": "silu", "attention_bias": False, "rms_norm_eps": 1e-5, "use_qk_norm": True,
+            "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+            "max_position_embeddings": 4096, "tie_word_embeddings": m.tie_word_embeddings,
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
+                                "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                                "original_max_position_embeddings": 64}}
+    vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 64, "image_size": 28, "patch_size": 14,
+              "vision_output_dim": 64, "projector_input_dim": 64, "projector_output_dim": 64}
+    if m.model_type == "llama4_text":
+        return {**text, "architectures": ["Llama4ForCausalLM"], "torch_dtype": m.dtype}
+    return {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
+            "vision_config": vision, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
+            "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+
+
+MAVERICK = {"interleave_moe_layer_step": 2}
+SMALL = {"num_experts": 4, "moe_intermediate_size": 32, "intermediate_size": 96, "tie_word_embeddings": False}
+# Scout's widths (hidden 5120, 40 query / 8 KV heads of 128, expert MLP 8192, dense MLP 16384; a smaller vocabulary
+# to keep the suite's disk use down), one cycle of Maverick's pattern (2 dense + 2 MoE layers) with 2 experts
+WIDTHS = {"vocab_size": 32000, "hidden_size": 5120, "num_heads": 40, "num_kv_heads": 8, "head_dim": 128,
+          "intermediate_size": 16384, "moe_intermediate_size": 8192, "tie_word_embeddings": False}
+# the whole Scout release (48 layers of 16 experts, vocabulary 202048), planned from header-only files
+SCOUT = {**WIDTHS, "vocab_size": 202048, "num_layers": 48, "num_experts": 16}
+
+SYNTHETIC = Synthetic(
+    config=synthetic_config,
+    round_trip=(Example("llama4-scout", {**SMALL, "num_layers": 4}),
+                Example("llama4-maverick", {**SMALL, "num_layers": 8, "config_overrides": MAVERICK}),
+                Example("llama4_text", {**SMALL, "model_type": "llama4_text", "num_layers": 4,
+                                        "config_overrides": MAVERICK})),
+    logits=(Example("llama4-maverick", {**SMALL, "num_layers": 8, "config_overrides": MAVERICK}, devices=4),
+            Example("llama4-scout-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4),
+            Example("llama4_text", {**SMALL, "model_type": "llama4_text", "num_layers": 4,
+                                    "config_overrides": MAVERICK}, devices=4)),
+    hub_prefixes={"llama4_text": (TEXT, "")},
+    memory=(MemoryExample("llama4-scout-widths", {**WIDTHS, "num_layers": 4, "num_experts": 2,
+                                                  "config_overrides": MAVERICK},
+                          devices=(16, 1), bound=int(1.5 * GIB), source_bytes=3 * GIB, full=SCOUT,
+                          max_shard_bytes=5 * 10**9),),
+)
+
+FAMILY = Family(
+    name="llama4",
+    model_types=("llama4", "llama4_text"),
+    decoder_block="llama4",
+    rules=RULES,
+    read_spec=read_spec,
+    synthetic=SYNTHETIC,
+    layout=layout,
+    aliases=(("model.", TEXT + "model."), ("lm_head.", TEXT + "lm_head.")),  # llama4_text: Llama4ForCausalLM's names
+    not_converted=lambda spec: (("vision_model.", "vision tower"), ("multi_modal_projector.", "multimodal projector")),
+)
