@@ -7,6 +7,8 @@ are every family's own logit examples (``Family.synthetic.logits``); MaxText's r
 behaviour per family is the table ``SEMANTICS`` below.
 """
 
+import json
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -83,7 +85,13 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
                                     sliding_window=t["sliding_window"], sliding_layers=(True, True, True, False)),
     "qwen3_next": lambda m, t: hybrid_semantics(m.model_type, t),
     "qwen3_5_moe": lambda m, t: hybrid_semantics(m.model_type, t),
+    # the multimodal wrappers' text decoders on text (one position per token: mRoPE is plain RoPE)
+    "qwen3_vl": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True),
+    "qwen3_vl_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, t),
+    "qwen3_omni_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, m.config()["thinker_config"]["text_config"]),
 }
+# multimodal wrappers AutoModelForCausalLM does not build
+WRAPPERS = {"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
 # transformers' default attention for these has no sinks: its eager one does
 EAGER = {"gpt_oss"}
 
@@ -103,10 +111,13 @@ def hf_logits(src, tokens: np.ndarray, conditional: bool = False, eager: bool = 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cls = transformers.Gemma3ForConditionalGeneration if conditional else transformers.AutoModelForCausalLM
+    architecture = json.loads((Path(src) / "config.json").read_text())["architectures"][0]
+    if architecture in WRAPPERS:  # no AutoModelForCausalLM: the release's own class (Qwen3-Omni: its thinker)
+        cls = getattr(transformers, architecture)
     hf_model = cls.from_pretrained(str(src), dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
     hf_model.eval()
     with torch.no_grad():
-        return hf_model(torch.tensor(tokens[None])).logits[0].numpy()
+        return getattr(hf_model, "thinker", hf_model)(torch.tensor(tokens[None])).logits[0].numpy()
 
 
 def maxtext_logits(dst, tokens: np.ndarray, sem: Semantics, scan: bool, vocab: int) -> np.ndarray:

@@ -102,7 +102,7 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
         if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
-        shapes[hub + name[len(stored):] if stored and name.startswith(stored) else name] = shape
+        shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
