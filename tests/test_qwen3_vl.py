@@ -66,3 +66,23 @@ def test_unknown_decoder_fields_are_refused_by_name(model_type, where):
     node["mystery"] = 1
     with pytest.raises(BadInputError, match=rf"{': '.join(where)}: unknown field\(s\) 'mystery'"):
         read_spec(BY_MODEL_TYPE[model_type], config, "config.json")
+
+
+# MaxText 0.2.5's model configs (configs/models/*.yml): layers, emb, heads, kv heads, head_dim, experts, vocab, tied
+RELEASES = {"qwen3-vl-2b": (28, 2048, 16, 8, 128, None, 151936, True),
+            "qwen3-vl-4b": (36, 2560, 32, 8, 128, None, 151936, True),
+            "qwen3-vl-30b-a3b": (48, 2048, 32, 4, 128, 128, 151936, False),
+            # MaxText's copy: its layer and expert counts, transformers' defaults for the rest
+            "qwen3-omni-30b-a3b": (48, 2048, 28, 4, 73, 128, 3584, False)}
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_the_releases_configs_read_as_maxtexts_models(name):
+    from tests.published_configs import QWEN3_MULTIMODAL
+
+    config = QWEN3_MULTIMODAL[name]
+    spec = read_spec(BY_MODEL_TYPE[config["model_type"]], config, "config.json")
+    layers, emb, heads, kv, hd, experts, vocab, tied = RELEASES[name]
+    assert (spec.num_layers, spec.dim("emb"), spec.dim("heads"), spec.dim("kv_heads"), spec.dim("hd")) == (
+        layers, emb, heads, kv, hd)
+    assert (spec.dims.get("experts"), spec.dim("vocab"), spec.value("tie_word_embeddings")) == (experts, vocab, tied)
