@@ -19,6 +19,16 @@ from ckptconv.commands import synth
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+# multimodal wrappers AutoModelForCausalLM does not build: their own classes (Qwen3-Omni: logits from its thinker)
+WRAPPERS = {"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
+
+
+def causal_lm_class(transformers, directory: Path):
+    """The transformers class a checkpoint's text logits come from: AutoModelForCausalLM, or a wrapper's own."""
+    architecture = json.loads((Path(directory) / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, architecture) if architecture in WRAPPERS else transformers.AutoModelForCausalLM
+
+
 def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8, targets=ALL, seed: int = 0,
                  std: float = 0.05, **config) -> Path:
     """A PEFT LoRA adapter of the HF model at ``base``, with random A and B, saved (safetensors) at ``directory``."""
@@ -26,7 +36,7 @@ def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = causal_lm_class(transformers, base).from_pretrained(str(base), dtype=torch.float32)
     lora = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), **config)
     wrapped = peft.get_peft_model(model, lora)
     rng = np.random.default_rng(seed)

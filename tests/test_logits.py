@@ -7,8 +7,6 @@ are every family's own logit examples (``Family.synthetic.logits``); MaxText's r
 behaviour per family is the table ``SEMANTICS`` below.
 """
 
-import json
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -18,6 +16,7 @@ from ckptconv.commands import synth
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES
 from tests import maxtext_forward
 from tests.conftest import run_cli
+from tests.lora_adapters import causal_lm_class
 from tests.maxtext_forward import Semantics
 from tests.test_convert import restore
 
@@ -90,8 +89,6 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
     "qwen3_vl_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, t),
     "qwen3_omni_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, m.config()["thinker_config"]["text_config"]),
 }
-# multimodal wrappers AutoModelForCausalLM does not build
-WRAPPERS = {"Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration"}
 # transformers' default attention for these has no sinks: its eager one does
 EAGER = {"gpt_oss"}
 
@@ -111,9 +108,8 @@ def hf_logits(src, tokens: np.ndarray, conditional: bool = False, eager: bool = 
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cls = transformers.Gemma3ForConditionalGeneration if conditional else transformers.AutoModelForCausalLM
-    architecture = json.loads((Path(src) / "config.json").read_text())["architectures"][0]
-    if architecture in WRAPPERS:  # no AutoModelForCausalLM: the release's own class (Qwen3-Omni: its thinker)
-        cls = getattr(transformers, architecture)
+    if not conditional:  # a multimodal wrapper: its own class (Qwen3-Omni: its thinker's logits)
+        cls = causal_lm_class(transformers, src)
     hf_model = cls.from_pretrained(str(src), dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
     hf_model.eval()
     with torch.no_grad():

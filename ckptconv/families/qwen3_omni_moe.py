@@ -4,7 +4,8 @@ qwen3_moe``, text decoder only.
 The thinker's text decoder (``thinker.model.*``, ``thinker.lm_head.weight``; its config in
 ``thinker_config.text_config``) is Qwen3-MoE's, its experts stored one by one, so the rules are
 :mod:`ckptconv.families.qwen3_moe`'s, read through aliases. The thinker's ``tie_word_embeddings`` decides the
-head. Not converted, and named in the report: the thinker's vision and audio towers (MaxText's
+head (a PEFT adapter of transformers 5's model names the decoder ``thinker.model.language_model.*``, also read).
+Not converted, and named in the report: the thinker's vision and audio towers (MaxText's
 ``use_multimodal`` / ``use_audio``), and the talker and code2wav (speech output, which MaxText does not hold).
 """
 
@@ -16,8 +17,10 @@ from ckptconv.families.decoder import decoder_config, make_spec, read_dense_dims
 from ckptconv.families.moe import read_experts
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
-NOT_CONVERTED = (("thinker.visual.", "vision tower (MaxText use_multimodal; not converted yet)"),
-                 ("thinker.audio_tower.", "audio tower (MaxText use_audio; not converted yet)"),
+VISION, AUDIO = "vision tower (MaxText use_multimodal; not converted yet)", "audio tower (MaxText use_audio; not converted yet)"
+# as stored, and as transformers 5 names the modules in memory (what a PEFT adapter of its model is saved with)
+NOT_CONVERTED = (("thinker.visual.", VISION), ("thinker.model.visual.", VISION),
+                 ("thinker.audio_tower.", AUDIO), ("thinker.model.audio_tower.", AUDIO),
                  ("talker.", "talker (speech output: not in MaxText)"),
                  ("code2wav.", "code2wav vocoder (speech output: not in MaxText)"))
 TOP_RUNTIME = ("enable_audio_output", "im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id",
@@ -99,6 +102,7 @@ FAMILY = Family(
     rules=qwen3_moe.FAMILY.rules,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
-    aliases=(("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
+    # the hub's names; transformers 5 holds the decoder as thinker.model.language_model (a PEFT adapter's names)
+    aliases=(("thinker.model.language_model.", "model."), ("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
     not_converted=lambda spec: NOT_CONVERTED,
 )
