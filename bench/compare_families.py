@@ -96,7 +96,7 @@ def overrides(case: Case) -> list[str]:
         if model_type == "deepseek_v32":  # the indexer's sizes (MaxText: indexer_n_heads, indexer_head_dim)
             values |= {"indexer_n_heads": config["index_n_heads"], "indexer_head_dim": config["index_head_dim"]}
         return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
-    text = config.get("text_config", config)
+    text = config.get("thinker_config", config).get("text_config", config)  # Qwen3-Omni: the thinker's decoder
     layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
     head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])  # OLMo 3 has no field
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
@@ -118,9 +118,18 @@ def overrides(case: Case) -> list[str]:
         sections = text.get("rope_parameters", {}).get("mrope_section")
         if sections:  # MaxText checks they cover the (tiny) rotary dims
             values["mrope_section"] = json.dumps(sections).replace(" ", "")
-    if model_type in ("qwen3_moe", "mixtral", "gpt_oss"):
+    if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "qwen3_vl_moe", "qwen3_omni_moe"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
+    if model_type in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe"):  # the text decoder only (MaxText's default: not)
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        values |= {"use_multimodal": "false", "mrope_section": json.dumps(rope["mrope_section"]).replace(" ", "")}
+        if model_type == "qwen3_omni_moe":
+            values["use_audio"] = "false"
+        if case.scan:  # MaxText refuses scan_layers with any deepstack index, which only the vision path uses
+            values["deepstack_visual_indexes_for_vit"] = "[]"
+        if model_type != "qwen3_vl":
+            values["base_mlp_dim"] = text["moe_intermediate_size"]
     return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
 
 
@@ -135,6 +144,11 @@ DEEPSEEK_V2 = synth.SynthModel(model_type="deepseek_v2", hidden_size=256, num_la
 DEEPSEEK_V32 = synth.SynthModel(model_type="deepseek_v32", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
                                 intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
                                 vocab_size=300, config_overrides={"index_n_heads": 4, "index_head_dim": 32})
+QWEN3_VL = synth.SynthModel(model_type="qwen3_vl", num_layers=4, tie_word_embeddings=True, vocab_size=300)
+QWEN3_VL_MOE = synth.SynthModel(model_type="qwen3_vl_moe", num_layers=4, num_experts=4, moe_intermediate_size=48,
+                                tie_word_embeddings=False, vocab_size=300)
+QWEN3_OMNI = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=4, num_experts=4, moe_intermediate_size=48,
+                              tie_word_embeddings=False, vocab_size=300)
 # MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
 V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
@@ -228,6 +242,20 @@ CASES = [
     # in the hub's form by synth with an Instruct release's YaRN
     Case("olmo3", OLMO3, "olmo3-7b", maker="transformers"),
     Case("olmo3-noscan-1dev", OLMO3, "olmo3-7b", scan=False, devices=1, loader="safetensors", maker="transformers"),
+    # Qwen3-VL and Qwen3-Omni's text decoders, made by transformers' own classes (vision and audio towers beside
+    # them; Qwen3-VL-MoE's fused experts in the releases' layout: bench/hf_tiny.py), MaxText with use_multimodal=false
+    Case("qwen3-vl", QWEN3_VL, "qwen3-vl-2b", maker="transformers"),
+    Case("qwen3-vl-noscan-1dev", QWEN3_VL, "qwen3-vl-2b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    Case("qwen3-vl-moe-noscan", QWEN3_VL_MOE, "qwen3-vl-30b-a3b", scan=False, maker="transformers"),
+    Case("qwen3-vl-moe-noscan-1dev", QWEN3_VL_MOE, "qwen3-vl-30b-a3b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    # MaxText's scanned mapping names Qwen3-VL-MoE's experts one by one: its scanned conversion cannot run
+    Case("qwen3-vl-moe", QWEN3_VL_MOE, "qwen3-vl-30b-a3b", maker="transformers"),
+    Case("qwen3-vl-moe-vs-restacked", QWEN3_VL_MOE, "qwen3-vl-30b-a3b", maker="transformers", maxtext_unscanned=True),
+    Case("qwen3-omni", QWEN3_OMNI, "qwen3-omni-30b-a3b", maker="transformers"),
+    Case("qwen3-omni-noscan-1dev", QWEN3_OMNI, "qwen3-omni-30b-a3b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
     Case("olmo3-32b-yarn-hub", OLMO3_YARN, "olmo3-32b"),
     Case("olmo3-32b-yarn-hub-noscan-1dev", OLMO3_YARN, "olmo3-32b", scan=False, devices=1, loader="safetensors"),
 ]

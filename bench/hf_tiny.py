@@ -3,7 +3,9 @@
     <maxtext-venv>/bin/python bench/hf_tiny.py CONFIG_JSON OUT_DIR [--seed N]
 
 ``CONFIG_JSON`` is a ``config.json`` (e.g. one ``ckptconv.commands.synth`` writes, in the hub's form);
-transformers builds the model from it (``AutoConfig.for_model``, ``AutoModelForCausalLM.from_config``),
+transformers builds the model from it (``AutoConfig.for_model``, ``AutoModelForCausalLM.from_config``, or for a
+multimodal wrapper AutoModelForCausalLM does not build, Qwen3-VL's and Qwen3-Omni's, the class its ``architectures``
+names, vision and audio towers included; Qwen3-Omni's logits are its thinker's),
 its random weights rounded to bfloat16 (so a bfloat16 file holds them exactly and a float32
 reference agrees with any bf16 or f32 conversion), and ``save_pretrained`` writes what transformers
 writes: its own ``config.json`` and tensor names. Beside them, ``hf_logits.npy``: the model's float32
@@ -17,6 +19,24 @@ import json
 from pathlib import Path
 
 TOKENS = [3, 17, 101, 42, 7, 200, 9, 64, 5, 33, 250, 11]
+
+
+# transformers 5 holds these fused experts as (experts, 2 * mlp, emb) / (experts, emb, mlp) and save_pretrained
+# writes that; the releases (and MaxText's converter) have (experts, emb, 2 * mlp) / (experts, mlp, emb)
+HUB_EXPERTS_TRANSPOSED = {"qwen3_vl_moe": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+
+
+def hub_expert_layout(out: Path) -> None:
+    """Rewrite the saved files with the fused experts in the releases' layout (their last two axes swapped)."""
+    from safetensors.torch import load_file, save_file
+
+    model_type = json.loads((out / "config.json").read_text())["model_type"]
+    for path in sorted(out.glob("*.safetensors")):
+        tensors = load_file(str(path))
+        for name in tensors:
+            if name.endswith(HUB_EXPERTS_TRANSPOSED[model_type]):
+                tensors[name] = tensors[name].transpose(1, 2).contiguous()
+        save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def main() -> None:
@@ -37,15 +57,21 @@ def main() -> None:
     if args.cls:
         model = getattr(transformers, args.cls)(config).to(torch.float32).eval()
     else:
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        except ValueError:  # a multimodal wrapper (Qwen3-VL, Qwen3-Omni): its own class, from config.json's architectures
+            model = getattr(transformers, fields["architectures"][0])._from_config(config, dtype=torch.float32).eval()
+    text = config.get_text_config()
     with torch.no_grad():
         for tensor in list(model.parameters()):
             noise = torch.randn(tensor.shape) * (0.05 if tensor.ndim > 1 else 0.1)
             tensor.copy_((tensor + noise if tensor.ndim == 1 else noise).to(torch.bfloat16).to(torch.float32))
-        tokens = [t % config.get_text_config().vocab_size for t in TOKENS]
-        logits = model(torch.tensor([tokens])).logits[0].numpy()
+        tokens = [t % text.vocab_size for t in TOKENS]
+        logits = getattr(model, "thinker", model)(torch.tensor([tokens])).logits[0].numpy()  # Omni: the thinker's
     out = Path(args.out)
     model.to(torch.bfloat16).save_pretrained(str(out))
+    if fields["model_type"] in HUB_EXPERTS_TRANSPOSED:
+        hub_expert_layout(out)
     np.save(out / "hf_logits.npy", logits)
     np.save(out / "hf_tokens.npy", np.asarray(tokens, np.int32))
     print(json.dumps({"class": type(model).__name__, "tensors": len(model.state_dict()),

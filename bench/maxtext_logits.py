@@ -53,6 +53,16 @@ CASES = [Case(f"olmo3{'-yarn' if yarn else ''}-{'scan' if scan else 'noscan'}", 
          for yarn in (False, True) for scan in (True, False)]
 CASES += [Case(f"olmo3-yarn-every-layer-{'scan' if scan else 'noscan'}", "olmo3", "olmo3-7b", scan, OLMO3, True, True)
           for scan in (True, False)]
+# Qwen3-VL (dense, MoE) and Qwen3-Omni-MoE's text decoders (towers beside them in the checkpoint), MaxText with
+# use_multimodal=false: 4 layers, GQA, 4 experts of width 48
+QWEN3_MM = {"num_layers": 4, "num_kv_heads": 2, "vocab_size": 300}
+QWEN3_MM_MOE = QWEN3_MM | {"num_experts": 4, "moe_intermediate_size": 48, "tie_word_embeddings": False}
+CASES += [Case(f"{name}-{'scan' if scan else 'noscan'}", model_type, maxtext_model, scan, sizes)
+          for name, model_type, maxtext_model, sizes in (
+              ("qwen3-vl", "qwen3_vl", "qwen3-vl-2b", QWEN3_MM), ("qwen3-vl-moe", "qwen3_vl_moe", "qwen3-vl-30b-a3b",
+                                                                   QWEN3_MM_MOE),
+              ("qwen3-omni", "qwen3_omni_moe", "qwen3-omni-30b-a3b", QWEN3_MM_MOE))
+          for scan in (True, False)]
 
 
 def hf_config(case: Case) -> dict:
@@ -75,8 +85,10 @@ def reference_config(case: Case, config: dict) -> dict:
     return rest | {"rope_parameters": {"sliding_attention": dict(yarn), "full_attention": dict(yarn)}}
 
 
-def maxtext_overrides(config: dict) -> dict:
-    """MaxText settings that give its olmo3 model this checkpoint's sizes and run-time behaviour."""
+def maxtext_overrides(config: dict, scan: bool = True) -> dict:
+    """MaxText settings that give its model this checkpoint's sizes and run-time behaviour."""
+    if config["model_type"] in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe"):
+        return multimodal_overrides(config, scan)
     heads = config["num_attention_heads"]
     values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": heads,
               "base_num_kv_heads": config["num_key_value_heads"],
@@ -92,6 +104,26 @@ def maxtext_overrides(config: dict) -> dict:
                    "original_max_position_embeddings": yarn["original_max_position_embeddings"]}
     else:
         values |= {"rope_type": "default"}
+    return values
+
+
+def multimodal_overrides(config: dict, scan: bool) -> dict:
+    """Qwen3-VL / Qwen3-Omni's text decoder alone: sizes from its text config, the towers off. On text, mRoPE is
+    plain RoPE (one position per token, all three sections), so MaxText runs it as plain RoPE (use_mrope=false);
+    its configs' deepstack indexes (which refuse scan_layers) serve only the vision path."""
+    text = config.get("thinker_config", config)["text_config"]
+    values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "base_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"]),
+              "base_num_decoder_layers": text["num_hidden_layers"], "vocab_size": text["vocab_size"],
+              "normalization_layer_epsilon": text["rms_norm_eps"], "rope_max_timescale": text["rope_theta"],
+              "use_multimodal": "false", "use_audio": "false", "use_mrope": "false",
+              "logits_via_embedding": str(bool(config.get("thinker_config", config)["tie_word_embeddings"])).lower()}
+    if scan:
+        values["deepstack_visual_indexes_for_vit"] = "[]"
+    if "num_experts" in text:
+        values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["num_experts_per_tok"],
+                   "base_moe_mlp_dim": text["moe_intermediate_size"], "norm_topk_prob": text["norm_topk_prob"]}
     return values
 
 
@@ -112,7 +144,7 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
         "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
         "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
         "max_target_length": len(tokens), "max_prefill_predict_length": len(tokens), "enable_checkpointing": False,
-        "enable_dropout": False, **maxtext_overrides(config),
+        "enable_dropout": False, **maxtext_overrides(config, scan),
     }
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
     mt_config = pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])

@@ -19,8 +19,24 @@ from ckptconv.commands import synth
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-# Multimodal wrappers AutoModelForCausalLM does not build (their own class reads the hub's files)
-WRAPPER_CLASSES = {"kimi_k25": "Kimi_K25ForConditionalGeneration"}
+# Multimodal wrappers AutoModelForCausalLM does not build, by config.json's architecture: transformers' own class
+# for them (Qwen3-Omni's text logits come from its thinker: see text_model)
+WRAPPERS = {"Qwen3VLForConditionalGeneration": "Qwen3VLForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeForConditionalGeneration",
+            "Qwen3OmniMoeForConditionalGeneration": "Qwen3OmniMoeForConditionalGeneration",
+            "KimiK25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration",
+            "Kimi_K25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration"}
+
+
+def causal_lm_class(transformers, directory: Path):
+    """The transformers class a checkpoint's text logits come from: AutoModelForCausalLM, or a wrapper's own."""
+    architecture = json.loads((Path(directory) / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, WRAPPERS[architecture]) if architecture in WRAPPERS else transformers.AutoModelForCausalLM
+
+
+def text_model(model):
+    """The part of a loaded model whose forward gives the text logits (Qwen3-Omni: its thinker)."""
+    return getattr(model, "thinker", model)
 
 
 def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8, targets=ALL, seed: int = 0,
@@ -30,9 +46,7 @@ def make_adapter(base: Path, directory: Path, *, rank: int = 4, alpha: float = 8
     import torch
     import transformers
 
-    model_type = json.loads((Path(base) / "config.json").read_text())["model_type"]
-    cls = getattr(transformers, WRAPPER_CLASSES.get(model_type, "AutoModelForCausalLM"))
-    model = cls.from_pretrained(str(base), dtype=torch.float32)
+    model = causal_lm_class(transformers, base).from_pretrained(str(base), dtype=torch.float32)
     lora = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), **config)
     wrapped = peft.get_peft_model(model, lora)
     rng = np.random.default_rng(seed)

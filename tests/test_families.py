@@ -5,6 +5,7 @@ tree, printed by building the model for each decoder block), not from ckptconv's
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -287,6 +288,11 @@ MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple
     "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "llama4": lambda mt, m, scan: llama4_leaves(m, scan),
+    # the multimodal wrappers' text decoders: MaxText's qwen3 / qwen3_moe decoder blocks (configs/models/qwen3-vl-*,
+    # qwen3-omni-30b-a3b.yml), the same tree as the text-only model of the same sizes
+    "qwen3_vl": lambda mt, m, scan: decoder_leaves("qwen3", replace(m, model_type="qwen3"), scan),
+    "qwen3_vl_moe": lambda mt, m, scan: decoder_leaves("qwen3_moe", replace(m, model_type="qwen3_moe"), scan),
+    "qwen3_omni_moe": lambda mt, m, scan: decoder_leaves("qwen3_moe", replace(m, model_type="qwen3_moe"), scan),
 }
 
 
@@ -315,7 +321,7 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
         return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=6 if mt == "qwen3_next" else 8,
                                 num_experts=4, moe_intermediate_size=32)
     return synth.SynthModel(model_type=mt, tie_word_embeddings=tied, num_layers=layers,
-                            num_experts=6 if mt in ("qwen3_moe", "mixtral") else 0, moe_intermediate_size=48)
+                            num_experts=6 if mt in ("qwen3_moe", "mixtral", "qwen3_vl_moe", "qwen3_omni_moe") else 0, moe_intermediate_size=48)
 
 
 @pytest.mark.parametrize("scan", [True, False])

@@ -205,7 +205,7 @@ def test_conditional_generation_checkpoint_saved_by_transformers(tmp_path):
     and projector are reported, the text logits match, and export gives back the names it saved."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from tests.test_logits import CONDITIONAL, hf_logits, maxtext_logits, semantics
+    from tests.test_logits import hf_logits, maxtext_logits, semantics
 
     torch.manual_seed(0)
     model = synth.SynthModel(model_type="kimi_k25", hidden_size=64, num_layers=3, num_heads=4, head_dim=16,
@@ -223,7 +223,7 @@ def test_conditional_generation_checkpoint_saved_by_transformers(tmp_path):
     report = json.loads((dst / "ckptconv-report.json").read_text())
     assert sorted(e["what"] for e in report["not_converted"]) == ["multimodal projector", "vision tower (MoonViT)"]
     tokens = np.random.default_rng(5).integers(0, 128, size=10)
-    expected = hf_logits(src, tokens, conditional=CONDITIONAL["kimi_k25"])
+    expected = hf_logits(src, tokens)
     got = maxtext_logits(dst, tokens, semantics(model), True, 128)
     assert np.abs(expected).max() > 1e-3
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4)

@@ -16,6 +16,7 @@ from ckptconv.commands import synth
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES
 from tests import maxtext_forward
 from tests.conftest import run_cli
+from tests.lora_adapters import causal_lm_class, text_model
 from tests.maxtext_forward import Semantics
 from tests.test_convert import restore
 
@@ -89,14 +90,17 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
         layout="llama4", extra={"cycle": 4, "nope_interval": t["no_rope_layer_interval"],
                                 "use_qk_norm": t["use_qk_norm"], "floor_scale": t["floor_scale"],
                                 "attn_scale": t["attn_scale"]}),
+    # the multimodal wrappers' text decoders on text (one position per token: mRoPE is plain RoPE)
+    "qwen3_vl": lambda m, t: Semantics(**_base(m, t), runtime_query_scale=True),
+    "qwen3_vl_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, t),
+    "qwen3_omni_moe": lambda m, t: SEMANTICS["qwen3_moe"](m, m.config()["thinker_config"]["text_config"]),
 }
 SEMANTICS["kimi_k25"] = SEMANTICS["deepseek"]  # Kimi-K2.5's text decoder is Kimi-K2's (in its text_config)
 # transformers' default attention for these has no sinks: its eager one does
 EAGER = {"gpt_oss"}
 # families whose checkpoints are a multimodal wrapper's: transformers' own class reads them, and its text model
 # runs the tokens (transformers 5.24's Llama4ForConditionalGeneration fails without images)
-CONDITIONAL = {"llama4": ("Llama4ForConditionalGeneration", "language_model"),  # by model_type
-               "kimi_k25": ("Kimi_K25ForConditionalGeneration", None)}
+CONDITIONAL = {"llama4": ("Llama4ForConditionalGeneration", "language_model")}  # by model_type
 
 
 def semantics(model: synth.SynthModel) -> Semantics:
@@ -115,13 +119,16 @@ def hf_logits(src, tokens: np.ndarray, conditional: bool | tuple[str, str | None
     (class, its text model's attribute) to run the text model alone."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    name, text = ("Gemma3ForConditionalGeneration", None) if conditional is True else conditional or (
-        "AutoModelForCausalLM", None)
-    cls = getattr(transformers, name)
+    if conditional:  # a class named here (True: Gemma 3's), and the part of it that runs the text
+        name, text = ("Gemma3ForConditionalGeneration", None) if conditional is True else conditional
+        cls = getattr(transformers, name)
+    else:  # AutoModelForCausalLM, or a multimodal wrapper's own class (tests/lora_adapters.WRAPPERS)
+        cls, text = causal_lm_class(transformers, src), None
     hf_model = cls.from_pretrained(str(src), dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
     hf_model.eval()
     with torch.no_grad():
-        return (getattr(hf_model, text) if text else hf_model)(torch.tensor(tokens[None])).logits[0].numpy()
+        model = getattr(hf_model, text) if text else text_model(hf_model)
+        return model(torch.tensor(tokens[None])).logits[0].numpy()
 
 
 def maxtext_logits(dst, tokens: np.ndarray, sem: Semantics, scan: bool, vocab: int) -> np.ndarray:
