@@ -33,6 +33,8 @@ TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 90, 9, 64, 5, 77, 120, 33]
 sys.path.insert(0, str(REPO))
 
+from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -109,23 +111,6 @@ def forward(model_name: str, ckpt: str, settings: str, hf_logits: str, work: str
 
 
 # --- the driver (the project's venv: torch and transformers for the HF side) ------------------
-
-def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                            cwd=log.parent)
-    log.write_text(result.stdout + result.stderr)
-    return result
-
-
-def last_json(result: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
-def error_line(result: subprocess.CompletedProcess) -> str:
-    lines = [line for line in result.stderr.strip().splitlines() if "Error" in line or "error" in line]
-    return (lines[-1] if lines else result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "?")[:300]
-
 
 def run_case(case: Case) -> dict:
     import numpy as np

@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 WORK = BENCH / "work" / "loaders"
@@ -185,25 +187,6 @@ def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
 
 
 # --- the driver (any Python: it runs everything in fresh processes) ---------------------------
-
-def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``cmd`` in ``log``'s directory: ``python -m`` puts its working directory first on sys.path,
-    so the repository root would shadow the legacy tree on PYTHONPATH."""
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                            cwd=log.parent)
-    log.write_text(result.stdout + result.stderr)
-    return result
-
-
-def last_json(result: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
-def error_line(result: subprocess.CompletedProcess) -> str:
-    lines = [line for line in result.stderr.strip().splitlines() if "Error" in line or "error" in line]
-    return (lines[-1] if lines else result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "?")[:300]
-
 
 def legacy_tree(rev: str) -> Path:
     """ckptconv's package as it was at ``rev``, to write the earlier layout."""

@@ -30,6 +30,8 @@ MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin
 TOLERANCE = 1e-4
 sys.path.insert(0, str(REPO))
 
+from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -124,23 +126,6 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
 
 
 # --- the driver (any Python: it runs everything in fresh processes) ---------------------------
-
-def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                            cwd=log.parent)
-    log.write_text(result.stdout + result.stderr)
-    return result
-
-
-def last_json(result: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
-def error_line(result: subprocess.CompletedProcess) -> str:
-    lines = [line for line in result.stderr.strip().splitlines() if "Error" in line or "error" in line]
-    return (lines[-1] if lines else result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "?")[:300]
-
 
 MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
