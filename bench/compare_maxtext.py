@@ -508,7 +508,7 @@ def targets(rows: dict) -> list[tuple[str, str, str, bool | None]]:
         return rows.get((shape, tool), {}).get(key)
 
     out = []
-    ours, lazy, eager = get("0.6b", "ckptconv", "rss"), get("0.6b", "maxtext-lazy", "rss"), get("0.6b", "maxtext-eager", "rss")
+    ours, lazy = get("0.6b", "ckptconv", "rss"), get("0.6b", "maxtext-lazy", "rss")
     if ours and lazy:
         out.append(("peak RSS 0.6B, ckptconv / MaxText lazy", f"{ours / lazy:.3f} ({ours / GIB:.2f} / {lazy / GIB:.2f} GiB)",
                     "<= 0.2", ours / lazy <= 0.2))
