@@ -51,6 +51,8 @@ class Case:
     extra: dict = field(default_factory=dict)
     # a config of tests/hub_checkpoints.py: the model made by transformers' own class, stored as the hub does
     hub: dict | None = None
+    # an FP8 release's tensors stored in another dtype, by name ending (as a release may keep A_log in float32)
+    recast: dict = field(default_factory=dict)
 
     def config(self) -> dict:
         return self.hub if self.hub is not None else self.model.config()
@@ -65,6 +67,15 @@ class Case:
         else:
             from tests import hub_checkpoints
 
+            if self.recast:
+                bf16 = {k: v for k, v in self.hub.items() if k != "quantization_config"}
+                tensors = hub_checkpoints.fp8_tensors(hub_checkpoints.hub_tensors(hub_checkpoints.build(bf16), bf16))
+                for name in tensors:
+                    dtype = next((d for end, d in self.recast.items() if name.endswith(end)), None)
+                    if dtype is not None:
+                        tensors[name] = tensors[name].astype(dtype)
+                hub_checkpoints.write_stored(str(directory), tensors, self.hub)
+                return
             make = hub_checkpoints.make_fp8 if "quantization_config" in self.hub else hub_checkpoints.make
             make(str(directory), self.hub)
 
@@ -72,17 +83,19 @@ class Case:
 def overrides(case: Case) -> list[str]:
     """MaxText config overrides that give its model the checkpoint's sizes."""
     model_type, config = case.model_type, case.config()
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "deepseek_v2", "deepseek_v32"):
         values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": config["num_attention_heads"],
                   "base_num_kv_heads": config["num_attention_heads"], "base_mlp_dim": config["intermediate_size"],
                   "base_moe_mlp_dim": config["moe_intermediate_size"], "num_experts": config["n_routed_experts"],
                   "num_experts_per_tok": config["num_experts_per_tok"], "shared_experts": config["n_shared_experts"],
-                  "first_num_dense_layers": config["first_k_dense_replace"], "q_lora_rank": config["q_lora_rank"],
+                  "first_num_dense_layers": config["first_k_dense_replace"], "q_lora_rank": config["q_lora_rank"] or 0,
                   "kv_lora_rank": config["kv_lora_rank"], "qk_nope_head_dim": config["qk_nope_head_dim"],
                   "qk_rope_head_dim": config["qk_rope_head_dim"], "v_head_dim": config["v_head_dim"],
                   "vocab_size": config["vocab_size"], "base_num_decoder_layers": config["num_hidden_layers"],
                   "scan_layers": str(case.scan).lower()}
-        return [f"{k}={v}" for k, v in values.items()]
+        if model_type == "deepseek_v32":  # the indexer's sizes (MaxText: indexer_n_heads, indexer_head_dim)
+            values |= {"indexer_n_heads": config["index_n_heads"], "indexer_head_dim": config["index_head_dim"]}
+        return [f"{k}={v}" for k, v in {**values, **case.extra}.items()]
     text = config.get("text_config", config)
     layers = text["num_hidden_layers"] // (2 if model_type == "gemma2" else 1)
     head_dim = text.get("head_dim", text["hidden_size"] // text["num_attention_heads"])  # OLMo 3 has no field
@@ -117,6 +130,13 @@ OLMO3 = synth.SynthModel(model_type="olmo3", num_layers=8, num_kv_heads=2, vocab
 OLMO3_YARN = synth.SynthModel(model_type="olmo3", num_layers=4, num_heads=5, num_kv_heads=1, hidden_size=80,
                               vocab_size=300, config_overrides={"rope_scaling": olmo3.YARN,
                                                                 "max_position_embeddings": 65536})
+DEEPSEEK_V2 = synth.SynthModel(model_type="deepseek_v2", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
+                               intermediate_size=320, moe_intermediate_size=96, num_experts=4, vocab_size=300)
+DEEPSEEK_V32 = synth.SynthModel(model_type="deepseek_v32", hidden_size=256, num_layers=3, num_heads=4, head_dim=16,
+                                intermediate_size=320, moe_intermediate_size=192, num_experts=4, quantization="fp8",
+                                vocab_size=300, config_overrides={"index_n_heads": 4, "index_head_dim": 32})
+# MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
+V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
     Case("qwen3", synth.SynthModel(model_type="qwen3", tie_word_embeddings=True), "qwen3-0.6b"),
     Case("llama3.1", synth.SynthModel(model_type="llama", tie_word_embeddings=False,
@@ -158,6 +178,16 @@ CASES = [
         model_type="deepseek_v3", hidden_size=256, num_layers=3, num_heads=4, head_dim=16, intermediate_size=320,
         moe_intermediate_size=192, num_experts=4, quantization="fp8", vocab_size=300), "deepseek3-671b",
         dequantize="fp8", maxtext_unscanned=True),
+    # DeepSeek-V2-Lite's layout (bf16 release): queries without LoRA, softmax routing without a router bias
+    Case("deepseek-v2-lite", DEEPSEEK_V2, "deepseek2-16b"),
+    Case("deepseek-v2-lite-noscan-1dev", DEEPSEEK_V2, "deepseek2-16b", scan=False, devices=1, loader="safetensors"),
+    Case("deepseek-v2-lite-vs-restacked", DEEPSEEK_V2, "deepseek2-16b", maxtext_unscanned=True),
+    # DeepSeek-V3.2's FP8 release: V3 plus the lightning indexer (wq_b, wk in FP8)
+    Case("deepseek-v3.2-fp8-noscan-1dev", DEEPSEEK_V32, "deepseek3.2-671b", scan=False, devices=1,
+         loader="safetensors", dequantize="fp8", extra=V32_ATTENTION),
+    Case("deepseek-v3.2-fp8", DEEPSEEK_V32, "deepseek3.2-671b", dequantize="fp8", extra=V32_ATTENTION),
+    Case("deepseek-v3.2-fp8-vs-restacked", DEEPSEEK_V32, "deepseek3.2-671b", dequantize="fp8",
+         maxtext_unscanned=True, extra=V32_ATTENTION),
     Case("qwen3-next", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4, moe_intermediate_size=32,
                                         tie_word_embeddings=False), "qwen3-next-80b-a3b"),
     Case("qwen3-next-noscan-1dev", synth.SynthModel(model_type="qwen3_next", num_layers=8, num_experts=4,
@@ -176,6 +206,17 @@ CASES = [
     Case("qwen3.5-fp8-transformers", None, "qwen3.5-35b-a3b-fp8", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
     Case("qwen3.5-fp8-transformers-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1,
          loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    # --dtype float8_e4m3fn against MaxText's --save_dtype float8_e4m3fn: the e4m3 weights kept, all else as stored
+    Case("qwen3.5-fp8-keepfp8", None, "qwen3.5-35b-a3b-fp8", dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    Case("qwen3.5-fp8-keepfp8-noscan", None, "qwen3.5-35b-a3b-fp8", scan=False, dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config(num_hidden_layers=6)),
+    Case("qwen3.5-fp8-keepfp8-noscan-1dev", None, "qwen3.5-35b-a3b-fp8", scan=False, devices=1, dtype="float8_e4m3fn",
+         loader="safetensors", hub=hub_checkpoints.qwen3_5_moe_fp8_config()),
+    # A_log stored float32 (kept float32), the final norm float16 (MaxText: anything else becomes float32)
+    Case("qwen3.5-fp8-keepfp8-f32-f16", None, "qwen3.5-35b-a3b-fp8", dtype="float8_e4m3fn",
+         hub=hub_checkpoints.qwen3_5_moe_fp8_config(),
+         recast={"linear_attn.A_log": "float32", "language_model.norm.weight": "float16"}),
     Case("gpt-oss-mxfp4", synth.SynthModel(
         model_type="gpt_oss", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=96, num_experts=4, quantization="mxfp4", vocab_size=300), "gpt-oss-20b", dequantize="mxfp4"),

@@ -55,16 +55,16 @@ def gpt_oss_widths() -> synth.SynthModel:
                             num_experts=32, config_overrides={"rope_theta": 150000.0})
 
 
-def convert(src: Path, dst: Path, devices: int) -> dict:
+def convert(src: Path, dst: Path, devices: int, dtype: str = "bfloat16") -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", str(devices),
-                           "--progress", "none"], capture_output=True, text=True)
+                           "--dtype", dtype, "--progress", "none"], capture_output=True, text=True)
     wall = time.monotonic() - start
     if done.returncode:
         return {"devices": devices, "error": done.stderr.strip().splitlines()[-1]}
     report = json.loads((dst / "ckptconv-report.json").read_text())
-    plan = plan_of(src, devices)
+    plan = plan_of(src, devices, dtype)
     shutil.rmtree(dst, ignore_errors=True)
     return {"devices": devices, "wall_seconds": round(wall, 1), "peak_rss_bytes": report["peak_rss_bytes"],
             "predicted_peak_rss_bytes": plan["predicted_peak_rss_bytes"],
@@ -72,10 +72,10 @@ def convert(src: Path, dst: Path, devices: int) -> dict:
             "source_bytes": report["source_bytes"], "output_bytes": report["output_bytes"]}
 
 
-def plan_of(src: Path, devices: int) -> dict:
+def plan_of(src: Path, devices: int, dtype: str = "bfloat16") -> dict:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(src), "--devices", str(devices), "--json"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(src), "--devices", str(devices), "--dtype",
+                           dtype, "--json"], capture_output=True, text=True, check=True)
     return {**json.loads(done.stdout), "plan_seconds": round(time.monotonic() - start, 1)}
 
 

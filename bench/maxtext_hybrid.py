@@ -44,6 +44,7 @@ class Case:
     scan: bool
     layers: int = 8
     fp8: bool = False  # the FP8 release, kept quantised (MaxText's qwen3.5-*-fp8 model, weight_dtype float8)
+    dtype: str = "float32"  # both converters' output dtype (float8_e4m3fn: the FP8 release's e4m3 kept as stored)
 
     def config(self) -> dict:
         from tests import hub_checkpoints
@@ -62,6 +63,10 @@ CASES = [
     Case("qwen3.5-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b", False),
     Case("qwen3.5-fp8-scan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", True, layers=4, fp8=True),
     Case("qwen3.5-fp8-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", False, layers=4, fp8=True),
+    Case("qwen3.5-fp8-keepfp8-scan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", True, layers=4, fp8=True,
+         dtype="float8_e4m3fn"),
+    Case("qwen3.5-fp8-keepfp8-noscan", "qwen3_5_moe", "qwen3.5-35b-a3b-fp8", False, layers=4, fp8=True,
+         dtype="float8_e4m3fn"),
 ]
 
 
@@ -129,7 +134,7 @@ def run_case(case: Case) -> dict:
         np.save(root / "hf_logits.npy", hub_checkpoints.make(str(hf), config, np.array(TOKENS)))
     row = {"case": case.name, "family": case.family, "maxtext_model": case.maxtext_model, "scan": case.scan,
            "layers": case.layers}
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--dtype", "float32", "--devices", "1",
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--dtype", case.dtype, "--devices", "1",
                 "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
                env={"PYTHONPATH": str(REPO)})
     if mine.returncode:
@@ -139,7 +144,8 @@ def run_case(case: Case) -> dict:
               "HF_HOME": str(root / "hf-home")}
     converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", case.maxtext_model, hf, theirs,
                      *(f"{k}={v}" for k, v in settings.items()), "--", "--lazy_load_tensors=false",
-                     "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1", "--save_dtype=float32"],
+                     "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1",
+                     f"--save_dtype={case.dtype}"],
                     root / "to_maxtext.log", env=mt_env)
     checkpoints = {"ckptconv": ours / "0" / "items"}
     if converted.returncode == 0:

@@ -1,9 +1,9 @@
-"""Load ckptconv's DeepSeek-V3 / Kimi-K2 checkpoints with both of MaxText 0.2.5's loaders; writes ``bench/LOADERS.md``.
+"""ckptconv's DeepSeek checkpoints (V3, Kimi-K2, V2, V3.2) in both MaxText 0.2.5 loaders; writes bench/LOADERS.md.
 
     bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
     .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--merge]
 
-Per case: a tiny random model made with transformers' own ``DeepseekV3ForCausalLM`` (weights and
+Per case: a tiny random model made with transformers' own class (``DeepseekV3ForCausalLM``, V2's, V3.2's; weights,
 router bias rounded to bfloat16, so the bf16 checkpoint holds them exactly; the bias random, not
 transformers' zeros, so it steers routing), its logits in float32, then ``ckptconv convert
 --dtype float32``, then, each in a fresh process of MaxText's venv:
@@ -47,19 +47,35 @@ SIZES = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "moe_int
          "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
          "norm_topk_prob": True, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
          "num_nextn_predict_layers": 0}
-# The RoPE of MaxText's own model config for each (deepseek3-671b.yml, kimi-k2-1t.yml), as HF writes it
+DEEPSEEK3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                  "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}
+# Per family: MaxText's model, transformers' config class, the RoPE of MaxText's own model config as HF writes it
+# (deepseek3-671b.yml, kimi-k2-1t.yml, deepseek2-16b.yml, deepseek3.2-671b.yml), and what the family's HF config
+# (``hf``) and MaxText's overrides (``maxtext``) change from SIZES.
 FAMILIES = {
     "deepseek3": {"maxtext_model": "deepseek3-671b", "model_type": "deepseek_v3", "routed_scaling_factor": 2.5,
-                  "max_position_embeddings": 163840,
-                  "rope": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
-                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                           "original_max_position_embeddings": 4096}},
+                  "max_position_embeddings": 163840, "rope": DEEPSEEK3_ROPE},
     "kimi-k2": {"maxtext_model": "kimi-k2-1t", "model_type": "kimi_k2", "routed_scaling_factor": 2.827,
                 "max_position_embeddings": 131072,
                 "rope": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "original_max_position_embeddings": 4096}},
+    # DeepSeek-V2-Lite: queries without LoRA, 2 shared experts, softmax top-k routing without a bias (not renormalised)
+    "deepseek2": {"maxtext_model": "deepseek2-16b", "model_type": "deepseek_v2", "config": "DeepseekV2Config",
+                  "routed_scaling_factor": 1.0, "max_position_embeddings": 163840,
+                  "rope": {**DEEPSEEK3_ROPE, "mscale": 0.707, "mscale_all_dim": 0.707},
+                  "hf": {"q_lora_rank": None, "n_shared_experts": 2, "topk_method": "greedy", "norm_topk_prob": False}},
+    # DeepSeek-V3.2: the lightning indexer choosing 4 of the 8 tokens, so its weights decide the attention mask
+    "deepseek3.2": {"maxtext_model": "deepseek3.2-671b", "model_type": "deepseek_v32", "config": "DeepseekV32Config",
+                    "routed_scaling_factor": 2.5, "max_position_embeddings": 163840, "rope": DEEPSEEK3_ROPE,
+                    "hf": {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 4},
+                    "maxtext": {"indexer_n_heads": 4, "indexer_head_dim": 16, "indexer_topk": 4}},
 }
+
+
+def sizes(family: str) -> dict:
+    """The HF config's sizes for ``family``."""
+    return {**SIZES, **FAMILIES[family].get("hf", {})}
 
 
 @dataclass(frozen=True)
@@ -86,10 +102,10 @@ def make_hf(family: str, out: str) -> None:
 
     f = FAMILIES[family]
     torch.manual_seed(0)
-    config = transformers.DeepseekV3Config(**SIZES, routed_scaling_factor=f["routed_scaling_factor"],
-                                           max_position_embeddings=f["max_position_embeddings"],
-                                           rope_parameters=dict(f["rope"]), initializer_range=0.05)
-    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    config = getattr(transformers, f.get("config", "DeepseekV3Config"))(
+        **sizes(family), routed_scaling_factor=f["routed_scaling_factor"],
+        max_position_embeddings=f["max_position_embeddings"], rope_parameters=dict(f["rope"]), initializer_range=0.05)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
             if name.endswith("e_score_correction_bias"):
@@ -105,19 +121,27 @@ def make_hf(family: str, out: str) -> None:
         without_bias = model(tokens).logits[0].numpy()
         for b, s in zip(biases, saved):
             b.copy_(s)
+        # DeepSeek-V3.2: the same model with every token chosen (dense attention), to show the indexer's choice matters
+        indexers = [m for m in model.modules() if hasattr(m, "index_topk")]
+        for m in indexers:
+            m.index_topk, m.chosen = 10**6, m.index_topk
+        dense = model(tokens).logits[0].numpy()
+        for m in indexers:
+            m.index_topk = m.chosen
     model.to(torch.bfloat16).save_pretrained(out)
-    if f["model_type"] != "deepseek_v3":  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
+    if f["model_type"] == "kimi_k2":  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
         path = Path(out) / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": f["model_type"]}, indent=2))
     np.save(Path(out) / "hf_logits.npy", logits)
-    print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max())}))
+    print(json.dumps({"bias_effect_on_logits": float(np.abs(logits - without_bias).max()),
+                      **({"indexer_effect_on_logits": float(np.abs(logits - dense).max())} if indexers else {})}))
 
 
 def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
     import maxtext
     from maxtext.configs import pyconfig
 
-    s = SIZES
+    s = sizes(family)
     overrides = {
         "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
         "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "loaders",
@@ -130,9 +154,9 @@ def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
         "base_moe_mlp_dim": s["moe_intermediate_size"], "base_num_decoder_layers": s["num_hidden_layers"],
         "first_num_dense_layers": s["first_k_dense_replace"], "vocab_size": s["vocab_size"],
         "num_experts": s["n_routed_experts"], "num_experts_per_tok": s["num_experts_per_tok"],
-        "shared_experts": s["n_shared_experts"], "q_lora_rank": s["q_lora_rank"], "kv_lora_rank": s["kv_lora_rank"],
-        "qk_nope_head_dim": s["qk_nope_head_dim"], "qk_rope_head_dim": s["qk_rope_head_dim"],
-        "v_head_dim": s["v_head_dim"],
+        "shared_experts": s["n_shared_experts"], "q_lora_rank": s["q_lora_rank"] or 0,
+        "kv_lora_rank": s["kv_lora_rank"], "qk_nope_head_dim": s["qk_nope_head_dim"],
+        "qk_rope_head_dim": s["qk_rope_head_dim"], "v_head_dim": s["v_head_dim"], **FAMILIES[family].get("maxtext", {}),
     }
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
     return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
@@ -239,16 +263,19 @@ def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
     versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
                                "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
     lines = [
-        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 checkpoints",
+        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / DeepSeek-V2 / DeepSeek-V3.2 checkpoints",
         "",
         f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
-        "Each row: a tiny random model from transformers' `DeepseekV3ForCausalLM` (1 dense + 2 MoE layers, 8 experts, "
+        "Each row: a tiny random model from transformers' own class (`DeepseekV3ForCausalLM`; deepseek2: "
+        "`DeepseekV2ForCausalLM`, queries without LoRA, softmax routing without a bias; deepseek3.2: "
+        "`DeepseekV32ForCausalLM`, its indexer choosing 4 of the 8 tokens) (1 dense + 2 MoE layers, 8 experts, "
         "weights and a random router bias rounded to bf16), converted by `ckptconv convert --dtype float32 --devices 1`; "
         "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
         "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
         f"`legacy`: the earlier layout (router bias in `params/MoEBiasVar`), ckptconv at {legacy_rev}. "
-        "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it).",
+        "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it); "
+        "`indexer`: when every token is chosen instead of the indexer's 4.",
         "",
         "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
         "|---|---|---|---|---|",
@@ -259,7 +286,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str) -> None:
             continue
         lp = r.get("load-params", {})
         where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
-        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f} "
+        indexer = (f" (indexer: {r['indexer_effect_on_logits']:.2f})" if "indexer_effect_on_logits" in r else "")
+        lines.append(f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
                      f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
     lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
     path.write_text("\n".join(lines))

@@ -63,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="write only partition I of N (0-based; run each on any worker sharing DST)")
     split.add_argument("--finalize", metavar="N", type=int,
                        help="join N finished partitions into the checkpoint and commit it once")
+    _lora_flags(convert)
+    convert.add_argument("--lora-layout", choices=("converter", "restore"), default="converter",
+                         help="with --lora alone: 'converter' writes the tree under params/params as MaxText's "
+                              "to_maxtext does; 'restore' at the root, where MaxText's lora.lora_restore_path reads it")
     _hf_token_flag(convert)
 
     export = commands.add_parser("export", help="MaxText Orbax checkpoint -> HF safetensors (streamed)",
@@ -75,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
                         help="dtype of the exported tensors")
     export.add_argument("--shard-size", default=settings.SHARD_SIZE, help="largest safetensors file")
+    export.add_argument("--lora-alpha", type=float, metavar="ALPHA",
+                        help="a LoRA adapter checkpoint that does not record its alpha (one MaxText's converter "
+                             "wrote): the alpha for adapter_config.json")
     export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
     _progress_flag(export)
@@ -102,8 +109,19 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("source", help="HF checkpoint: a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     _layout_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of one line per figure")
+    _lora_flags(plan)
     _hf_token_flag(plan)
     return parser
+
+
+def _lora_flags(command: argparse.ArgumentParser) -> None:
+    """The adapter options ``convert`` and ``plan`` share (plan predicts what convert will do)."""
+    command.add_argument("--lora", metavar="ADAPTER_DIR",
+                         help="a PEFT LoRA adapter of SOURCE (adapter_config.json + adapter_model.safetensors): "
+                              "write the adapter alone, in MaxText's LoRA layout")
+    command.add_argument("--merge-lora", action="store_true",
+                         help="with --lora: fold the adapter into the base (W + (alpha/r) B A) and write the whole "
+                              "model")
 
 
 def _layout_flags(command: argparse.ArgumentParser) -> None:
@@ -112,8 +130,9 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
                          help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
                          help="stack layers on axis 1 (MaxText scan_layers=true)")
-    command.add_argument("--dtype", choices=settings.OUTPUT_DTYPES, default=settings.DTYPE,
-                         help="dtype of the checkpoint's weights")
+    command.add_argument("--dtype", choices=settings.CONVERT_DTYPES, default=settings.DTYPE,
+                         help="dtype of the checkpoint's weights (float8_e4m3fn: an FP8 release's weights kept "
+                         "e4m3 with their scales, every other tensor in its own dtype, as MaxText's --save_dtype)")
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:
@@ -258,7 +277,7 @@ def _convert(args: argparse.Namespace) -> int:
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
         compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
-        finalize=args.finalize,
+        finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora, lora_layout=args.lora_layout,
     ))
     if args.partition:
         state = "already written; nothing to do" if report.get("skipped") else (
@@ -287,7 +306,7 @@ def _export(args: argparse.Namespace) -> int:
     report = export(ExportRequest(
         checkpoint=args.checkpoint, destination=args.destination, like=args.like, dtype=args.dtype,
         shard_size=args.shard_size, report=args.report, overwrite=args.overwrite, progress=args.progress,
-        hf_token_file=args.hf_token_file,
+        hf_token_file=args.hf_token_file, lora_alpha=args.lora_alpha,
     ))
     hub = report.get("hub")
     if report.get("skipped"):
@@ -354,11 +373,14 @@ def _verify_integrity(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ckptconv.plan.conversion import make_plan
+    from ckptconv.commands.convert import ConvertRequest, plan_for
     from ckptconv.plan.estimate import plan_summary
     from ckptconv.read import open_source
 
-    plan = make_plan(open_source(args.source, hf_token_file=args.hf_token_file), dtype=args.dtype, scan_layers=args.scan_layers, devices=args.devices)
+    request = ConvertRequest(source=args.source, destination="", devices=args.devices, scan_layers=args.scan_layers,
+                             dtype=args.dtype, hf_token_file=args.hf_token_file, lora=args.lora,
+                             merge_lora=args.merge_lora)
+    plan, _ = plan_for(request, open_source(args.source, hf_token_file=args.hf_token_file))
     summary = plan_summary(plan)
     if args.json:
         print(json.dumps(summary, indent=2, allow_nan=False))
@@ -371,10 +393,10 @@ def _plan(args: argparse.Namespace) -> int:
 COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan}
 # Each command's path arguments and what they must be, checked before the command opens any of them.
 LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
-    "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT)),
+    "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT), ("lora", locations.SOURCE)),
     "export": (("checkpoint", locations.CHECKPOINT), ("destination", locations.EXPORT_OUTPUT),
                ("like", locations.SOURCE)),
     "inspect": (("destination", locations.CHECKPOINT),),
     "verify": (("source", locations.SOURCE), ("destination", locations.CHECKPOINT)),
-    "plan": (("source", locations.SOURCE),),
+    "plan": (("source", locations.SOURCE), ("lora", locations.SOURCE)),
 }

@@ -42,8 +42,20 @@ SAFETENSORS: dict[str, np.dtype] = {
 # NumPy dtype -> its safetensors name (what a writer puts in a header).
 NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in SAFETENSORS.items()}
 BF16, F16, F32 = SAFETENSORS["BF16"], SAFETENSORS["F16"], SAFETENSORS["F32"]
-# --dtype -> the dtype of the written weights, for each name settings.OUTPUT_DTYPES allows.
+E4M3 = SAFETENSORS["F8_E4M3"]
+# --dtype -> the dtype of the written weights, for each name settings.CONVERT_DTYPES allows (export writes
+# only the settings.OUTPUT_DTYPES ones).
 OUTPUT: dict[str, np.dtype] = {name: np.dtype(getattr(ml_dtypes, name, None) or name)
-                               for name in settings.OUTPUT_DTYPES}
+                               for name in settings.CONVERT_DTYPES}
+# --dtype float8_e4m3fn is MaxText 0.2.5's --save_dtype float8_e4m3fn, weight-only quantisation: nothing is cast
+# to e4m3; each tensor is written in the dtype its source stores it in (an FP8 release's e4m3 weights, its scales'
+# and the unquantised tensors' bfloat16 or float32), any other float dtype in float32 (to_maxtext.py's
+# _convert_tensor_to_numpy). So no value is rounded twice and nothing is quantised without the source's scales.
+KEPT: dict[np.dtype, np.dtype] = {E4M3: E4M3, BF16: BF16, F32: F32, F16: F32}
+
+
+def leaf_dtype(output: np.dtype, source: np.dtype) -> np.dtype:
+    """The dtype a leaf is written in under ``--dtype`` ``output`` when its source tensor is ``source``."""
+    return KEPT[source] if output == E4M3 else output
 # The float dtypes a source's weights may have (anything else is refused or decoded by a quantised input).
 FLOAT_SOURCES = frozenset({BF16, F16, F32})

@@ -293,3 +293,27 @@ def fp8_logits(config: dict, stored: dict[str, np.ndarray], tokens: np.ndarray, 
             if name in state:
                 state[name].copy_(torch.from_numpy(array))
     return logits(model, tokens)
+
+
+def dequantised_release(src, dst) -> None:
+    """A DeepSeek-V3 / Kimi-K2 FP8 release (directory ``src``) as float32 safetensors transformers loads at ``dst``:
+    every FP8 weight times its block's scale in float32 (as MaxText's loader dequantises it), config.json without
+    quantization_config (Kimi-K2 as DeepSeek-V3's class, which it is)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    stored = {n: t for path in sorted(src.glob("*.safetensors")) for n, t in load_file(str(path)).items()}
+    values = {}
+    for name, tensor in stored.items():
+        if name.endswith("_scale_inv"):
+            continue
+        value = tensor.to(torch.float32)
+        scale = stored.get(name + "_scale_inv")
+        if scale is not None:
+            value = value * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:value.shape[0], :value.shape[1]]
+        values[name] = value.contiguous()
+    dst.mkdir()
+    save_file(values, str(dst / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps({**config, "model_type": "deepseek_v3", "torch_dtype": "float32"}))

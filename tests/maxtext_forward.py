@@ -184,14 +184,23 @@ def _gpt_oss_moe(h, block, sem: Semantics):
 
 def _deepseek_moe(h, block, sem: Semantics):
     """DeepSeek-V3: sigmoid scores; the top k of score + router bias chosen, weighted by their scores
-    (normalised, times routed_scaling_factor); plus the shared experts as one MLP."""
+    (normalised, times routed_scaling_factor); plus the shared experts as one MLP. DeepSeek-V2
+    (``routed_score_func: softmax``, no bias): the top k softmax scores, not renormalised (MaxText's
+    ``deepseek_scale_weights`` normalises sigmoid scores only), times routed_scaling_factor."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     routed = block["MoeBlock_0"]
-    scores = 1 / (1 + np.exp(-(h @ f32(routed["gate"]["kernel"]))))
-    top = np.argsort(-(scores + f32(routed["gate"]["bias"])), axis=-1)[:, : sem.top_k]
-    weights = np.take_along_axis(scores, top, axis=-1)
-    if sem.extra.get("norm_topk_prob", True):
-        weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
+    logits = h @ f32(routed["gate"]["kernel"])
+    if sem.extra.get("scoring_func", "sigmoid") == "softmax":
+        scores = np.exp(logits - logits.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        top = np.argsort(-scores, axis=-1, kind="stable")[:, : sem.top_k]
+        weights = np.take_along_axis(scores, top, axis=-1)
+    else:
+        scores = 1 / (1 + np.exp(-logits))
+        top = np.argsort(-(scores + f32(routed["gate"]["bias"])), axis=-1)[:, : sem.top_k]
+        weights = np.take_along_axis(scores, top, axis=-1)
+        if sem.extra.get("norm_topk_prob", True):
+            weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
     weights = weights * np.float32(sem.extra["routed_scaling_factor"])
     out = _mlp(h, block["shared_experts"], _silu)
     wi_0, wi_1, wo = f32(routed["wi_0"]), f32(routed["wi_1"]), f32(routed["wo"])
@@ -203,12 +212,16 @@ def _deepseek_moe(h, block, sem: Semantics):
 
 
 def _mla_attention(h, att, positions, sem: Semantics):
-    """Multi-head latent attention: queries through wq_a, q_norm, wq_b; keys and values from wkv_a's latent
-    (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope dimensions."""
+    """Multi-head latent attention: queries through wq_a, q_norm, wq_b (or one query kernel); keys and values
+    from wkv_a's latent (kv_norm, wkv_b) plus one rope key for all heads; RoPE on interleaved pairs of the rope
+    dimensions."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     rope = sem.extra["qk_rope_head_dim"]
-    q = rms_norm(h @ f32(att["wq_a"]["kernel"]), att["q_norm"]["scale"], sem.eps)
-    q = np.einsum("tr,rhd->thd", q, f32(att["wq_b"]["kernel"]))
+    if "query" in att:  # DeepSeek-V2-Lite: no query LoRA
+        q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
+    else:
+        q = rms_norm(h @ f32(att["wq_a"]["kernel"]), att["q_norm"]["scale"], sem.eps)
+        q = np.einsum("tr,rhd->thd", q, f32(att["wq_b"]["kernel"]))
     latent = h @ f32(att["wkv_a"]["kernel"])
     kv = np.einsum("tr,rhd->thd", rms_norm(latent[:, :-rope], att["kv_norm"]["scale"], sem.eps),
                    f32(att["wkv_b"]["kernel"]))

@@ -85,7 +85,38 @@ OLMO3_7B_INSTRUCT = {
 OLMO3_32B_INSTRUCT = {**OLMO3_7B_INSTRUCT, "hidden_size": 5120, "intermediate_size": 27648, "num_attention_heads": 40,
                       "num_hidden_layers": 64, "num_key_value_heads": 8,
                       "layer_types": OLMO3_7B_INSTRUCT["layer_types"] * 2}
-PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
+# deepseek-ai/DeepSeek-V2-Lite config.json (as MaxText 0.2.5's hf_model_configs copies it, without the rope_theta it
+# adds inside rope_scaling): queries without LoRA, softmax routing without a bias, no MTP layer.
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV2Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV2Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV2ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True,
+    "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16",
+    "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 128, "vocab_size": 102400,
+}
+# deepseek-ai/DeepSeek-V3.2 config.json: DeepSeek-V3's, plus the indexer's sizes (MaxText's copy drops the FP8
+# quantization_config; the release has it, with power-of-two scales)
+DEEPSEEK_V32 = {
+    **DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "index_head_dim": 128,
+    "index_n_heads": 64, "index_topk": 2048, "transformers_version": "4.44.2",
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128]},
+}
+for unpublished in ("auto_map", "aux_loss_alpha", "seq_aux"):
+    DEEPSEEK_V32.pop(unpublished)
+PUBLISHED = {"DeepSeek-V3": DEEPSEEK_V3, "DeepSeek-V2-Lite": DEEPSEEK_V2_LITE, "DeepSeek-V3.2": DEEPSEEK_V32,
+             "Kimi-K2": KIMI_K2, "Kimi-K2-Thinking": KIMI_K2_THINKING,
              "gpt-oss-20b": GPT_OSS_20B, "gpt-oss-120b": GPT_OSS_120B, "Olmo-3-7B-Instruct": OLMO3_7B_INSTRUCT,
              "Olmo-3.1-32B-Instruct": OLMO3_32B_INSTRUCT}
 

@@ -222,12 +222,17 @@ def test_a_destination_another_run_holds_is_refused_and_left_as_it_was(tmp_path)
     assert lock.LOCK_NAME not in os.listdir(hf)
 
 
-def test_fp8_release_exports_dequantised_bfloat16(tmp_path):
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v32"])
+def test_fp8_release_exports_dequantised_bfloat16(tmp_path, model_type):
+    """An FP8 release (DeepSeek-V3; V3.2 with its FP8 indexer) exports as bfloat16: every tensor bit for bit the
+    source dequantised as MaxText's deepseek_dequantize does (weight x its block scale, rounded to bfloat16)."""
     from ckptconv.commands.verification import verify
+    from tests.test_quantized import dequantized
 
-    model = synth.SynthModel(model_type="deepseek_v3", num_layers=2, vocab_size=256, hidden_size=128,
+    model = synth.SynthModel(model_type=model_type, num_layers=2, vocab_size=256, hidden_size=128,
                              intermediate_size=256, quantization="fp8", **MOE)
     src, mt, hf, report = round_trip(tmp_path, model, scan=True)
+    assert_same(dequantized(src), hf_tensors(hf))
     config = json.loads((hf / "config.json").read_text())
     assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
     assert any("exported dequantised" in note["what"] for note in report["not_exported"])

@@ -62,22 +62,38 @@ def stacked(shape: tuple, n: int) -> tuple:
 def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     """MaxText's deepseek3 tree (printed from its model): dense_layers then moe_layers; the router bias
     (a MoEBiasVar in the model) under params/params, where from_pretrained restores it, its layers
-    stacked on axis 0 as the model stacks it."""
+    stacked on axis 0 as the model stacks it. deepseek2 (q_lora_rank 0): one query kernel, no router bias
+    (routed_bias false); deepseek3.2 (use_indexer): the Indexer's wq_b, wk, k_norm (a LayerNorm) and
+    weights_proj in every layer's self_attention."""
     c = m.config()
     emb, heads, L, dense, E = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], \
         c["first_k_dense_replace"], c["n_routed_experts"]
     qk, kv_lora, rope = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["kv_lora_rank"], c["qk_rope_head_dim"]
+    if c.get("q_lora_rank"):
+        query = {"self_attention/wq_a/kernel": (emb, c["q_lora_rank"]),
+                 "self_attention/q_norm/scale": (c["q_lora_rank"],),
+                 "self_attention/wq_b/kernel": (c["q_lora_rank"], heads, qk)}
+    else:
+        query = {"self_attention/query/kernel": (emb, heads, qk)}
     attention = {"pre_self_attention_layer_norm/scale": (emb,), "post_self_attention_layer_norm/scale": (emb,),
-                 "self_attention/wq_a/kernel": (emb, c["q_lora_rank"]), "self_attention/q_norm/scale": (c["q_lora_rank"],),
-                 "self_attention/wq_b/kernel": (c["q_lora_rank"], heads, qk),
+                 **query,
                  "self_attention/wkv_a/kernel": (emb, kv_lora + rope), "self_attention/kv_norm/scale": (kv_lora,),
                  "self_attention/wkv_b/kernel": (kv_lora, heads, c["qk_nope_head_dim"] + c["v_head_dim"]),
                  "self_attention/out/kernel": (heads, c["v_head_dim"], emb)}
+    if m.model_type == "deepseek_v32":
+        index_heads, index_hd = c["index_n_heads"], c["index_head_dim"]
+        attention |= {"self_attention/indexer/wq_b/kernel": (c["q_lora_rank"], index_heads, index_hd),
+                      "self_attention/indexer/wk/kernel": (emb, index_hd),
+                      "self_attention/indexer/k_norm/scale": (index_hd,),
+                      "self_attention/indexer/k_norm/bias": (index_hd,),
+                      "self_attention/indexer/weights_proj/kernel": (emb, index_heads)}
     mlp, moe = c["intermediate_size"], c["moe_intermediate_size"]
     dense_layer = attention | {"mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
     b = "DeepSeekMoeBlock_0"
-    moe_layer = attention | {f"{b}/shared_experts/wi_0/kernel": (emb, moe), f"{b}/shared_experts/wi_1/kernel": (emb, moe),
-                             f"{b}/shared_experts/wo/kernel": (moe, emb), f"{b}/MoeBlock_0/gate/kernel": (emb, E),
+    shared = c["n_shared_experts"] * moe
+    moe_layer = attention | {f"{b}/shared_experts/wi_0/kernel": (emb, shared),
+                             f"{b}/shared_experts/wi_1/kernel": (emb, shared),
+                             f"{b}/shared_experts/wo/kernel": (shared, emb), f"{b}/MoeBlock_0/gate/kernel": (emb, E),
                              f"{b}/MoeBlock_0/wi_0": (E, emb, moe), f"{b}/MoeBlock_0/wi_1": (E, emb, moe),
                              f"{b}/MoeBlock_0/wo": (E, moe, emb)}
     leaves = {"params/params/token_embedder/embedding": (c["vocab_size"], emb),
@@ -89,7 +105,7 @@ def deepseek_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
                 leaves[f"params/params/decoder/{stack}/{name}"] = stacked(shape, n)
             else:
                 leaves |= {f"params/params/decoder/{stack}_{i}/{name}": shape for i in range(n)}
-        if stack == "moe_layers":
+        if stack == "moe_layers" and m.model_type != "deepseek_v2":
             bias = f"decoder/{{}}/{b}/MoeBlock_0/gate/bias"
             if scan:
                 leaves["params/params/" + bias.format(stack)] = (n, E)
@@ -244,9 +260,12 @@ def maxtext_leaves(mt: str, m: synth.SynthModel, scan: bool) -> dict[str, tuple]
 
 
 def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
-    if mt in ("deepseek_v3", "kimi_k2"):
+    if mt in ("deepseek_v3", "kimi_k2", "deepseek_v32"):
         return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
                                 quantization="fp8" if tied else None)
+    if mt == "deepseek_v2":  # no FP8 release: "tied" picks a model with a query LoRA (DeepSeek-V2's 236B)
+        return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
+                                config_overrides={"q_lora_rank": 24} if tied else {})
     if mt == "gpt_oss":
         return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
     if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
@@ -350,21 +369,22 @@ def test_registry_is_consistent():
 TRANSFORMERS_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config",
                         "qwen3": "Qwen3Config", "qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig",
                         "gemma2": "Gemma2Config", "gemma3_text": "Gemma3TextConfig", "gpt_oss": "GptOssConfig",
-                        "deepseek_v3": "DeepseekV3Config", "olmo3": "Olmo3Config"}
+                        "deepseek_v3": "DeepseekV3Config", "olmo3": "Olmo3Config", "deepseek_v2": "DeepseekV2Config",
+                        "deepseek_v32": "DeepseekV32Config"}
 
 
 @pytest.mark.parametrize("model_type", TRANSFORMERS_CONFIGS)
 def test_configs_written_by_transformers_parse(model_type):
     transformers = pytest.importorskip("transformers")
+    # DeepSeek's multi-head latent attention: as many KV heads as query heads
+    mla = {"num_key_value_heads": 4, "first_k_dense_replace": 1} if model_type.startswith("deepseek") else {}
     config = getattr(transformers, TRANSFORMERS_CONFIGS[model_type])(  # OLMo 3: whole blocks of 4 layers
         vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=4 if model_type == "olmo3" else 2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        num_attention_heads=4, **{"num_key_value_heads": 2, "head_dim": 16, **mla})
     data = json.loads(config.to_json_string())
-    if model_type == "deepseek_v3":  # multi-head latent attention: as many KV heads as query heads
-        data |= {"num_key_value_heads": 4, "first_k_dense_replace": 1}
     spec = read_spec(family_for(data["model_type"], "config.json"), data, "config.json")
     assert (spec.dim("emb"), spec.dim("heads")) == (64, 4)
-    if model_type != "deepseek_v3":
+    if not model_type.startswith("deepseek"):
         assert (spec.dim("kv_heads"), spec.dim("hd")) == (2, 16)
 
 
@@ -459,7 +479,8 @@ def test_unconverted_tensors_are_reported(tmp_path):
     assert [e["tensors"] for e in plan.not_converted] == [["lm_head.weight"]]
 
 
-@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "Kimi-K2-Thinking", "gpt-oss-20b", "gpt-oss-120b"])
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Kimi-K2", "Kimi-K2-Thinking", "gpt-oss-20b", "gpt-oss-120b",
+                                  "DeepSeek-V3.2"])
 def test_published_giant_configs_parse(name):
     from tests.published_configs import PUBLISHED
 
@@ -505,3 +526,40 @@ def test_deepseek_without_query_lora_and_dense_layers():
         spec = read_spec(BY_MODEL_TYPE["deepseek_v3"], {**DEEPSEEK_V3, "q_lora_rank": q_lora,
                                                         "first_k_dense_replace": 0}, "config.json")
         assert not spec.value("q_lora") and spec.value("dense_layers") == 0
+
+
+def test_deepseek_v2_lite_published_config_parses():
+    """DeepSeek-V2-Lite: queries without LoRA (q_lora_rank null), 2 shared experts, softmax routing: no router
+    bias and no MTP layer expected; its 27 layers are 1 dense + 26 MoE."""
+    from tests.published_configs import DEEPSEEK_V2_LITE
+
+    spec = read_spec(BY_MODEL_TYPE["deepseek_v2"], DEEPSEEK_V2_LITE, "config.json")
+    assert spec.num_layers == 27 and spec.value("dense_layers") == 1 and spec.value("mtp_layers") == 0
+    assert not spec.value("q_lora") and not spec.value("router_bias") and not spec.value("indexer")
+    assert (spec.dim("q"), spec.dim("shared_mlp"), spec.dim("experts")) == (16 * 192, 2 * 1408, 64)
+    assert spec.value("quantization") is None
+
+
+def test_deepseek_v32_indexer_needs_the_query_latent():
+    from tests.published_configs import DEEPSEEK_V32
+
+    spec = read_spec(BY_MODEL_TYPE["deepseek_v32"], DEEPSEEK_V32, "config.json")
+    assert (spec.dim("index_heads"), spec.dim("index_hd"), spec.dim("index_q")) == (64, 128, 8192)
+    assert spec.value("indexer") and spec.value("router_bias") and spec.value("mtp_layers") == 1
+    with pytest.raises(BadInputError, match="the indexer reads the query latent"):
+        read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, "q_lora_rank": None}, "config.json")
+
+
+def test_deepseek_v32_layer_kinds_transformers_writes_must_agree():
+    """transformers 5's DeepseekV32Config writes mlp_layer_types and layer_types: read as the layout assumes them,
+    refused in one line naming the field when they say otherwise."""
+    from tests.published_configs import DEEPSEEK_V32
+
+    kinds = {"mlp_layer_types": ["dense"] * 3 + ["sparse"] * 58, "layer_types": ["indexed_attention"] * 61}
+    read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds}, "config.json")
+    with pytest.raises(BadInputError, match="mlp_layer_types must be 3 'dense' then 'sparse'"):
+        read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds, "mlp_layer_types": ["sparse"] * 61},
+                  "config.json")
+    with pytest.raises(BadInputError, match="layer_types must be 'indexed_attention' in every layer"):
+        read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds, "layer_types": ["full_attention"] * 61},
+                  "config.json")

@@ -80,10 +80,10 @@ def test_demo_then_test_adds_the_test_extra_and_then_installs_nothing(venv):
     _make("test", venv)
     first, *rest = _calls(venv)
     assert first == "-m pip install -q --disable-pip-version-check -e .[prefect,test]"
-    assert [call.split()[:2] for call in rest] == [["-m", "pytest"]]
+    assert [call.split()[:2] for call in rest] == [["-m", "pytest"]] * 2  # the suite, then the memory tests alone
     _make("demo", venv)
     _make("test", venv)
-    assert [call.split()[1] for call in _calls(venv)] == ["flows.demo", "pytest"]
+    assert [call.split()[1] for call in _calls(venv)] == ["flows.demo", "pytest", "pytest"]
 
 
 def test_test_then_demo_installs_nothing_more(venv):
@@ -112,6 +112,9 @@ def test_make_test_keeps_the_failing_tests_names():
                               capture_output=True, text=True, timeout=60).stdout
     assert any("-m pytest" in line and "--junitxml=test-results.xml" in line for line in commands.splitlines())
     assert "test-results.xml" in (ROOT / ".ci" / "run").read_text()
+    # the peak-RSS tests run alone after the rest, with a JUnit file of their own that .ci/run reads too
+    assert any("-m memory" in line and "--junitxml=test-results-memory.xml" in line for line in commands.splitlines())
+    assert "test-results-memory.xml" in (ROOT / ".ci" / "run").read_text()
 
 
 # --- the worker images' build context -------------------------------------------------------------------

@@ -25,17 +25,21 @@ from ckptconv.commands import synth
 from ckptconv.families import FAMILIES
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.memory  # measured alone, after the rest of the suite (make test)
+
 MiB = 2**20
 GiB = 2**30
 
 
-def convert_peak(src, dst, devices: int) -> tuple[int, int, int]:
-    """(measured peak, predicted peak, source bytes) of one conversion in a fresh process (output removed)."""
-    result = run_cli("convert", str(src), str(dst), "--devices", str(devices), "--progress", "none", timeout=900)
+def convert_peak(src, dst, devices: int, *options: str) -> tuple[int, int, int]:
+    """(measured peak, predicted peak, source bytes) of one conversion in a fresh process (output removed);
+    ``options`` (e.g. ``--dtype float8_e4m3fn``) given to both ``convert`` and ``plan``."""
+    result = run_cli("convert", str(src), str(dst), "--devices", str(devices), "--progress", "none", *options,
+                     timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads((dst / "ckptconv-report.json").read_text())
     shutil.rmtree(dst)  # the wide cases write gigabytes: keep the suite's disk use small
-    planned = run_cli("plan", str(src), "--devices", str(devices), "--json")
+    planned = run_cli("plan", str(src), "--devices", str(devices), "--json", *options)
     predicted = json.loads(planned.stdout)["predicted_peak_rss_bytes"]
     measured = report["peak_rss_bytes"]
     print(f"{src.name} on {devices} devices: measured {measured / MiB:.0f} MiB, predicted {predicted / MiB:.0f} MiB, "

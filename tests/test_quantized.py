@@ -342,3 +342,66 @@ def test_deepseek_queries_without_lora(tmp_path, synth_dir):
         query = hf[f"model.layers.{layer}.self_attn.q_proj.weight"].T.reshape(128, 2, -1)
         assert restored[f"params/params/decoder/{stack}/self_attention/query/kernel"].tobytes() == query.tobytes()
         assert f"params/params/decoder/{stack}/self_attention/wq_a/kernel" not in restored
+
+
+# DeepSeek-V3.2's FP8 release: the indexer's wq_b and wk are FP8 with block scales, like every linear layer
+V32 = synth.SynthModel(model_type="deepseek_v32", hidden_size=128, num_layers=2, num_heads=2, head_dim=16,
+                       intermediate_size=160, moe_intermediate_size=64, num_experts=2, vocab_size=100,
+                       quantization="fp8")
+WK, WQ_B = "model.layers.1.self_attn.indexer.wk.weight", "model.layers.0.self_attn.indexer.wq_b.weight"
+
+
+def _nan_scale(tensors):
+    tensors[WK + "_scale_inv"][0, 0] = float("nan")
+
+
+def _scale_of_the_wrong_grid(tensors):
+    tensors[WQ_B + "_scale_inv"] = tensors[WQ_B + "_scale_inv"][:, :0]
+
+
+def _without_scale(tensors):
+    del tensors[WK + "_scale_inv"]
+
+
+@pytest.mark.parametrize("change, message", [
+    (_nan_scale, repr(WK + "_scale_inv")),
+    (_scale_of_the_wrong_grid, repr(WQ_B + "_scale_inv")),
+    (_without_scale, repr(WK)),
+], ids=["nan-scale", "scale-grid", "no-scale"])
+def test_deepseek_v32_damaged_indexer_is_one_line_exit_2(tmp_path, change, message):
+    """A damaged FP8 indexer tensor (NaN scale, a scale grid that is not the weight's, a missing scale) is refused
+    in one line naming it, exit 2, before anything is written."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    synth.write_checkpoint(V32, str(src))
+    tensors = load_file(str(src / "model.safetensors"))
+    assert tensors[WK].dtype == tensors[WQ_B].dtype == __import__("torch").float8_e4m3fn
+    change(tensors)
+    save_file(tensors, str(src / "model.safetensors"))
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "4")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
+    assert not dst.exists() or not any(dst.iterdir())
+
+
+def test_deepseek_v32_fp8_indexer_converts_dequantised_and_mtp_is_reported(tmp_path):
+    """The indexer's FP8 wq_b and wk are dequantised as MaxText's deepseek_dequantize does (weight x its 128x128
+    block scale, to bfloat16), weights_proj and k_norm copied; the MTP layer after the last one is reported."""
+    model = synth.SynthModel(**{**V32.__dict__, "config_overrides": {"num_nextn_predict_layers": 1},
+                                "extra_tensors": {"model.layers.2.self_attn.indexer.k_norm.bias": (16,)}})
+    src, dst = tmp_path / "hf", tmp_path / "dst"
+    synth.write_checkpoint(model, str(src))
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "1", "--no-scan-layers")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((dst / "ckptconv-report.json").read_text())
+    assert [e["what"] for e in report["not_converted"]] == ["multi-token prediction (MTP) layer"]
+    hf, restored = dequantized(src), restore(dst)
+    layer = "params/params/decoder/moe_layers_0/self_attention/indexer/"
+    expected = {"wq_b/kernel": hf["model.layers.1.self_attn.indexer.wq_b.weight"].T.reshape(32, 4, 16),
+                "wk/kernel": hf[WK].T,
+                "weights_proj/kernel": hf["model.layers.1.self_attn.indexer.weights_proj.weight"].T,
+                "k_norm/scale": hf["model.layers.1.self_attn.indexer.k_norm.weight"],
+                "k_norm/bias": hf["model.layers.1.self_attn.indexer.k_norm.bias"]}
+    for leaf, want in expected.items():
+        assert restored[layer + leaf].tobytes() == want.astype(ml_dtypes.bfloat16).tobytes(), leaf

@@ -15,7 +15,7 @@ from ckptconv.read.spec import ModelSpec
 
 
 def spec(interleave: bool = True, **dims) -> ModelSpec:
-    base = {"emb": 16, "heads": 4, "kv_heads": 2, "hd": 8, "maxtext_vocab": 40, "qkv": 48, "group": 12}
+    base = {"emb": 16, "heads": 4, "kv_heads": 2, "hd": 8, "maxtext_vocab": 40, "qkv": 48, "group": 12, "one": 1}
     return ModelSpec("llama", "llama", 2, {**base, **dims},
                      {"interleave_rope": interleave, "query_scale": t.query_scale(8), "embed_scale": 4.0})
 
@@ -191,3 +191,43 @@ def test_take_ranges_is_the_restated_split_and_its_inverse_the_join():
     assert t.TakeStrided("odd", -1, 1, 2) == t.TakeRanges("odd", -1, 2, 1, 1)  # interleaved: ranges one wide
     with pytest.raises(t.Misaligned):
         t.TakeRanges("k", 0, 10, 8, 4).shape((48, 16), spec())  # a range beyond its period
+
+
+def _maxtext_dequantize(w: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """MaxText 0.2.5's ``dequantize_weight`` block path (layers/quantizations.py L131-139), restated: each kernel
+    axis cut into ``dim / scale dim`` equal blocks, refused unless every axis divides."""
+    assert scale.ndim == w.ndim and all(d % s == 0 for d, s in zip(w.shape, scale.shape)), (w.shape, scale.shape)
+    interleaved = tuple(dim for s, d in zip(scale.shape, w.shape) for dim in (s, d // s))
+    return (w.reshape(interleaved) * scale.reshape(tuple(dim for s in scale.shape for dim in (s, 1)))).reshape(w.shape)
+
+
+# DeepSeek-V3's FP8 weights whose 128-blocks do not tile MaxText's kernel (rows, cols, HF -> MaxText steps):
+# q_b_proj (heads x (128 nope + 64 rope), q_lora), kv_a_proj_with_mqa (512 + 64, emb), and a tiny model's
+# (heads x 24, 192); kv_b_proj's whole blocks a head and o_proj's columns split, where regrouping is the identity
+REGROUPED = {
+    "q_b_proj": (4 * 192, 1536, (t.TRANSPOSE, t.split_last("heads")), "heads", None),
+    "kv_a_proj": (576, 7168, (t.TRANSPOSE,), None, None),
+    "tiny q_b_proj": (4 * 24, 192, (t.TRANSPOSE, t.split_last("heads")), "heads", None),
+    "kv_b_proj": (4 * 256, 512, (t.TRANSPOSE, t.split_last("heads")), "heads", None),
+    "o_proj": (256, 4 * 128, (t.TRANSPOSE, t.split_first("heads")), None, "heads"),
+}
+
+
+@pytest.mark.parametrize("name", REGROUPED)
+def test_regrouped_block_scales_dequantise_as_the_release(name):
+    """Regrouped block scales, through the weight's own steps, dequantise MaxText's kernel by MaxText's rule to
+    exactly the release's dequantised weight through the same steps; Ungroup gives the release's scales back."""
+    rows, cols, steps, row_parts, col_parts = REGROUPED[name]
+    s = spec(rows=rows, cols=cols)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((rows, cols)).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    blocks = rng.uniform(0.5, 2.0, (-(-rows // 128), -(-cols // 128))).astype(np.float32)
+    dequantised = w * np.repeat(np.repeat(blocks, 128, 0), 128, 1)[:rows, :cols]
+    regroup = (t.Regroup("rows", 0, "rows", row_parts), t.Regroup("cols", 1, "cols", col_parts))
+    scale = t.apply_steps(blocks, regroup + steps, s)
+    assert scale.shape == t.output_shape(blocks.shape, regroup + steps, s)
+    kernel = t.apply_steps(w, steps, s)
+    np.testing.assert_array_equal(_maxtext_dequantize(kernel, scale), t.apply_steps(dequantised, steps, s))
+    np.testing.assert_array_equal(t.apply_steps(scale, t.inverse_steps(regroup + steps), s), blocks)
+    if rows % 128 == 0 and (rows // s.dim(row_parts or "one")) % 128 == 0:
+        assert t.apply_steps(blocks, regroup, s).shape == blocks.shape  # whole blocks a part: the grid itself

@@ -359,3 +359,20 @@ def test_duplicate_and_nested_paths_are_rejected(tmp_path):
     for leaves in ([a, a], [a, nested], [nested, a]):
         with pytest.raises(ValueError, match="nest|duplicate"):
             write_checkpoint(str(tmp_path), leaves, list, devices=1, custom_metadata={})
+
+
+def test_saves_open_ocdbt_with_the_settings_node_cache():
+    """Inside a save Orbax's tensorstore context has the small node cache the memory prediction counts; outside,
+    Orbax's own default is back. If Orbax moves its default, this fails first (then the peak-RSS tests would)."""
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    from ckptconv import settings
+    from ckptconv.write.orbax import _ocdbt_cache
+
+    def cache_limit() -> int:
+        return ts_utils.get_ts_context(use_ocdbt=True).spec.to_json()["cache_pool#ocdbt"]["total_bytes_limit"]
+
+    before = cache_limit()
+    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes):
+        assert cache_limit() == settings.IN_FLIGHT.ocdbt_cache_bytes < before
+    assert cache_limit() == before

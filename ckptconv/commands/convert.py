@@ -52,6 +52,9 @@ class ConvertRequest:
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
     partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
+    lora: str | None = None  # a PEFT LoRA adapter of the source: written alone, or folded in (merge_lora)
+    merge_lora: bool = False
+    lora_layout: str = "converter"  # an adapter alone: where its tree sits (ckptconv.plan.lora.LORA_LAYOUTS)
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -60,9 +63,12 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "provenance": source.provenance(),
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
-        "options": [request.devices, request.scan_layers, request.dtype, request.compression],
+        "options": [request.devices, request.scan_layers, request.dtype, request.compression]
+        + ([request.lora_layout] if request.lora else []),
         "format": 1,
     }
+    if plan.adapter is not None:  # the adapter's bytes and the mode are part of what was converted
+        identity["lora"] = {**plan.adapter, "merged": request.merge_lora}
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str, allow_nan=False).encode()).hexdigest()
 
 
@@ -82,11 +88,18 @@ def _convert(request: ConvertRequest) -> dict:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
+    if request.merge_lora and not request.lora:
+        raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
+    if request.lora_layout != "converter" and (request.merge_lora or not request.lora):
+        raise BadInputError(f"--lora-layout {request.lora_layout} places an adapter written alone: give --lora "
+                            "ADAPTER_DIR without --merge-lora")
+    if request.lora:
+        _check_paths(request.lora, request.destination)
     timer = StageTimer(sample_rss=True)
     started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
-        plan = make_plan(source, dtype=request.dtype, scan_layers=request.scan_layers, devices=request.devices)
+        plan, source = plan_for(request, source)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         part = partition.Partition.parse(request.partition)
@@ -95,6 +108,21 @@ def _convert(request: ConvertRequest) -> dict:
             return _run(plan, source, request, timer, started, print_)
     with Destination(request.destination).hold(overwrite=request.overwrite):
         return _run(plan, source, request, timer, started, print_)
+
+
+def plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
+    """The plan, and the source its jobs read: the base, or for an adapter alone the adapter (``plan`` too)."""
+    if request.merge_lora and not request.lora:
+        raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
+    layout_options = {"dtype": request.dtype, "scan_layers": request.scan_layers, "devices": request.devices}
+    if not request.lora:
+        return make_plan(source, **layout_options), source
+    from ckptconv.plan import lora
+
+    adapter = open_source(request.lora, hf_token_file=request.hf_token_file)
+    if request.merge_lora:
+        return lora.make_merged_plan(source, adapter, **layout_options), source
+    return lora.make_adapter_plan(source, adapter, lora_layout=request.lora_layout, **layout_options), adapter
 
 
 def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
@@ -245,13 +273,27 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     with waits.watched_writes(request.destination, endpoint) as tick:
         writer.write_checkpoint(
             request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
-            devices=request.devices, custom_metadata={"scan_layers": request.scan_layers},
+            devices=request.devices, custom_metadata=_custom_metadata(plan, request),
             on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), use_compression=request.compression,
-            extra_items=dict(MAXTEXT_EXTRA_ITEMS), adopt=adopt,
+            extra_items=_extra_items(request), adopt=adopt,
         )
     end = timer.wall()
     timer.add("write", last_tile[0] - begin, begin)
     timer.add("commit", end - last_tile[0], last_tile[0])
+
+
+def _extra_items(request: ConvertRequest) -> dict:
+    """MaxText's TrainState fields beside the params; none in the restore layout, whose root is the LoRA tree."""
+    return {} if request.lora and request.lora_layout == "restore" else dict(MAXTEXT_EXTRA_ITEMS)
+
+
+def _custom_metadata(plan: ConversionPlan, request: ConvertRequest) -> dict:
+    """``scan_layers`` as MaxText's converter records it; an adapter alone also records its rank and alpha as
+    MaxText's LoRA training does (``custom_metadata["lora"]``): its ``sync_lora_metadata`` and ``export`` read them."""
+    metadata: dict = {"scan_layers": request.scan_layers}
+    if plan.adapter is not None and not request.merge_lora:
+        metadata["lora"] = {"lora_rank": plan.adapter["rank"], "lora_alpha": plan.adapter["alpha"]}
+    return metadata
 
 
 def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: StageTimer, started: str,
@@ -275,6 +317,10 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "output_bytes": plan.output_bytes,
         "largest_shard_bytes": plan.largest_shard_bytes,
         **run_figures(timer, plan.output_bytes),
+        **({"lora": {"adapter": request.lora, "mode": "merged" if request.merge_lora else "adapter",
+                     "layout": None if request.merge_lora else request.lora_layout,
+                     "rank": plan.adapter["rank"], "alpha": plan.adapter["alpha"],
+                     "targets": plan.adapter["targets"]}} if plan.adapter is not None else {}),
         "fingerprint": print_,
         "started_at": started,
         "finished_at": destination.now(),

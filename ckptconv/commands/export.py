@@ -34,6 +34,7 @@ from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.plan import lora
 from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
@@ -52,6 +53,7 @@ from ckptconv.write.safetensors import (
 PENDING = STAGING["export"]
 log = logging.getLogger("ckptconv")
 KIND = "export"
+ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # a PEFT adapter's files
 # Files a HF model directory carries besides weights and config.json, copied from --like when present.
 COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
@@ -73,6 +75,7 @@ class ExportRequest:
     overwrite: bool = False
     progress: str = settings.PROGRESS
     hf_token_file: str | None = None
+    lora_alpha: float | None = None  # a LoRA adapter checkpoint that does not record its alpha
 
 
 def parse_size(text: str) -> int:
@@ -151,9 +154,14 @@ def _plan(request: ExportRequest) -> _Planned:
         items = items_dir(request.checkpoint)
         stored = read_items_metadata(items)
         like = open_source(request.like, hf_token_file=request.hf_token_file)
-        plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
+        if lora.is_adapter(stored):  # a LoRA adapter alone: PEFT's two files
+            alpha = request.lora_alpha if request.lora_alpha is not None else _recorded_alpha(items)
+            plan = lora.make_adapter_export_plan(like, stored, alpha, dtype=request.dtype, where=request.checkpoint)
+            layouts = (FileLayout(ADAPTER_WEIGHTS, plan.tensors),)
+        else:
+            plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
+            layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         _check_like_against_report(items, plan, request.like)
-        layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
         print_ = fingerprint(items, stored, plan, request)
     return _Planned(items, plan, like, layouts, print_, timer, started)
 
@@ -340,7 +348,8 @@ def _foreign_pending(pending: str) -> bool:
 
 def _export_file(name: str) -> bool:
     """A name at HF_DST that an export writes: weights, index, config and tokenizer files."""
-    return name.endswith((".safetensors", PARTIAL)) or name in (INDEX_NAME, "config.json", *COPIED_FILES)
+    return (name.endswith((".safetensors", PARTIAL))
+            or name in (INDEX_NAME, "config.json", ADAPTER_CONFIG, *COPIED_FILES))
 
 
 def _remove_export_files(dst: str) -> None:
@@ -348,6 +357,18 @@ def _remove_export_files(dst: str) -> None:
     for file in layout.path(dst).iterdir():
         if _export_file(file.name):
             file.unlink()
+
+
+def _recorded_alpha(items: str) -> float | None:
+    """The adapter's alpha as its checkpoint records it (``custom_metadata["lora"]``, as ``convert --lora`` and
+    MaxText's LoRA training write it), if it does."""
+    step = layout.path(items).parent / "_CHECKPOINT_METADATA"
+    try:
+        recorded = json.loads(step.read_text()).get("custom_metadata") or {}
+    except (FileNotFoundError, ValueError):
+        return None
+    alpha = (recorded.get("lora") or {}).get("lora_alpha") if isinstance(recorded.get("lora"), dict) else None
+    return float(alpha) if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha > 0 else None
 
 
 def _read_copied_files(like: Source) -> dict[str, bytes]:
@@ -360,6 +381,9 @@ def _write_small_files(plan: ExportPlan, copied: dict[str, bytes], pending: str,
                        layouts: tuple[FileLayout, ...]) -> None:
     """The index, ``config.json`` (dequantised: without ``quantization_config``) and the tokenizer files."""
     root = layout.path(pending)
+    if plan.adapter is not None:  # a PEFT adapter: its config beside its weights, the base's files stay the base's
+        (root / ADAPTER_CONFIG).write_text(json.dumps(lora.peft_config(plan), indent=2) + "\n")
+        return
     (root / INDEX_NAME).write_text(index_json(layouts))
     (root / "config.json").write_text(_config_text(plan))
     for name, data in copied.items():

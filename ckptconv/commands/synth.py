@@ -26,7 +26,8 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import Family, LayoutError
+from ckptconv.families.base import JSON_NULL, Family, LayoutError
+from ckptconv.families.inputs import FP8_KEPT
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ LLAMA3_8B = SynthModel(
 
 
 def _drop_none(config: dict) -> dict:
-    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in config.items() if v is not None}
+    """Unset fields (None) left out; ``JSON_NULL`` written as null."""
+    return {k: (_drop_none(v) if isinstance(v, dict) else None if v is JSON_NULL else v)
+            for k, v in config.items() if v is not None}
 
 
 def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
@@ -144,17 +147,22 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
-def _keeps_scales(model_type: str) -> bool:
-    """A family whose rules read FP8 block scales themselves (MaxText keeps its FP8 releases quantised)."""
-    return any(rule.hf.endswith("_scale_inv") for rule in BY_MODEL_TYPE[model_type].rules)
+def _keeps_scales(model: SynthModel) -> bool:
+    """A release whose rules read its FP8 block scales themselves whatever --dtype (Qwen3.5: MaxText keeps its FP8
+    releases quantised); DeepSeek's read them so only under --dtype float8_e4m3fn, else decode them."""
+    from ckptconv.plan.conversion import read_spec
+
+    family = BY_MODEL_TYPE[model.model_type]
+    return read_spec(family, model.config(), "<synthetic config>").values.get("quantization") == FP8_KEPT
 
 
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
-    if model.quantization == "fp8" and _keeps_scales(model.model_type):
+    if model.quantization == "fp8" and _keeps_scales(model):
         return None
-    if model.quantization == "fp8" and ".layers." in name and name.endswith(("proj.weight", "proj_with_mqa.weight")):
+    if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
+            and not name.endswith(_FP8_KEPT)):
         return "fp8"
     if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return "mxfp4"
@@ -164,6 +172,9 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
     return None
 
 
+# DeepSeek's FP8 releases: the linear layers of every layer, the indexer's two (V3.2); its weights_proj stays bf16
+_FP8_LINEAR = ("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight")
+_FP8_KEPT = ("indexer.weights_proj.weight",)
 _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
 
 
@@ -172,13 +183,16 @@ def _ignored(module: str, ignore: list[str]) -> bool:
     return any(re.match(entry[3:], module) if entry.startswith("re:") else entry == module for entry in ignore)
 
 
-def quantize_fp8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(e4m3 weight, float32 block scales) for ``values``: each 128x128 block scaled to use e4m3's range."""
+def quantize_fp8(values: np.ndarray, ue8m0: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 weight, float32 block scales) for ``values``: each 128x128 block scaled to use e4m3's range;
+    ``ue8m0`` (``scale_fmt`` of DeepSeek-V3.1 / V3.2): each scale rounded up to a power of two."""
     rows, cols = values.shape
     blocks = np.zeros((-(-rows // 128) * 128, -(-cols // 128) * 128), np.float32)
     blocks[:rows, :cols] = np.abs(values)
     amax = blocks.reshape(blocks.shape[0] // 128, 128, blocks.shape[1] // 128, 128).max(axis=(1, 3))
     scale = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(np.float32)
+    if ue8m0:
+        scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
     expanded = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:rows, :cols]
     return (values / expanded).astype(ml_dtypes.float8_e4m3fn), scale
 
@@ -207,7 +221,9 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     groups = _group(entries, max_shard_bytes)
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
-    make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")))
+    quantization = model.config().get("quantization_config", {})
+    make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")),
+                  quantization.get("scale_fmt") == "ue8m0")
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -240,8 +256,8 @@ class _Maker:
     """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
 
     def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None,
-                 kept_scales: frozenset[str] = frozenset()) -> None:
-        self.rng, self.dtype, self.pool = rng, dtype, pool
+                 kept_scales: frozenset[str] = frozenset(), ue8m0: bool = False) -> None:
+        self.rng, self.dtype, self.pool, self.ue8m0 = rng, dtype, pool, ue8m0
         self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
@@ -252,7 +268,8 @@ class _Maker:
             codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
             yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
         elif entry.st_dtype == "F8_E4M3":
-            weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
+            weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)),
+                                         self.ue8m0)
             self.pending[entry.name + "_scale_inv"] = scale
             yield weight.tobytes()
         elif entry.name.endswith("_packed"):

@@ -19,7 +19,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ckptconv import dtypes, layout
+from ckptconv import dtypes, layout, settings
 from ckptconv.monitor import StageTimer
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, make_plan
 from ckptconv.progress import Progress
@@ -142,7 +142,11 @@ def _offsets(entry: dict | list) -> tuple[int, int]:
 
 
 def _stored_dtype(stored) -> str:
+    """The --dtype the checkpoint was written with: one dtype throughout, or e4m3 leaves among others (an FP8
+    release kept as stored, --dtype float8_e4m3fn)."""
     names = {np.dtype(leaf.dtype).name for leaf in stored if leaf.path[:1] == ("params",)}
+    if dtypes.E4M3.name in names:
+        return settings.KEEP_FP8
     for name, dtype in dtypes.OUTPUT.items():
         if names == {dtype.name}:
             return name

@@ -206,6 +206,16 @@ class Example:
 MIB, GIB = 2**20, 2**30  # for the examples' byte counts
 
 
+class _JsonNull:
+    """A field a synthetic ``config.json`` writes as ``null`` (None means: leave the field out)."""
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+
+JSON_NULL = _JsonNull()  # DeepSeek-V2-Lite's "q_lora_rank": null (absent would mean transformers' default rank)
+
+
 @dataclass(frozen=True)
 class MemoryExample:
     """A peak-memory case: ``model`` converted (a fresh process per device count in ``devices``) peaks no

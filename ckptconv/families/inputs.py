@@ -618,3 +618,71 @@ def _check_int4(packed: TensorInfo, scale: TensorInfo, shape: TensorInfo) -> Non
         raise BadInputError(f"{packed.file}: INT4 {packed.name!r} {packed.dtype}{list(packed.shape)} with scale "
                             f"{scale.dtype}{list(scale.shape)} and shape {shape.dtype}{list(shape.shape)}: expected "
                             f"int32 (rows, cols/8), bfloat16 (rows, cols/{INT4_GROUP}) and int32 [2]")
+
+
+@dataclass(frozen=True)
+class LoraMerged:
+    """A projection with a LoRA adapter folded in: ``W + (alpha / r) B A``, region by region.
+
+    As MaxText 0.2.5's merged mode computes it (``to_maxtext.py``, ``_setup_merge_mode_getter``):
+    ``B A`` in float32, times ``alpha / r`` in float32, added to ``W`` in float32 and rounded once to
+    the output dtype (the dtype its getter hands the base weight in); the family's steps follow as for
+    any weight. A region ``[rows, cols]`` of ``W`` needs only ``B[rows]`` and ``A[:, cols]``, read
+    from the adapter beside it: the base streams in bounded memory, the adapter is never held whole.
+    """
+
+    base: Input
+    a: TensorInfo  # lora_A (r, in)
+    b: TensorInfo  # lora_B (out, r)
+    adapter: Source
+    scaling: float
+    out_dtype: np.dtype
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def file(self) -> str:
+        return self.base.file
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.base.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.out_dtype
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        return self.base.order
+
+    @property
+    def whole_axes(self) -> tuple[int, ...]:
+        return self.base.whole_axes
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes + self.a.nbytes + self.b.nbytes
+
+    @property
+    def decode_bytes(self) -> int:
+        """The base's own, then W and B A in float32 side by side."""
+        return self.base.decode_bytes + 2 * FLOAT32_BYTES
+
+    def check(self, source: Source) -> None:
+        check = getattr(self.base, "check", None)
+        if check is not None:
+            check(source)
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), (c0, c1) = box
+        rank = self.a.shape[0]
+        # A whole (r x in: small), then its columns: a region of W cut along its columns (a band of one row)
+        # would make A's columns a strided range, which is not one read
+        a = read_box(self.adapter, self.a, ((0, rank), (0, self.a.shape[1])))[:, c0:c1].astype(np.float32)
+        b = read_box(self.adapter, self.b, ((r0, r1), (0, rank))).astype(np.float32)
+        delta = np.matmul(b, a) * np.float32(self.scaling)
+        merged = self.base.read(source, box).astype(np.float32) + delta
+        return merged.astype(self.out_dtype)

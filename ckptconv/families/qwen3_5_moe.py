@@ -18,7 +18,8 @@ kept quantised, as MaxText's ``qwen3.5-*-fp8`` models hold them: the e4m3 values
 in bfloat16) and each block-scale grid, by rules of its own, as the weight's ``kernel_scale`` (experts:
 ``wi_0_scale``, ``wi_1_scale``, ``wo_scale``), through the steps MaxText's hooks give it (a transpose,
 heads split out; in_proj_qkvz's joined and regrouped per key head like its weights). Export writes
-the release's own files back.
+the release's own files back. With ``--dtype float8_e4m3fn`` (MaxText's ``--save_dtype float8_e4m3fn``) the
+weights are written e4m3 and every other leaf in the release's own dtype (:data:`ckptconv.dtypes.KEPT`).
 
 Scanned, MaxText scans whole periods as ``decoder/layers/layer_{position}`` over the periods (axis 1);
 its scan holds only whole periods (the layers after the last would be dropped), so such a model

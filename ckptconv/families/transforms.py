@@ -219,17 +219,20 @@ class Scale(Step):
 
     factor: str = "query_scale"
     divide: bool = False
+    # float64 arithmetic, rounded once to the output dtype: MaxText's converter scales LoRA's lora_B
+    # by a float64 1/sqrt(head_dim) (numpy promotes the float32 weights), its base kernels in float32
+    wide: bool = False
 
     @property
     def exact(self) -> bool:
         return False
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        factor = np.float32(spec.value(self.factor))
+        factor = (np.float64 if self.wide else np.float32)(spec.value(self.factor))
         return x / factor if self.divide else x * factor
 
     def inverse(self) -> Step:
-        return Scale(f"{self.name}_inverse", self.factor, not self.divide)
+        return Scale(f"{self.name}_inverse", self.factor, not self.divide, self.wide)
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,34 @@ class Add(Step):
 
     def inverse(self) -> Step:
         return Add(f"{self.name}_inverse", -self.constant)
+
+
+@dataclass(frozen=True)
+class PerHead(Step):
+    """Apply ``steps`` head by head to the last axis of a 2-D tensor that stays flat.
+
+    MaxText's LoRA ``kernel_lora_b`` of a projection is ``(r, heads * head_dim)``, flat, while the
+    base kernel's own steps (RoPE order, query scaling) act on a ``head_dim`` axis: this step
+    reshapes to ``(..., heads, head_dim)``, runs them, and flattens back. Cuts fall on whole heads.
+    """
+
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return all(step.exact for step in self.steps)
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return spec.dim("hd") if axis == len(shape) - 1 else 1
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        heads = x.reshape(*x.shape[:-1], -1, spec.dim("hd"))  # a region holds whole heads, maybe not all
+        for step in self.steps:
+            heads = step.apply(heads, spec, full_box(heads.shape))
+        return np.ascontiguousarray(heads).reshape(x.shape)
+
+    def inverse(self) -> Step:
+        return PerHead(f"{self.name}_inverse", tuple(step.inverse() for step in reversed(self.steps)))
 
 
 Size = int | str  # a count, or the name of a spec dimension (sizes that follow the config)
@@ -398,6 +429,77 @@ class Resize(Step):
     def inverse(self) -> Step:
         """Back to ``source`` rows: rows MaxText dropped come back as zeros, its padding is dropped."""
         return Resize(f"{self.name}_inverse", self.axis, self.source, self.size)
+
+
+@dataclass(frozen=True)
+class Regroup(Step):
+    """Block scales (one per ``block`` rows of a weight axis of ``size`` rows, the last block possibly partial)
+    -> the same scales repeated on the coarsest uniform grid that tiles the kernel MaxText makes of that axis.
+
+    MaxText's loader dequantises a kernel by its scale leaf only on a uniform grid: each kernel axis is cut into
+    equal blocks of ``kernel dim / scale dim`` (``dequantize_weight``). An FP8 release's 128-row blocks are that grid
+    only when the axis holds whole blocks and no head split cuts one: DeepSeek's ``q_b_proj`` has 192 rows a head,
+    ``kv_a_proj_with_mqa`` 576 rows. Groups of ``gcd(block, rows a part)`` rows (``parts``: the heads the axis
+    splits into; none: the whole axis) never straddle a block nor a head, so repeating each block's scale over its
+    groups is exact; it is the identity when the axis holds whole blocks a part (Qwen3.5's, most of DeepSeek's).
+    """
+
+    axis: int = 0
+    size: str = "emb"
+    parts: str | None = None
+    block: int = 128
+
+    def _grid(self, shape: Shape, spec: ModelSpec) -> tuple[int, int, int]:
+        """(axis, rows, rows a group)."""
+        axis, rows = _axis(self.axis, len(shape)), spec.dim(self.size)
+        parts = spec.dim(self.parts) if self.parts else 1
+        if rows % parts:
+            raise Misaligned(f"{self.name}: {self.size}={rows} does not split into {parts} {self.parts}")
+        return axis, rows, math.gcd(self.block, rows // parts)
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, rows, group = self._grid(shape, spec)
+        if shape[axis] != -(-rows // self.block):
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not the {self.block}-blocks of {rows} rows")
+        return (*shape[:axis], rows // group, *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, rows, group = self._grid(shape, spec)
+        start, stop = box[axis]
+        return (*box[:axis], (start * self.block // group, min(stop * self.block, rows) // group), *box[axis + 1:])
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE if axis == _axis(self.axis, len(shape)) else 1  # a scale grid is small: read whole
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis, rows, group = self._grid(x.shape, spec)
+        return np.take(x, np.arange(rows // group) * group // self.block, axis=axis)
+
+    def inverse(self) -> Step:
+        return Ungroup(f"{self.name}_inverse", self.axis, self.size, self.parts, self.block)
+
+
+@dataclass(frozen=True)
+class Ungroup(Regroup):
+    """The inverse of :class:`Regroup` (MaxText -> HF): one scale a block again, the first of its groups."""
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        axis, rows, group = self._grid(shape, spec)
+        if shape[axis] != rows // group:
+            raise Misaligned(f"{self.name}: axis {axis} of {shape} is not {rows // group} groups of {rows} rows")
+        return (*shape[:axis], -(-rows // self.block), *shape[axis + 1:])
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        axis, rows, group = self._grid(shape, spec)
+        start, stop = box[axis]
+        return (*box[:axis], (start * group // self.block, -(-stop * group // self.block)), *box[axis + 1:])
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        axis, rows, group = self._grid(x.shape, spec)
+        return np.take(x, np.arange(-(-rows // self.block)) * self.block // group, axis=axis)
+
+    def inverse(self) -> Step:
+        return Regroup(self.name.removesuffix("_inverse"), self.axis, self.size, self.parts, self.block)
 
 
 # --- The steps families use ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -21,7 +21,9 @@ from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
-from ckptconv.families.inputs import FP8_KEPT, Input, join_input, resolve
+from ckptconv.families.inputs import (
+    FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
+)
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
 from ckptconv.families.transforms import Misaligned, Resize, Shape, Step, output_shape
@@ -99,6 +101,7 @@ class ConversionPlan:
     tensors: dict[str, TensorInfo]
     config_text: str
     not_converted: tuple[dict, ...]
+    adapter: dict | None = None  # a LoRA conversion: what its fingerprint sees of the adapter (ckptconv.plan.lora)
 
     @property
     def leaves(self) -> tuple[LeafPlan, ...]:
@@ -156,8 +159,8 @@ def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
 def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool = settings.SCAN_LAYERS,
               devices: int = settings.DEVICES) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
-    if dtype not in dtypes.OUTPUT:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    if dtype not in settings.CONVERT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.CONVERT_DTYPES)})")
     if devices < 1:
         raise BadInputError(f"--devices must be >= 1, got {devices}")
     if devices > MAX_DEVICES:
@@ -167,6 +170,8 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     where = f"{source.uri}/config.json"
     family = family_for(config.get("model_type"), where)
     spec = read_spec(family, config, where)
+    if dtype == settings.KEEP_FP8:
+        spec = _keep_fp8(where, family, spec)
     stored = index_checkpoint(source)
     _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
@@ -180,7 +185,10 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
-    unused, unused_consumed = _resolve_present(inactive, tensors, scheme)
+    # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
+    # unless kept) is converted, not unused
+    unused, unused_consumed = _resolve_present({n: r for n, r in inactive.items() if n not in consumed}, tensors,
+                                               scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
     not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
                             "bytes": unused[name].nbytes} for name in sorted(unused))
@@ -191,6 +199,39 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     not_converted += _dropped_rows(jobs, spec)
     return ConversionPlan(source.uri, family, spec, out_dtype, scan_layers, devices, jobs, tensors, config_text,
                           not_converted)
+
+
+# Why a source cannot be kept FP8 (--dtype float8_e4m3fn), by its quantisation scheme: MaxText 0.2.5 keeps a
+# tensor e4m3 only when the source stores it so, and dequantises it only by a scale stored beside it.
+NOT_KEEPABLE = {
+    None: "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed",
+    FP8_BLOCK: "is an FP8 release, but ckptconv's {family} rules have no leaves for its block scales",
+    MXFP4_SCHEME: "has no FP8 weights to keep (its experts are MXFP4)",
+    INT4_SCHEME: "has no FP8 weights to keep (its experts are INT4)",
+}
+
+
+def kept_spec(family: Family, spec: ModelSpec) -> ModelSpec | None:
+    """An FP8 release read dequantised by default whose family also has rules for its scales (DeepSeek's), read
+    kept instead (``--dtype float8_e4m3fn``; export of such a checkpoint); None for any other spec."""
+    if spec.values.get("quantization") == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
+        return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
+    return None
+
+
+def _keep_fp8(where: str, family: Family, spec: ModelSpec) -> ModelSpec:
+    """``--dtype float8_e4m3fn`` keeps an FP8 release's weights and scales as stored: an FP8 release whose family
+    has rules for its scales (DeepSeek's, read dequantised otherwise) is read kept; a source whose weights MaxText
+    cannot hold that way is refused rather than quantised with made-up scales."""
+    scheme = spec.values.get("quantization")
+    kept = kept_spec(family, spec)
+    if kept is not None:
+        return kept
+    if scheme != FP8_KEPT:
+        reason = NOT_KEEPABLE[scheme].format(family=family.name)
+        raise BadInputError(f"{where}: --dtype {settings.KEEP_FP8} keeps an FP8 release's weights as stored; "
+                            f"this checkpoint {reason}; convert with --dtype bfloat16")
+    return spec
 
 
 # --- claims the headers must be able to back, checked before anything is enumerated ---------
@@ -399,7 +440,8 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: s
 def layout_jobs(family: Family, spec: ModelSpec, stacks: tuple[LayerStack, ...], inputs: dict[str, Input],
                 dtype: np.dtype, devices: int) -> tuple[Job, ...]:
     """Every job of the active rules on ``stacks``, in writing order: what ``convert`` writes and
-    ``export`` reads back (``inputs``: the HF tensor each rule's pieces read or become)."""
+    ``export`` reads back (``inputs``: the HF tensor each rule's pieces read or become; ``dtype``: --dtype's,
+    float8_e4m3fn keeping each leaf in its piece's dtype, :func:`ckptconv.dtypes.leaf_dtype`)."""
     return tuple(_job(inst, spec, inputs, dtype, devices) for inst in _instances(family.active_rules(spec), stacks, spec))
 
 
@@ -419,6 +461,7 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         shape, stack_axes = _stacked_shape(piece, r.per_expert, layers, output.layer_axis, spec)
         path = ("params", output.collection) + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
+    dtype = dtypes.leaf_dtype(dtype, pieces[0].dtype)
     leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
     try:
         tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,

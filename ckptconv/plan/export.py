@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ckptconv import dtypes, settings
@@ -24,7 +23,7 @@ from ckptconv.families import family_for
 from ckptconv.families.base import Family, LayoutError
 from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.transforms import Resize
-from ckptconv.plan.conversion import Job, expected_tensors, layout_jobs, read_config, read_spec
+from ckptconv.plan.conversion import Job, expected_tensors, kept_spec, layout_jobs, read_config, read_spec
 from ckptconv.read.safetensors_io import index_checkpoint
 from ckptconv.read.sources import Source
 from ckptconv.read.spec import ModelSpec
@@ -91,6 +90,7 @@ class ExportPlan:
     hf_names: dict[str, str]  # the rules' tensor names -> the names written (as --like stores them)
     tensors: tuple[TensorEntry, ...]
     not_exported: tuple[dict, ...]
+    adapter: Any = None  # a LoRA adapter's export: its AdapterConfig (rank, alpha, targets); see ckptconv.plan.lora
 
     @property
     def output_bytes(self) -> int:
@@ -101,8 +101,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
                      where: str = "checkpoint") -> ExportPlan:
     """Check the checkpoint's leaves against ``like``'s config and plan every HF tensor; raises
     :class:`BadInputError` naming the first leaf that is missing, unexpected or of another shape."""
-    if dtype not in dtypes.OUTPUT:
-        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(dtypes.OUTPUT)})")
+    if dtype not in settings.OUTPUT_DTYPES:
+        raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.OUTPUT_DTYPES)})")
     out_dtype = dtypes.OUTPUT[dtype]
     config_text, config = read_config(like)
     family = family_for(config.get("model_type"), f"{like.uri}/config.json")
@@ -111,6 +111,12 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
     if not params:
         raise BadInputError(f"{where}: no leaves under '{PARAM_ROOT}' (not a MaxText parameter checkpoint)")
     leaf_dtype = np.dtype(next(iter(params.values())).dtype)
+    if any(np.dtype(leaf.dtype) == dtypes.E4M3 for leaf in params.values()):
+        leaf_dtype = dtypes.E4M3  # written with --dtype float8_e4m3fn: each leaf in its HF tensor's dtype
+        spec = kept_spec(family, spec) or spec  # DeepSeek's FP8 release, kept: its scales are leaves too
+    # an FP8 release's block scales go back in the dtype it stores them in (Qwen3.5's bfloat16, DeepSeek's float32)
+    scale_dtype = next((np.dtype(leaf.dtype) for path, leaf in params.items() if path[-1].endswith("_scale")),
+                       dtypes.BF16)
     devices = _device_count(next(iter(params.values())))
     candidates = []
     for scan in (True, False):
@@ -119,7 +125,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
             continue
         expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: _target(family, spec, name, shape, expected, out_dtype) for name, (_, shape) in expected.items()}
+        targets = {name: _target(family, spec, name, shape, expected, out_dtype, scale_dtype)
+                   for name, (_, shape) in expected.items()}
         jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
         candidates.append((scan, _where_stored(jobs, params)))
     scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
@@ -131,25 +138,27 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
                       _not_exported(family, spec, jobs))
 
 
-def _stored_dtype(spec: ModelSpec, name: str, expected: dict, dtype: np.dtype) -> np.dtype:
+def _stored_dtype(spec: ModelSpec, name: str, expected: dict, dtype: np.dtype,
+                  scale_dtype: np.dtype = dtypes.BF16) -> np.dtype:
     """The dtype an HF tensor is written in: ``--dtype``'s, except in an FP8 release MaxText keeps quantised,
-    whose weights go back to e4m3 (the values are e4m3's) beside their bfloat16 block scales."""
+    whose weights go back to e4m3 (the values are e4m3's) beside their block scales (``scale_dtype``: the leaves')."""
     if spec.values.get("quantization") != FP8_KEPT:
         return dtype
     if name.endswith("_scale_inv"):
-        return dtypes.BF16
+        return scale_dtype
     return dtypes.SAFETENSORS["F8_E4M3"] if name + "_scale_inv" in expected else dtype
 
 
 def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], expected: dict,
-            dtype: np.dtype) -> Target | Joined | StackedExperts:
+            dtype: np.dtype, scale_dtype: np.dtype = dtypes.BF16) -> Target | Joined | StackedExperts:
     """The tensor a rule's piece becomes: itself, or the parts this release stores it in. A part is
     e4m3 where its fused tensor has block scales (in_proj_qkvz) or it has its own (an FP8 expert)."""
-    own = _stored_dtype(spec, name, expected, dtype)
+    own = _stored_dtype(spec, name, expected, dtype, scale_dtype)
     join = family.join_for(name)
     if join is None or not join.in_parts(spec):
         return Target(name, shape, own)
-    parts = tuple(Target(part, part_shape, own if own != dtype else _stored_dtype(spec, part, expected, dtype))
+    parts = tuple(Target(part, part_shape,
+                         own if own != dtype else _stored_dtype(spec, part, expected, dtype, scale_dtype))
                   for part, part_shape in join.part_shapes(name, spec, shape))
     return join.compose(name, spec, parts)
 
@@ -220,7 +229,7 @@ def _check_leaves(where: str, like: str, jobs: tuple[Job, ...], params: dict[tup
         if found.shape != leaf.shape:
             raise BadInputError(f"{where}: leaf {leaf.name!r} has shape {list(found.shape)}, "
                                 f"{like}/config.json implies {list(leaf.shape)}")
-        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) != np.dtype(ml_dtypes.bfloat16):
+        if np.dtype(found.dtype).kind != "f" and np.dtype(found.dtype) not in (dtypes.BF16, dtypes.E4M3):
             raise BadInputError(f"{where}: leaf {leaf.name!r} has dtype {found.dtype}, expected a float dtype")
     extra = sorted(set(params) - set(planned))
     if extra:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -51,6 +52,27 @@ TARGET_FILE_BYTES = 2 * 1024**3
 ZSTD_LEVEL = 1
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
+
+
+@contextlib.contextmanager
+def _ocdbt_cache(total_bytes: int) -> Iterator[None]:
+    """Orbax's saves open their tensorstore context with a ``total_bytes`` OCDBT node cache while inside.
+
+    Orbax builds one context per save from a module-level default and takes no context from its
+    caller; every leaf, scalar and the final manifest merge of a save must share that one context
+    (one OCDBT writer per database), so the default is what has to change. Without the default
+    where this Orbax keeps it, saves keep Orbax's cache (the peak-RSS tests then fail).
+    """
+    default = getattr(ts_utils, "_DEFAULT_OCDBT_TS_CONTEXT", {}).get("cache_pool#ocdbt")
+    if not isinstance(default, dict) or "total_bytes_limit" not in default:
+        yield
+        return
+    before = default["total_bytes_limit"]
+    default["total_bytes_limit"] = total_bytes
+    try:
+        yield
+    finally:
+        default["total_bytes_limit"] = before
 
 
 
@@ -362,8 +384,9 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     # has already removed the leftovers that are ours, so Orbax's clean-up stays off.
     options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False,
                                            cleanup_tmp_directories=not is_gcs(destination))
-    with ocp.CheckpointManager(destination, item_names=("items",), options=options,
-                               item_handlers={"items": handler}) as manager:
+    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes), \
+            ocp.CheckpointManager(destination, item_names=("items",), options=options,
+                                  item_handlers={"items": handler}) as manager:
         if 0 in manager.all_steps():
             raise FileExistsError(f"{destination} already holds a complete step 0; "
                                   "remove it or choose another destination")
@@ -389,7 +412,8 @@ def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int]
     devices are needed: the data is laid out by the chunk plan alone.
     """
     _validate(leaves, devices)
-    context = ts_utils.get_ts_context(use_ocdbt=True)
+    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes):
+        context = ts_utils.get_ts_context(use_ocdbt=True)
     parent = epath.Path(staging)
     parent.mkdir(parents=True, exist_ok=True)
     values = [_StreamedLeaf(leaf, index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype), None,
