@@ -11,7 +11,7 @@ Not converted, and named in the report: the thinker's vision and audio towers (M
 
 from __future__ import annotations
 
-from ckptconv.families import qwen3_moe
+from ckptconv.families.qwen3_moe import FAMILY as QWEN3_MOE
 from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
 from ckptconv.families.decoder import decoder_config, make_spec, read_dense_dims
 from ckptconv.families.moe import read_experts
@@ -99,7 +99,7 @@ FAMILY = Family(
     name="qwen3_omni_moe",
     model_types=("qwen3_omni_moe",),
     decoder_block="qwen3_moe",
-    rules=qwen3_moe.FAMILY.rules,
+    rules=QWEN3_MOE.rules,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     # the hub's names; transformers 5 holds the decoder as thinker.model.language_model (a PEFT adapter's names)

@@ -10,7 +10,7 @@ The vision tower (``model.visual.*``, MaxText's ``use_multimodal``) is not conve
 
 from __future__ import annotations
 
-from ckptconv.families import qwen3
+from ckptconv.families.qwen3 import FAMILY as QWEN3
 from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
 from ckptconv.families.decoder import decoder_config, make_spec, read_dense_dims
 from ckptconv.read.spec import ConfigReader, ModelSpec
@@ -75,7 +75,7 @@ FAMILY = Family(
     name="qwen3_vl",
     model_types=("qwen3_vl",),
     decoder_block="qwen3",
-    rules=qwen3.FAMILY.rules,
+    rules=QWEN3.rules,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     aliases=ALIASES,
