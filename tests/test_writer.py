@@ -295,41 +295,48 @@ def test_killed_write_leaves_no_step_and_a_rerun_succeeds(tmp_path):
     assert [p.name for p in out.iterdir()] == ["0"]  # the interrupted run's tmp dir is gone
 
 
+# One write per process, as the CLI does (a conversion is a fresh process): a save that fails at its first tile
+# leaves Orbax's directory creation running in a thread, which can create step 0's temporary directory after the
+# failure; in one process the next save to the same destination then met it (FileExistsError, on a busy machine).
 ERRORS = """
 import orbax.checkpoint as ocp
 from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out, report = os.environ["OUT"], {}
 emb = values((64, 8), np.dtype(np.float32), 0)
 leaf = LeafWrite(("params", "emb"), emb.shape, emb.dtype, (4, 8))
-bad = lambda: iter([(0, np.s_[0:4, :], emb[0:4]), (0, np.s_[4:6, :], emb[4:6]), (0, np.s_[6:64, :], emb[6:64])])
+tiles = {
+    "misaligned": [(0, np.s_[0:4, :], emb[0:4]), (0, np.s_[4:6, :], emb[4:6]), (0, np.s_[6:64, :], emb[6:64])],
+    "short": [(0, np.s_[0:32, :], emb[0:32])],
+    "good": [(0, np.s_[32:64, :], emb[32:64]), (0, np.s_[0:32, :], emb[0:32])],
+}[os.environ["CASE"]]
 try:
-    write_checkpoint(out, [leaf], bad, devices=16, custom_metadata={})
+    write_checkpoint(out, [leaf], lambda: iter(tiles), devices=16, custom_metadata={})
 except Exception as error:
-    report["misaligned"] = f"{type(error).__name__}: {error}"
-report["steps_after_error"] = list(ocp.CheckpointManager(out).all_steps())
-short = lambda: iter([(0, np.s_[0:32, :], emb[0:32])])
-try:
-    write_checkpoint(out, [leaf], short, devices=16, custom_metadata={})
-except Exception as error:
-    report["short"] = f"{type(error).__name__}: {error}"
-report["steps_after_short"] = list(ocp.CheckpointManager(out).all_steps())
-good = lambda: iter([(0, np.s_[32:64, :], emb[32:64]), (0, np.s_[0:32, :], emb[0:32])])
-write_checkpoint(out, [leaf], good, devices=16, custom_metadata={})
-try:
-    write_checkpoint(out, [leaf], good, devices=16, custom_metadata={})
-except FileExistsError as error:
-    report["exists"] = str(error)
+    report["error"] = f"{type(error).__name__}: {error}"
+report["steps"] = list(ocp.CheckpointManager(out).all_steps())
 print(json.dumps(report))
 """
 
 
-def test_misaligned_or_missing_tiles_fail_without_a_step_and_complete_step_is_never_overwritten(tmp_path):
-    report = last_json(run_child(ERRORS, 16, tmp_path / "ckpt"))
-    assert "params/emb" in report["misaligned"] and "cuts through chunks" in report["misaligned"]
-    assert report["steps_after_error"] == []
-    assert "tiles covered 256 of 512 elements" in report["short"]
-    assert report["steps_after_short"] == []
-    assert "already holds a complete step 0" in report["exists"]
+def test_misaligned_or_missing_tiles_fail_without_a_step_and_complete_step_is_never_overwritten(tmp_path,
+                                                                                                 monkeypatch):
+    """At one destination, one process after another: tiles that cut through chunks, then tiles that miss half
+    the leaf, each fail naming the problem and leave no step; then a complete write; then a second complete
+    write is refused and the first step stays."""
+    def write(case: str) -> dict:
+        monkeypatch.setenv("CASE", case)
+        return last_json(run_child(ERRORS, 16, tmp_path / "ckpt"))
+
+    misaligned = write("misaligned")
+    assert "params/emb" in misaligned["error"] and "cuts through chunks" in misaligned["error"]
+    assert misaligned["steps"] == []
+    short = write("short")
+    assert "tiles covered 256 of 512 elements" in short["error"]
+    assert short["steps"] == []
+    assert write("good") == {"steps": [0]}
+    again = write("good")
+    assert again["error"].startswith("FileExistsError") and "already holds a complete step 0" in again["error"]
+    assert again["steps"] == [0]
 
 
 def test_write_shape_splits_replicated_leaves_like_replica_parallel_orbax():
