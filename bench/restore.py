@@ -42,6 +42,7 @@ GIB = 1024**3
 MIB = 1024**2
 MARK = "/__restore_bench_mark__/"
 CHECKPOINTS = ("ckptconv", "maxtext")
+DYNAMIC = "hf-safetensors_dynamic"  # MaxText 0.2.5 loading the HF files at start-up, no conversion
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +108,64 @@ def child(path: str, devices: int, mark_url: str | None) -> None:
         "rss_before_restore_bytes": rss_before * 1024, "devices": len(jax.devices()), **counts,
         "restored_arrays": len(arrays), "arrays_not_on_all_devices": len(wrong),
         "versions": {"jax": jax.__version__, "orbax": _version("orbax-checkpoint"), "tensorstore": _version("tensorstore")},
+    }), flush=True)
+
+
+def dynamic_child(src: str, config_dir: str, template: str, devices: int, mark_url: str | None, layers: int) -> None:
+    """MaxText 0.2.5's ``safetensors_dynamic`` load (MaxText's venv): the HF files read, sharded and transformed on
+    the devices, into the same target tree and shardings the Orbax restores use (those of MaxText's own checkpoint)."""
+    import urllib.request
+
+    import jax
+    import maxtext
+    import orbax.checkpoint as ocp
+    import transformers
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from maxtext.checkpoint_conversion.utils import hf_model_configs, load_dynamic
+    from maxtext.configs import pyconfig
+
+    import numpy as np
+
+    assert len(jax.devices()) == devices, (jax.devices(), devices)
+    rss_start = _status_kib("VmRSS:")
+    # MaxText's table holds the 28-layer qwen3-0.6b; the checkpoint's own config.json serves any depth (as
+    # bench/maxtext_convert_tiny.py does)
+    hf_model_configs.HF_MODEL_CONFIGS["qwen3-0.6b"] = transformers.AutoConfig.from_pretrained(config_dir)
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    config = pyconfig.initialize(["restore", base, "model_name=qwen3-0.6b", "hardware=cpu", "skip_jax_distributed_system=True",
+                                  "scan_layers=true", "override_model_config=True", f"base_num_decoder_layers={layers}",
+                                  f"load_parameters_path={src}", "source_checkpoint_layout=safetensors_dynamic",
+                                  "enable_checkpointing=False", "run_name=restore-bench",
+                                  f"base_output_directory={WORK / 'dynamic-out'}"])
+    metadata = ocp.PyTreeCheckpointer().metadata(template)
+    metadata = getattr(metadata, "item_metadata", metadata)
+    mesh = Mesh(np.array(jax.devices()), ("checkpoint_sharding_axis",))
+
+    def abstract(leaf):
+        spec = list(getattr(getattr(leaf, "sharding", None), "partition_spec", ()) or ())
+        spec += [None] * (len(leaf.shape) - len(spec))  # MaxText's stacking drops one entry per layer axis
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+
+    target = jax.tree.map(abstract, metadata["params"], is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+
+    def mark(what: str) -> None:
+        if mark_url:
+            urllib.request.urlopen(f"{mark_url}{MARK}{what}", timeout=30).read()
+
+    rss_before = _status_kib("VmRSS:")
+    mark("begin-restore")
+    t0 = time.perf_counter()
+    _, restored = load_dynamic.load_safetensors_dynamic_state(src, target, config)
+    jax.block_until_ready(restored)
+    restore_seconds = time.perf_counter() - t0
+    mark("end-restore")
+    got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(restored)}
+    want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(target)}
+    print(json.dumps({
+        "restore_seconds": round(restore_seconds, 4), "peak_rss_bytes": _status_kib("VmHWM:") * 1024,
+        "rss_after_imports_bytes": rss_start * 1024, "rss_before_restore_bytes": rss_before * 1024,
+        "devices": len(jax.devices()), "leaves": len(got), "chunks": None, "same_tree_as_maxtext_checkpoint": got == want,
+        "versions": {"maxtext": _version("maxtext"), "jax": jax.__version__, "orbax": _version("orbax-checkpoint")},
     }), flush=True)
 
 
@@ -299,14 +358,21 @@ def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool) ->
     return dst, {**facts, "reused": False}
 
 
-def restore_once(name: str, path: str, devices: int, gcs: Gcs | None) -> dict:
+def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: dict | None = None) -> dict:
+    """One restore in a fresh child; ``dynamic`` ({ctx, config_dir, template, layers}): MaxText's
+    ``safetensors_dynamic`` load of the HF files at ``path`` instead of an Orbax restore."""
     from bench.driver import error_line, last_json, run
 
-    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "PYTHONUNBUFFERED": "1", **(gcs.env if gcs else {})}
+    env = {**(dynamic["ctx"]["mt_env"] if dynamic else {}), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONUNBUFFERED": "1",
+           **(gcs.env if gcs else {})}
     start = gcs.proxy_log.stat().st_size if gcs else 0
     log = WORK / "logs" / f"{name}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_child", path, str(devices), gcs.url if gcs else ""]
+    if dynamic:
+        cmd = [dynamic["ctx"]["mt_python"], str(Path(__file__).resolve()), "_dynamic", path, dynamic["config_dir"],
+               dynamic["template"], str(devices), gcs.url if gcs else "", str(dynamic["layers"])]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_child", path, str(devices), gcs.url if gcs else ""]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     result = run(cmd, log, env)
@@ -335,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locations", default="local,gcs")
     parser.add_argument("--fresh", action="store_true", help="convert again even if the outputs are there")
     parser.add_argument("--results", default=str(BENCH / "RESTORE.md"))
+    parser.add_argument("--dynamic", action="store_true",
+                        help="also MaxText's safetensors_dynamic load of the HF files, third in each alternation")
     parser.add_argument("--report-only", action="store_true", help="rewrite --results from bench/work/restore/results.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -359,23 +427,30 @@ def main(argv: list[str] | None = None) -> int:
     gcs = Gcs(WORK / "logs") if "gcs" in locations else None
     try:
         where = {tool: {"local": str(ckpts[tool] / "0" / "items")} for tool in CHECKPOINTS}
+        tools = CHECKPOINTS + ((DYNAMIC,) if args.dynamic else ())
+        uploads = {tool: (ckpts[tool] / "0" / "items", f"{tool}-{args.layers}l/0/items") for tool in CHECKPOINTS}
+        if args.dynamic:
+            where[DYNAMIC] = {"local": str(src)}
+            uploads[DYNAMIC] = (src, f"hf-{args.layers}l")
+        dynamic = {"ctx": ctx, "config_dir": str(src), "template": where["maxtext"]["local"], "layers": args.layers}
         if gcs:
-            for tool in CHECKPOINTS:
+            for tool in tools:
                 t0 = time.monotonic()
-                uri = gcs.upload_tree(ckpts[tool] / "0" / "items", "restore-bench", f"{tool}-{args.layers}l/0/items")
+                uri = gcs.upload_tree(uploads[tool][0], "restore-bench", uploads[tool][1])
                 where[tool]["gcs"] = uri
                 print(f"uploaded {tool} to {uri} in {time.monotonic() - t0:.1f} s", flush=True)
-        for tool in CHECKPOINTS:  # not counted: .pyc files, page cache, the proxy's first connections
+        for tool in tools:  # not counted: .pyc files, page cache, the proxy's first connections
             for location in locations:
                 results["warmup"].append(restore_once(f"{tool}-{location}-{max(devices)}dev-warmup",
                                                       where[tool][location], max(devices),
-                                                      gcs if location == "gcs" else None))
+                                                      gcs if location == "gcs" else None,
+                                                      dynamic if tool == DYNAMIC else None))
         for index in range(args.repeats):
             for n in devices:
                 for location in locations:
-                    for tool in CHECKPOINTS:  # alternating: ckptconv, maxtext, ckptconv, maxtext ...
+                    for tool in tools:  # alternating: ckptconv, maxtext, [dynamic,] ckptconv, maxtext ...
                         row = restore_once(f"{tool}-{location}-{n}dev-{index}", where[tool][location], n,
-                                           gcs if location == "gcs" else None)
+                                           gcs if location == "gcs" else None, dynamic if tool == DYNAMIC else None)
                         results["runs"].append({"checkpoint": tool, "location": location, "devices": n,
                                                 "index": index, **row})
     finally:
@@ -393,7 +468,7 @@ def summarise(results: dict, devices: list[int], locations: list[str]) -> list[d
     rows = []
     for location in locations:
         for n in devices:
-            for tool in CHECKPOINTS:
+            for tool in CHECKPOINTS + (DYNAMIC,):
                 runs = [r for r in results["runs"] if (r["checkpoint"], r["location"], r["devices"]) == (tool, location, n)]
                 ok = [r for r in runs if r["returncode"] == 0 and "restore_seconds" in r]
                 if not runs:
@@ -401,7 +476,7 @@ def summarise(results: dict, devices: list[int], locations: list[str]) -> list[d
                 med = (lambda key: statistics.median(key(r) for r in ok) if ok else None)
                 rows.append({"checkpoint": tool, "location": location, "devices": n, "ok": len(ok), "runs": len(runs),
                              "wall": med(lambda r: r["restore_seconds"]), "walls": [r["restore_seconds"] for r in ok],
-                             "rss": med(lambda r: r["peak_rss_bytes"]), "chunks": ok[0]["chunks"] if ok else None,
+                             "rss": med(lambda r: r["peak_rss_bytes"]), "chunks": ok[0].get("chunks") if ok else None,
                              "leaves": ok[0]["leaves"] if ok else None,
                              "requests": med(lambda r: r["server"].get("requests", 0)) if location == "gcs" and ok else None,
                              "bytes": med(lambda r: r["server"].get("bytes_read", 0)) if location == "gcs" and ok else None,
@@ -437,7 +512,9 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
               "counted; the reads the restore call itself makes are). Bytes read are response bodies (compressed "
               "OCDBT data as stored, plus JSON).", "",
               f"Rounds: {results['runs'][-1]['index'] + 1 if results['runs'] else 0}; in each round, for each device "
-              "count and location, ckptconv's checkpoint then MaxText's (alternating). Figures are medians.", "",
+              "count and location, ckptconv's checkpoint then MaxText's (then, with `--dynamic`, MaxText's "
+              "safetensors_dynamic load of the HF files), alternating. Warm-up: one uncounted run of each first. "
+              "Figures are medians.", "",
               "| checkpoint | location | devices | restore wall median (s) | peak RSS median (GiB) | stored chunks (leaves) "
               "| requests | bytes read (MiB) | runs ok | restore walls (s) |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -461,6 +538,25 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
                 ratios.append(text)
     if ratios:
         lines += ["", "ckptconv / MaxText (medians):", ""] + ratios
+    if any(r["checkpoint"] == DYNAMIC for r in rows):
+        lines += ["", f"`{DYNAMIC}`: no conversion; MaxText 0.2.5's `load_safetensors_dynamic_state` (the load "
+                  "`source_checkpoint_layout=safetensors_dynamic` runs at every start) reads the HF safetensors files "
+                  "(local directory, or the same files uploaded to the bucket), shards them over the N devices and "
+                  "transforms them into MaxText's tree, in MaxText's venv ("
+                  + ", ".join(f"{k} {v}" for k, v in next((r["versions"] for r in results["runs"]
+                                                           if r["checkpoint"] == DYNAMIC and r.get("versions")), {}).items())
+                  + "; Orbax's v1 safetensors layout). Its target is the same tree and the same shardings as the Orbax restores (those stored in "
+                  "MaxText's checkpoint); its wall is that call alone (config parsing and imports excluded); it runs "
+                  "third in each alternation. Stored chunks do not apply (the input holds "
+                  "one safetensors entry per HF tensor).", ""]
+        for location in locations:
+            for n in devices:
+                pair = {r["checkpoint"]: r for r in rows if (r["location"], r["devices"]) == (location, n)}
+                a, d = pair.get("ckptconv"), pair.get(DYNAMIC)
+                if a and d and a["wall"] and d["wall"]:
+                    lines.append(f"- {location}, {n} devices: safetensors_dynamic / ckptconv restore: wall "
+                                 f"{d['wall'] / a['wall']:.1f}x, peak RSS {d['rss'] / a['rss']:.2f}x"
+                                 + (f", requests {d['requests'] / a['requests']:.2f}x" if a["requests"] and d["requests"] else ""))
     kinds = [r for r in rows if r["by_kind"]]
     if kinds:
         lines += ["", "Requests by kind (last run of each): " + "; ".join(
@@ -495,6 +591,8 @@ def _now() -> str:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         child(sys.argv[2], int(sys.argv[3]), sys.argv[4] or None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "_dynamic":
+        dynamic_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_proxy":
         proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
