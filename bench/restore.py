@@ -41,6 +41,7 @@ WORK = BENCH / "work" / "restore"
 GIB = 1024**3
 MIB = 1024**2
 MARK = "/__restore_bench_mark__/"
+KEEP = "<!-- hand-written below: kept when bench/restore.py rewrites this file -->"
 CHECKPOINTS = ("ckptconv", "maxtext")
 DYNAMIC = "hf-safetensors_dynamic"  # MaxText 0.2.5 loading the HF files at start-up, no conversion
 
@@ -499,6 +500,11 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
         c = conv[tool]
         lines.append(f"- {tool}: `{c['command']}` ({c['files']} files, {c['bytes'] / MIB:.1f} MiB under `0/items`"
                      + (f", converted in {c['wall_seconds']:.0f} s" if c.get("wall_seconds") else "") + ")")
+    for tool in CHECKPOINTS:
+        data = [f.stat().st_size for f in (WORK / "ckpt" / f"{tool}-{results['layers']}l" / "0" / "items").glob("ocdbt.process_*/d/*")]
+        if data:
+            lines.append(f"  - {tool}'s OCDBT data files: {len(data)}, largest {max(data) / MIB:.1f} MiB, "
+                         f"median {statistics.median(data) / MIB:.1f} MiB")
     lines += ["", "Every restore is a fresh child process (ckptconv's venv: "
               + ", ".join(f"{k} {v}" for k, v in first_ok.get("versions", {}).items())
               + ") with `XLA_FLAGS=--xla_force_host_platform_device_count=N`, restoring `<ckpt>/0/items` with "
@@ -581,7 +587,8 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
               f"- ckptconv {results['ckptconv_versions'].get('ckptconv')} (git {results['ckptconv_versions'].get('git')}); "
               f"MaxText venv: " + ", ".join(f"{k} {v}" for k, v in results["mt_versions"].items()
                                             if k in ("maxtext", "jax", "orbax-checkpoint", "tensorstore")), ""]
-    path.write_text("\n".join(lines) + "\n")
+    kept = path.read_text().partition(KEEP)[2] if path.exists() and KEEP in path.read_text() else ""
+    path.write_text("\n".join(lines) + "\n" + (KEEP + kept if kept else ""))
 
 
 def _now() -> str:
