@@ -11,10 +11,10 @@ Not converted, and named in the report: the thinker's vision and audio towers (M
 
 from __future__ import annotations
 
-from ckptconv.families.qwen3_moe import FAMILY as QWEN3_MOE
 from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
-from ckptconv.families.decoder import decoder_config, make_spec, read_dense_dims
-from ckptconv.families.moe import read_experts
+from ckptconv.families.decoder import decoder_config, make_spec
+from ckptconv.families.qwen3_moe import FAMILY as QWEN3_MOE, moe_config, read_moe_dims, widths_30b_a3b
+from ckptconv.families.qwen3_vl import mrope_scaling
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 VISION, AUDIO = "vision tower (MaxText use_multimodal; not converted yet)", "audio tower (MaxText use_audio; not converted yet)"
@@ -41,11 +41,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("model_type", ("qwen3_omni_moe_text",), "qwen3_omni_moe_text")
     text.runtime("tie_word_embeddings", "sliding_window", "num_experts_per_tok", "norm_topk_prob")
     text.require("attention_bias", (False,), False)
-    text.require("decoder_sparse_step", (1,), 1)
-    text.require("mlp_only_layers", ([],), [])
-    dims = read_dense_dims(text)
-    dims["experts"] = read_experts(text, ("num_experts", "num_local_experts"))
-    dims["moe_mlp"] = text.int("moe_intermediate_size")
+    dims = read_moe_dims(text)
     return make_spec(cfg, "qwen3_omni_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
 
@@ -53,14 +49,9 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
 def synthetic_config(m: Sizes) -> dict:
     """The release's ``config.json`` shape: the thinker's decoder in ``thinker_config.text_config`` (mRoPE
     sections), small vision and audio towers' settings beside it, no talker (``enable_audio_output`` false)."""
-    text = decoder_config(m, "", num_experts=m.num_experts or 8, moe_intermediate_size=m.moe_intermediate_size
-                          or m.intermediate_size // 2, num_experts_per_tok=2, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001, attention_bias=False,
-                          sliding_window=None, tie_word_embeddings=None, architectures=None, torch_dtype=None)
-    half = m.head_dim // 2
-    text.update(model_type="qwen3_omni_moe_text", rope_theta=1000000,
-                rope_scaling={"mrope_interleaved": True, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3],
-                              "rope_type": "default"})
+    text = decoder_config(m, "", **moe_config(m), attention_bias=False, sliding_window=None, tie_word_embeddings=None,
+                          architectures=None, torch_dtype=None)
+    text.update(model_type="qwen3_omni_moe_text", rope_theta=1000000, rope_scaling=mrope_scaling(m.head_dim))
     thinker = {"model_type": "qwen3_omni_moe_thinker", "text_config": text,
                "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                                  "out_hidden_size": m.hidden_size, "deepstack_visual_indexes": [0]},
@@ -76,13 +67,6 @@ def synthetic_config(m: Sizes) -> dict:
             "torch_dtype": m.dtype}
 
 
-def _widths(experts: int) -> dict:
-    """Qwen3-Omni-30B-A3B's thinker widths (hidden 2048, expert MLP 768), 2 layers."""
-    return {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 2, "num_heads": 32, "num_kv_heads": 4,
-            "head_dim": 128, "intermediate_size": 6144, "num_experts": experts, "moe_intermediate_size": 768,
-            "tie_word_embeddings": False}
-
-
 SMALL = {"tie_word_embeddings": False, "num_experts": 4, "moe_intermediate_size": 32}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
@@ -90,7 +74,7 @@ SYNTHETIC = Synthetic(
     logits=(Example("qwen3_omni_moe", {**SMALL, "num_layers": 3}, devices=4),
             Example("qwen3_omni_moe-noscan", SMALL, scan=False, devices=4)),
     # 4x the experts at the same widths: the same peak, with 16 devices and with 1
-    memory=(MemoryExample("qwen3_omni_moe-experts", _widths(32), devices=(16, 1), fewer=_widths(8),
+    memory=(MemoryExample("qwen3_omni_moe-experts", widths_30b_a3b(32), devices=(16, 1), fewer=widths_30b_a3b(8),
                           more_bytes=400 * MIB),),
     hub_prefixes={"qwen3_omni_moe": ("", "thinker.")},
 )

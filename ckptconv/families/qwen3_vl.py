@@ -37,15 +37,20 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
                      text.int("num_hidden_layers"))
 
 
+def mrope_scaling(head_dim: int) -> dict:
+    """Interleaved mRoPE over half the head dim (time, height, width), as the Qwen3-VL and Omni releases set it."""
+    half = head_dim // 2
+    return {"mrope_interleaved": True, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3],
+            "rope_type": "default"}
+
+
 def wrapper_config(m: Sizes, architecture: str, text: dict, **top: object) -> dict:
     """A Qwen3-VL ``config.json`` as the hub publishes it: the decoder in ``text_config`` (mRoPE sections over
     half the head dim, transformers 4's spelling), a small vision tower's settings beside it."""
     for key in ("architectures", "torch_dtype"):
         text.pop(key)
-    half = m.head_dim // 2
     text.update(model_type=f"{m.model_type}_text", rope_theta=5000000, attention_bias=False,
-                rope_scaling={"mrope_interleaved": True, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3],
-                              "rope_type": "default"})
+                rope_scaling=mrope_scaling(m.head_dim))
     return {"architectures": [architecture], "model_type": m.model_type, "text_config": text,
             "vision_config": {"deepstack_visual_indexes": [0], "depth": 1, "hidden_size": 32, "intermediate_size": 64,
                               "model_type": f"{m.model_type}_vision", "num_heads": 2, "out_hidden_size": m.hidden_size},

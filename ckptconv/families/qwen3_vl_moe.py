@@ -19,9 +19,9 @@ from __future__ import annotations
 from ckptconv.families.base import MIB, Example, Family, MemoryExample, Output, Rule, Sizes, Synthetic, rule
 from ckptconv.families.decoder import (
     GLOBAL_ROWS, KV_KERNEL, LAYER_NORM_ROWS, Q_KERNEL, QK_NORM_ROWS, L, attention_rows, decoder_config, make_spec,
-    read_dense_dims,
 )
-from ckptconv.families.moe import moe_rows, read_experts
+from ckptconv.families.moe import moe_rows
+from ckptconv.families.qwen3_moe import moe_config, read_moe_dims, widths_30b_a3b
 from ckptconv.families.qwen3_vl import ALIASES, TEXT, VISION, read_text, wrapper_config
 from ckptconv.families.transforms import TakeRanges
 from ckptconv.read.spec import ConfigReader, ModelSpec
@@ -37,29 +37,15 @@ FUSED_EXPERTS = (
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     text, tied = read_text(cfg, "qwen3_vl_moe_text")
-    text.require("decoder_sparse_step", (1,), 1)
-    text.require("mlp_only_layers", ([],), [])
     text.runtime("sliding_window", "num_experts_per_tok", "norm_topk_prob")
-    dims = read_dense_dims(text)
-    dims["experts"] = read_experts(text, ("num_experts", "num_local_experts"))
-    dims["moe_mlp"] = text.int("moe_intermediate_size")
+    dims = read_moe_dims(text)
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
     return make_spec(cfg, "qwen3_vl_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
 
 
 def synthetic_config(m: Sizes) -> dict:
-    text = decoder_config(m, "", num_experts=m.num_experts or 8, moe_intermediate_size=m.moe_intermediate_size
-                          or m.intermediate_size // 2, num_experts_per_tok=2, norm_topk_prob=True,
-                          decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
-    return wrapper_config(m, "Qwen3VLMoeForConditionalGeneration", text)
-
-
-def _widths(experts: int) -> dict:
-    """Qwen3-VL-30B-A3B widths (hidden 2048, expert MLP 768), 2 layers."""
-    return {"vocab_size": 32000, "hidden_size": 2048, "num_layers": 2, "num_heads": 32, "num_kv_heads": 4,
-            "head_dim": 128, "intermediate_size": 6144, "num_experts": experts, "moe_intermediate_size": 768,
-            "tie_word_embeddings": False}
+    return wrapper_config(m, "Qwen3VLMoeForConditionalGeneration", decoder_config(m, "", **moe_config(m)))
 
 
 SMALL = {"tie_word_embeddings": False, "num_experts": 4, "moe_intermediate_size": 48}
@@ -69,7 +55,7 @@ SYNTHETIC = Synthetic(
     logits=(Example("qwen3_vl_moe", {**SMALL, "num_layers": 3}, devices=4),
             Example("qwen3_vl_moe-noscan", SMALL, scan=False, devices=4)),
     # 4x the experts at the same widths: the same peak, with 16 devices and with 1
-    memory=(MemoryExample("qwen3_vl_moe-experts", _widths(32), devices=(16, 1), fewer=_widths(8),
+    memory=(MemoryExample("qwen3_vl_moe-experts", widths_30b_a3b(32), devices=(16, 1), fewer=widths_30b_a3b(8),
                           more_bytes=400 * MIB),),
     hub_prefixes={"qwen3_vl_moe": ("model.", TEXT)},
 )
