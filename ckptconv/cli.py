@@ -130,6 +130,9 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
                          help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
                          help="stack layers on axis 1 (MaxText scan_layers=true)")
+    command.add_argument("--multimodal", action="store_true",
+                         help="also convert the vision (and audio) encoders, as MaxText's use_multimodal=true "
+                         "(default: the text decoder only; the encoders' tensors are reported, not written)")
     command.add_argument("--dtype", choices=settings.CONVERT_DTYPES, default=settings.DTYPE,
                          help="dtype of the checkpoint's weights (float8_e4m3fn: an FP8 release's weights kept "
                          "e4m3 with their scales, every other tensor in its own dtype, as MaxText's --save_dtype)")
@@ -278,6 +281,7 @@ def _convert(args: argparse.Namespace) -> int:
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
         compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
         finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora, lora_layout=args.lora_layout,
+        multimodal=args.multimodal,
     ))
     if args.partition:
         state = "already written; nothing to do" if report.get("skipped") else (
@@ -379,7 +383,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     request = ConvertRequest(source=args.source, destination="", devices=args.devices, scan_layers=args.scan_layers,
                              dtype=args.dtype, hf_token_file=args.hf_token_file, lora=args.lora,
-                             merge_lora=args.merge_lora)
+                             merge_lora=args.merge_lora, multimodal=args.multimodal)
     plan, _ = plan_for(request, open_source(args.source, hf_token_file=args.hf_token_file))
     summary = plan_summary(plan)
     if args.json:

@@ -25,6 +25,7 @@ class Conversion:
     dtype: str = settings.DTYPE
     overwrite: bool = False
     name: str | None = None
+    multimodal: bool = False  # also the vision/audio encoders (convert --multimodal)
 
     @property
     def slug(self) -> str:
@@ -38,7 +39,7 @@ class Conversion:
     def layout_args(self) -> list[str]:
         """The CLI flags shared by ``plan`` and ``convert``."""
         scan = "--scan-layers" if self.scan_layers else "--no-scan-layers"
-        return ["--devices", str(self.devices), scan, "--dtype", self.dtype]
+        return ["--devices", str(self.devices), scan, "--dtype", self.dtype, *(["--multimodal"] if self.multimodal else [])]
 
     def convert_args(self, report_path: str) -> list[str]:
         """``convert`` arguments with machine-readable progress and the report written to ``report_path``."""

@@ -232,3 +232,20 @@ def test_a_chunk_spanning_two_shards_gets_the_warning():
     assert "3 leaves have chunks crossing shard boundaries" in text, text
     assert "wi (dim 0: chunks of 128 in shards of 64)" in text and "kv (dim 1: chunks of 48 in shards of 64)" in text
     assert "mesh2 (dim 0: chunks of 16 in shards of 8)" in text
+
+
+def test_multimodal_is_refused_where_no_encoder_is_converted(tmp_path, synth_dir):
+    """``--multimodal`` asks for the encoders: a family whose rules convert the text decoder only says so
+    (one line, exit 2, nothing written) instead of quietly writing the decoder alone; ``plan`` says the same."""
+    source, dst = synth_dir(MODEL), tmp_path / "dst"
+    for command in (("convert", str(source), str(dst), "--progress", "none"), ("plan", str(source))):
+        result = run_cli(*command, "--multimodal")
+        one_line_error(result.returncode, result.stderr, "--multimodal converts the encoders MaxText converts")
+        assert "convert the text decoder only" in result.stderr
+    assert not dst.exists()
+
+
+def test_report_records_whether_the_encoders_were_asked_for(converted):
+    _, dst, _ = converted
+    report = json.loads((dst / "ckptconv-report.json").read_text())
+    assert report["multimodal"] is False and report["model"]["values"]["multimodal"] is False

@@ -49,6 +49,8 @@ def test_conversion_speaks_the_cli():
                                            "--no-scan-layers", "--dtype", "float32", "--progress", "jsonl",
                                            "--report", "/r.json"]
     assert Conversion("s", "d", overwrite=True).convert_args("r")[-1] == "--overwrite"
+    assert "--multimodal" in Conversion("s", "d", multimodal=True).layout_args()
+    assert "--multimodal" not in Conversion("s", "d").layout_args()
 
 
 @pytest.mark.parametrize("returncode, tail, timed_out, expected", [

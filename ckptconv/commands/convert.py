@@ -55,6 +55,7 @@ class ConvertRequest:
     lora: str | None = None  # a PEFT LoRA adapter of the source: written alone, or folded in (merge_lora)
     merge_lora: bool = False
     lora_layout: str = "converter"  # an adapter alone: where its tree sits (ckptconv.plan.lora.LORA_LAYOUTS)
+    multimodal: bool = False  # also the vision/audio encoders (MaxText's use_multimodal=true)
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -64,7 +65,7 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
         "options": [request.devices, request.scan_layers, request.dtype, request.compression]
-        + ([request.lora_layout] if request.lora else []),
+        + ([request.lora_layout] if request.lora else []) + (["multimodal"] if request.multimodal else []),
         "format": 1,
     }
     if plan.adapter is not None:  # the adapter's bytes and the mode are part of what was converted
@@ -116,7 +117,10 @@ def plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, S
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
     layout_options = {"dtype": request.dtype, "scan_layers": request.scan_layers, "devices": request.devices}
     if not request.lora:
-        return make_plan(source, **layout_options), source
+        return make_plan(source, **layout_options, multimodal=request.multimodal), source
+    if request.multimodal:
+        raise BadInputError("--multimodal with --lora: ckptconv converts adapters of the text decoder only; "
+                            "convert the adapter without --multimodal")
     from ckptconv.plan import lora
 
     adapter = open_source(request.lora, hf_token_file=request.hf_token_file)
@@ -291,6 +295,8 @@ def _custom_metadata(plan: ConversionPlan, request: ConvertRequest) -> dict:
     """``scan_layers`` as MaxText's converter records it; an adapter alone also records its rank and alpha as
     MaxText's LoRA training does (``custom_metadata["lora"]``): its ``sync_lora_metadata`` and ``export`` read them."""
     metadata: dict = {"scan_layers": request.scan_layers}
+    if request.multimodal:  # verify and export read it back (MaxText reads scan_layers only)
+        metadata["multimodal"] = True
     if plan.adapter is not None and not request.merge_lora:
         metadata["lora"] = {"lora_rank": plan.adapter["rank"], "lora_alpha": plan.adapter["alpha"]}
     return metadata
@@ -311,6 +317,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "dtype": request.dtype,
         "devices": request.devices,
         "scan_layers": request.scan_layers,
+        "multimodal": request.multimodal,
         "tensors": plan.tensor_count,
         "leaves": len(plan.leaves),
         "source_bytes": plan.source_bytes,

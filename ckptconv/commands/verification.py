@@ -64,7 +64,8 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
     by_path = {leaf.path: leaf for leaf in stored}
     dtype = _stored_dtype(stored)
     source = open_source(source_uri, hf_token_file=hf_token_file)
-    plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1)
+    plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1,
+                     multimodal=bool(custom.get("multimodal", False)))
     result = VerifyResult()
     result.mismatches += check_source_layout(source, plan.tensors.values())
     planned = {leaf.path for leaf in plan.leaves}

@@ -46,6 +46,15 @@ def untied(spec: ModelSpec) -> bool:
     return not spec.value("tie_word_embeddings")
 
 
+MULTIMODAL = "multimodal"  # the spec value ``convert --multimodal`` sets (MaxText's use_multimodal)
+
+
+def multimodal(spec: ModelSpec) -> bool:
+    """The encoders' rules (vision, audio) are active only with ``--multimodal``, as MaxText converts them only
+    with ``use_multimodal=true``; without it their tensors are reported, not written."""
+    return bool(spec.values.get(MULTIMODAL))
+
+
 @dataclass(frozen=True)
 class Output:
     """One leaf a rule writes: its MaxText path and the steps from the HF tensor to it.
@@ -276,6 +285,9 @@ class Family:
     ignored_hf_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
     # Tensors the rules read fused that checkpoints may store in parts (Qwen3.5's in_proj_qkv + in_proj_z).
     joins: tuple[Join | ExpertJoin, ...] = ()
+    # What ``--multimodal`` adds (its rules are active under :func:`multimodal`): empty for a family whose
+    # encoders ckptconv does not convert, where the flag is refused rather than silently ignored.
+    encoders: tuple[str, ...] = ()
 
     def join_for(self, name: str) -> Join | ExpertJoin | None:
         return next((join for join in self.joins if name.endswith(join.fused)), None)

@@ -20,7 +20,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family, LayerStack, LayoutError, Rule
+from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule
 from ckptconv.families.inputs import (
     FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
@@ -157,8 +157,10 @@ def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
 
 
 def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool = settings.SCAN_LAYERS,
-              devices: int = settings.DEVICES) -> ConversionPlan:
-    """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong."""
+              devices: int = settings.DEVICES, multimodal: bool = False) -> ConversionPlan:
+    """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong.
+
+    ``multimodal``: also the encoders (vision, audio) MaxText converts with ``use_multimodal=true``."""
     if dtype not in settings.CONVERT_DTYPES:
         raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.CONVERT_DTYPES)})")
     if devices < 1:
@@ -169,7 +171,7 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     config_text, config = read_config(source)
     where = f"{source.uri}/config.json"
     family = family_for(config.get("model_type"), where)
-    spec = read_spec(family, config, where)
+    spec = with_encoders(where, family, read_spec(family, config, where), multimodal)
     if dtype == settings.KEEP_FP8:
         spec = _keep_fp8(where, family, spec)
     stored = index_checkpoint(source)
@@ -217,6 +219,16 @@ def kept_spec(family: Family, spec: ModelSpec) -> ModelSpec | None:
     if spec.values.get("quantization") == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
         return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
     return None
+
+
+def with_encoders(where: str, family: Family, spec: ModelSpec, multimodal: bool) -> ModelSpec:
+    """The spec with ``--multimodal`` recorded (rules read it); refused for a family with no encoder rules, whose
+    tensors beyond the decoder would otherwise be dropped while the user asked for them."""
+    if multimodal and not family.encoders:
+        raise BadInputError(f"{where}: --multimodal converts the encoders MaxText converts with use_multimodal=true; "
+                            f"ckptconv's {family.name} rules convert the text decoder only; convert without "
+                            "--multimodal")
+    return replace(spec, values={**spec.values, MULTIMODAL: multimodal})
 
 
 def _keep_fp8(where: str, family: Family, spec: ModelSpec) -> ModelSpec:

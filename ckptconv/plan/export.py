@@ -10,6 +10,7 @@ were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/la
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family, LayoutError
+from ckptconv.families.base import MULTIMODAL, Family, LayoutError
 from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.transforms import Resize
 from ckptconv.plan.conversion import Job, expected_tensors, kept_spec, layout_jobs, read_config, read_spec
@@ -119,17 +120,20 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
                        dtypes.BF16)
     devices = _device_count(next(iter(params.values())))
     candidates = []
-    for scan in (True, False):
+    # scanned or not, with the encoders or not (convert --multimodal): the layout whose leaves the checkpoint holds
+    for scan, encoders in itertools.product((True, False), (False, True) if family.encoders else (False,)):
+        layout_spec = replace(spec, values={**spec.values, MULTIMODAL: encoders})
         try:
-            stacks = family.layout(spec, scan)
+            stacks = family.layout(layout_spec, scan)
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
             continue
-        expected = expected_tensors(family.active_rules(spec), stacks, spec)
-        targets = {name: _target(family, spec, name, shape, expected, out_dtype, scale_dtype)
+        expected = expected_tensors(family.active_rules(layout_spec), stacks, layout_spec)
+        targets = {name: _target(family, layout_spec, name, shape, expected, out_dtype, scale_dtype)
                    for name, (_, shape) in expected.items()}
-        jobs = layout_jobs(family, spec, stacks, targets, leaf_dtype, devices)
-        candidates.append((scan, _where_stored(jobs, params)))
-    scan, jobs = max(candidates, key=lambda c: len({leaf.path for job in c[1] for leaf in job.leaves} & params.keys()))
+        jobs = layout_jobs(family, layout_spec, stacks, targets, leaf_dtype, devices)
+        candidates.append((scan, layout_spec, _where_stored(jobs, params)))
+    scan, spec, jobs = max(candidates,
+                           key=lambda c: len({leaf.path for job in c[2] for leaf in job.leaves} & params.keys()))
     _check_leaves(where, like.uri, jobs, params)
     hf_names = _hf_names(like, family, [p.name for job in jobs for piece in job.pieces for p in written(piece)])
     tensors = tuple(TensorEntry(hf_names[p.name], p.dtype, p.shape)
