@@ -27,7 +27,7 @@ import numpy as np
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
 from ckptconv.families.base import JSON_NULL, Family, LayoutError
-from ckptconv.families.inputs import FP8_KEPT
+from ckptconv.families.inputs import FP8_CHANNEL, FP8_KEPT
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,8 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     if kind == "fp8":  # e4m3 weight + one float32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)
         scale = tuple(-(-d // 128) for d in shape)
         return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale_inv", "F32", scale, name, 4)]
+    if kind == "fp8-channel":  # e4m3 weight + one bfloat16 scale per row (compressed-tensors: Llama 4 Maverick FP8)
+        return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale", "BF16", (shape[0], 1), name, 2)]
     if kind == "mxfp4":  # logical (experts, cols, rows) -> blocks (experts, rows, cols/32, 16) + scales (gpt-oss)
         experts, cols, rows = shape
         return [_Stored(name + "_blocks", "U8", (experts, rows, cols // 32, 16), name, 1),
@@ -145,6 +147,12 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
                 _Stored(name + "_scale", "BF16", (rows, cols // 32), name, 2),
                 _Stored(name + "_shape", "I32", (2,), name, 4)]
     return [_Stored(name, st_name, shape, name, itemsize)]
+
+
+def _scheme(model: SynthModel) -> str | None:
+    from ckptconv.plan.conversion import read_spec
+
+    return read_spec(BY_MODEL_TYPE[model.model_type], model.config(), "<synthetic config>").values.get("quantization")
 
 
 def _keeps_scales(model: SynthModel) -> bool:
@@ -161,6 +169,10 @@ def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | No
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
     if model.quantization == "fp8" and _keeps_scales(model):
         return None
+    if model.quantization == "fp8" and _scheme(model) == FP8_CHANNEL:  # the linears compressed-tensors quantised
+        quantised = (".layers." in name and name.endswith(".weight") and len(shape) == 2
+                     and not _ignored(name.removesuffix(".weight"), _quantization_config(model)["ignore"]))
+        return "fp8-channel" if quantised else None
     if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
             and not name.endswith(_FP8_KEPT)):
         return "fp8"
@@ -187,6 +199,14 @@ _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek'
 def _ignored(module: str, ignore: list[str]) -> bool:
     """compressed-tensors' ``ignore``: a name, or ``re:`` and a pattern matched at the name's start."""
     return any(re.match(entry[3:], module) if entry.startswith("re:") else entry == module for entry in ignore)
+
+
+def quantize_fp8_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 weight, bfloat16 (rows, 1) scales) for ``values``: each row scaled to use e4m3's range."""
+    amax = np.abs(values).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(ml_dtypes.bfloat16)
+    codes = np.clip(values / scale.astype(np.float32), -448.0, 448.0)
+    return codes.astype(ml_dtypes.float8_e4m3fn), scale
 
 
 def quantize_fp8(values: np.ndarray, ue8m0: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -225,11 +245,13 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     entries = [_Stored(e.name, "F8_E4M3", e.shape, e.logical, 1) if e.name + "_scale_inv" in shapes else e
                for e in entries]
     groups = _group(entries, max_shard_bytes)
+    names = {e.name for e in entries}
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
     quantization = _quantization_config(model)
     make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")),
-                  quantization.get("scale_fmt") == "ue8m0")
+                  quantization.get("scale_fmt") == "ue8m0",
+                  frozenset(e.name for e in entries if e.st_dtype == "F8_E4M3" and e.name + "_scale" in names))
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -262,8 +284,10 @@ class _Maker:
     """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
 
     def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None,
-                 kept_scales: frozenset[str] = frozenset(), ue8m0: bool = False) -> None:
+                 kept_scales: frozenset[str] = frozenset(), ue8m0: bool = False,
+                 row_scaled: frozenset[str] = frozenset()) -> None:
         self.rng, self.dtype, self.pool, self.ue8m0 = rng, dtype, pool, ue8m0
+        self.row_scaled = row_scaled  # FP8 weights with one scale per row (compressed-tensors float-quantized)
         self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
@@ -273,6 +297,10 @@ class _Maker:
         elif entry.st_dtype == "F8_E4M3" and entry.name + "_scale_inv" in self.kept_scales:
             codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
             yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled:
+            weight, scale = quantize_fp8_rows(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
+            self.pending[entry.name + "_scale"] = scale
+            yield weight.tobytes()
         elif entry.st_dtype == "F8_E4M3":
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)),
                                          self.ue8m0)

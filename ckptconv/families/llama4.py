@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 
 from ckptconv.families.base import (
-    GIB, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule, untied,
+    GIB, JSON_NULL, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule, untied,
 )
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
+from ckptconv.families.inputs import FP8_CHANNEL, ExpertJoin
+from ckptconv.families.quantized import read_quantization
 from ckptconv.families.transforms import TakeRanges
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -74,8 +76,28 @@ RULES = (
 )
 
 
+def fp8(spec: ModelSpec) -> bool:
+    """Meta's FP8 release (Llama-4-Maverick-17B-128E-Instruct-FP8): compressed-tensors FP8, one scale per row."""
+    return spec.values.get("quantization") == FP8_CHANNEL
+
+
+# The FP8 release stores the routed experts one by one, as nn.Linear weights (out, in) with their row scales
+# (transformers swaps Llama4TextExperts for a list of Llama4TextMLP to quantise them): the fused
+# (experts, in, out) tensors the rules read are read from them, transposed
+JOINS = (
+    ExpertJoin("feed_forward.experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"),
+               inner="feed_forward.experts.", in_parts=fp8, transposed=True),
+    ExpertJoin("feed_forward.experts.down_proj", ("down_proj.weight",), inner="feed_forward.experts.",
+               in_parts=fp8, transposed=True),
+)
+
+
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     tied = cfg.bool("tie_word_embeddings", False)
+    quantization = read_quantization(cfg, ("compressed-tensors",))
+    if quantization not in (None, FP8_CHANNEL):
+        cfg.nested("quantization_config").fail("only float-quantized FP8 (Meta's Maverick FP8 release) is "
+                                               "supported for llama4")
     if cfg.config.get("model_type") == "llama4":  # the multimodal wrapper: the decoder's config in text_config
         cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index", "vision_config")
         text = cfg.nested("text_config")
@@ -105,6 +127,8 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         text.fail(f"no_rope_layers={_short(text.raw('no_rope_layers'))} is not a NoPE layer every {nope} "
                   f"(no_rope_layer_interval={nope}), the only pattern MaxText's llama4 decoder runs")
     values = {"tie_word_embeddings": tied, "moe_layers": tuple(moe), "cycle": math.lcm(step, nope)}
+    if quantization:
+        values["quantization"] = quantization
     return make_spec(cfg, "llama4", dims, values, layers)
 
 
@@ -149,11 +173,32 @@ def synthetic_config(m: Sizes) -> dict:
     vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "num_hidden_layers": 1,
               "num_attention_heads": 2, "intermediate_size": 64, "image_size": 28, "patch_size": 14,
               "vision_output_dim": 64, "projector_input_dim": 64, "projector_output_dim": 64}
+    quantization = FP8_CONFIG if m.quantization == "fp8" else None
     if m.model_type == "llama4_text":
-        return {**text, "architectures": ["Llama4ForCausalLM"], "torch_dtype": m.dtype}
+        return {**text, "architectures": ["Llama4ForCausalLM"], "torch_dtype": m.dtype,
+                "quantization_config": quantization}
     return {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "text_config": text,
             "vision_config": vision, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
-            "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
+            "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype, "quantization_config": quantization}
+
+
+# quantization_config of Meta's Llama-4-Maverick-17B-128E-Instruct-FP8 (compressed-tensors): every nn.Linear in
+# e4m3 with one scale per output row, activations quantised on the fly; attention, routers, the vision tower,
+# the projector and lm_head left in bfloat16
+FP8_CONFIG = {
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "output_activations": JSON_NULL,
+        "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                              "dynamic": True, "group_size": JSON_NULL, "actorder": JSON_NULL, "block_structure": JSON_NULL,
+                              "observer": JSON_NULL, "observer_kwargs": {}},
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False,
+                    "group_size": JSON_NULL, "actorder": JSON_NULL, "block_structure": JSON_NULL, "observer": "minmax",
+                    "observer_kwargs": {}}}},
+    "ignore": ["re:.*self_attn.*", "re:.*router", "re:vision_model.*", "re:multi_modal_projector.*",
+               "language_model.lm_head"],
+    "kv_cache_scheme": JSON_NULL, "sparsity_config": {}, "global_compression_ratio": JSON_NULL, "version": "0.9.3",
+}
 
 
 MAVERICK = {"interleave_moe_layer_step": 2}
@@ -164,6 +209,10 @@ WIDTHS = {"vocab_size": 32000, "hidden_size": 5120, "num_heads": 40, "num_kv_hea
           "intermediate_size": 16384, "moe_intermediate_size": 8192, "tie_word_embeddings": False}
 # the whole Scout release (48 layers of 16 experts, vocabulary 202048), planned from header-only files
 SCOUT = {**WIDTHS, "vocab_size": 202048, "num_layers": 48, "num_experts": 16}
+# Maverick's FP8 release at its widths (Scout's but 128 experts, MoE every second layer): one cycle with 2 experts
+# stored one by one in e4m3 with row scales; and the whole release (48 layers, 128 experts) planned from headers
+MAVERICK_FP8 = {**WIDTHS, "num_layers": 4, "num_experts": 2, "quantization": "fp8", "config_overrides": MAVERICK}
+MAVERICK_FP8_FULL = {**SCOUT, "num_experts": 128, "quantization": "fp8", "config_overrides": MAVERICK}
 
 SYNTHETIC = Synthetic(
     config=synthetic_config,
@@ -179,7 +228,9 @@ SYNTHETIC = Synthetic(
     memory=(MemoryExample("llama4-scout-widths", {**WIDTHS, "num_layers": 4, "num_experts": 2,
                                                   "config_overrides": MAVERICK},
                           devices=(16, 1), bound=int(1.5 * GIB), source_bytes=3 * GIB, full=SCOUT,
-                          max_shard_bytes=5 * 10**9),),
+                          max_shard_bytes=5 * 10**9),
+            MemoryExample("llama4-maverick-fp8-widths", MAVERICK_FP8, devices=(16, 1), bound=int(1.5 * GIB),
+                          source_bytes=2 * GIB, full=MAVERICK_FP8_FULL, max_shard_bytes=5 * 10**9)),
 )
 
 FAMILY = Family(
@@ -192,4 +243,5 @@ FAMILY = Family(
     layout=layout,
     aliases=(("model.", TEXT + "model."), ("lm_head.", TEXT + "lm_head.")),  # llama4_text: Llama4ForCausalLM's names
     not_converted=lambda spec: (("vision_model.", "vision tower"), ("multi_modal_projector.", "multimodal projector")),
+    joins=JOINS,
 )

@@ -159,6 +159,8 @@ def _target(family: Family, spec: ModelSpec, name: str, shape: tuple[int, ...], 
     e4m3 where its fused tensor has block scales (in_proj_qkvz) or it has its own (an FP8 expert)."""
     own = _stored_dtype(spec, name, expected, dtype, scale_dtype)
     join = family.join_for(name)
+    if spec.values.get("quantization") not in (None, FP8_KEPT):  # exported dequantised: as the bf16 release
+        spec = replace(spec, values={k: v for k, v in spec.values.items() if k != "quantization"})  # stores it
     if join is None or not join.in_parts(spec):
         return Target(name, shape, own)
     parts = tuple(Target(part, part_shape,
