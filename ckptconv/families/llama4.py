@@ -29,29 +29,37 @@ from __future__ import annotations
 import math
 
 from ckptconv.families.base import (
-    GIB, JSON_NULL, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule, untied,
+    GIB, JSON_NULL, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, multimodal,
+    rule, untied,
 )
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, OUT_KERNEL, Q_KERNEL, TIED_NOTE, make_spec, read_attention
 from ckptconv.families.inputs import FP8_CHANNEL, ExpertJoin
 from ckptconv.families.quantized import read_quantization
-from ckptconv.families.transforms import TakeRanges
+from ckptconv.families.transforms import TakeRanges, split_first, split_last
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 TEXT = "language_model."
 P = TEXT + "model.layers.{layer}."
 DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
+DECODER = DENSE | MOE  # the decoder's layer rules (the vision encoder's layers are stacks of their own)
 BLOCK = "Llama4MoEBlock_0"
 # experts.gate_up_proj (experts, emb, 2 * moe_mlp): gate the first half of the last axis, up the second
 GATE = TakeRanges("gate_half", 2, "moe_mlp2", 0, "moe_mlp")
 UP = TakeRanges("up_half", 2, "moe_mlp2", "moe_mlp", "moe_mlp")
 
 RULES = (
-    rule(P + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("q", "emb"), Q_KERNEL),
-    rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), KV_KERNEL),
-    rule(P + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL),
-    rule(P + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL),
-    rule(P + "input_layernorm.weight", ("pre_self_attention_layer_norm", "scale"), ("emb",)),
-    rule(P + "post_attention_layernorm.weight", ("post_self_attention_layer_norm", "scale"), ("emb",)),
+    rule(P + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("q", "emb"), Q_KERNEL,
+         kinds=DECODER),
+    rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), KV_KERNEL,
+         kinds=DECODER),
+    rule(P + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL,
+         kinds=DECODER),
+    rule(P + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL,
+         kinds=DECODER),
+    rule(P + "input_layernorm.weight", ("pre_self_attention_layer_norm", "scale"), ("emb",),
+         kinds=DECODER),
+    rule(P + "post_attention_layernorm.weight", ("post_self_attention_layer_norm", "scale"), ("emb",),
+         kinds=DECODER),
     # dense layers
     rule(P + "feed_forward.gate_proj.weight", ("mlp", "wi_0", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
     rule(P + "feed_forward.up_proj.weight", ("mlp", "wi_1", "kernel"), ("mlp", "emb"), KERNEL, kinds=DENSE),
@@ -74,6 +82,78 @@ RULES = (
     rule(TEXT + "lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL, when=untied,
          note=TIED_NOTE),
 )
+
+# --multimodal: the vision model and the projector, as MaxText's llama4_ckpt_unscanned.py converts them (its
+# scanned script skips them; MaxText's Llama4VisionEncoder holds its layers unscanned either way): every
+# linear transposed to (in, out), the attention kernels split by head, LayerNorm weight and bias as scale, bias
+V, ENC = "vision_model.", ("vision_encoder", "Llama4VisionModel_0")
+VL = V + "model.layers.{layer}."
+VISION = frozenset({"vision"})
+V_Q = (KERNEL[0], split_last("v_heads"))  # (v_emb, v_emb) -> (v_emb, v_heads, v_hd)
+V_OUT = (KERNEL[0], split_first("v_heads"))  # (v_emb, v_emb) -> (v_heads, v_hd, v_emb)
+V_BIAS = (split_last("v_heads"),)  # (v_emb,) -> (v_heads, v_hd)
+ATTENTION = "self_attention_vision"
+PIXEL_SHUFFLE = (*ENC, "Llama4VisionPixelShuffleMLP_0", "pixel_shuffle_mlp")
+
+
+def _vision(hf: str, path: tuple[str, ...], shape: tuple[str, ...], steps: tuple = ()) -> Rule:
+    return rule(hf, path, shape, steps, when=multimodal, kinds=VISION if "{layer}" in hf else None)
+
+
+def _vision_layer_rows() -> tuple[Rule, ...]:
+    rows = []
+    for proj, leaf in (("q", "query"), ("k", "key"), ("v", "value")):
+        rows += [_vision(VL + f"self_attn.{proj}_proj.weight", (ATTENTION, leaf, "kernel"), ("v_emb", "v_emb"), V_Q),
+                 _vision(VL + f"self_attn.{proj}_proj.bias", (ATTENTION, leaf, "bias"), ("v_emb",), V_BIAS)]
+    rows += [_vision(VL + "self_attn.o_proj.weight", (ATTENTION, "out", "kernel"), ("v_emb", "v_emb"), V_OUT),
+             _vision(VL + "self_attn.o_proj.bias", (ATTENTION, "out", "bias"), ("v_emb",))]
+    for fc, shape in (("fc1", ("v_mlp", "v_emb")), ("fc2", ("v_emb", "v_mlp"))):
+        mlp = ("Llama4VisionMLP_0", f"vit_encoder_layer_mlp_{fc}")
+        rows += [_vision(VL + f"mlp.{fc}.weight", (*mlp, "kernel"), shape, KERNEL),
+                 _vision(VL + f"mlp.{fc}.bias", (*mlp, "bias"), shape[:1])]
+    for hf, leaf in (("input_layernorm", "input_layer_norm"), ("post_attention_layernorm", "post_attention_layer_norm")):
+        rows += [_vision(VL + f"{hf}.weight", (leaf, "scale"), ("v_emb",)),
+                 _vision(VL + f"{hf}.bias", (leaf, "bias"), ("v_emb",))]
+    return tuple(rows)
+
+
+VISION_RULES = (
+    _vision(V + "class_embedding", (*ENC, "class_embedding"), ("v_emb",)),
+    _vision(V + "positional_embedding_vlm", (*ENC, "positional_embedding_vlm"), ("v_pos", "v_emb")),
+    _vision(V + "patch_embedding.linear.weight", (*ENC, "Llama4UnfoldConvolution_0", "vit_unfold_linear", "kernel"),
+            ("v_emb", "v_patch"), KERNEL),
+    _vision(V + "layernorm_pre.weight", (*ENC, "layernorm_pre", "scale"), ("v_emb",)),
+    _vision(V + "layernorm_pre.bias", (*ENC, "layernorm_pre", "bias"), ("v_emb",)),
+    _vision(V + "layernorm_post.weight", (*ENC, "layernorm_post", "scale"), ("v_emb",)),
+    _vision(V + "layernorm_post.bias", (*ENC, "layernorm_post", "bias"), ("v_emb",)),
+    *_vision_layer_rows(),
+    _vision(V + "vision_adapter.mlp.fc1.weight", (*PIXEL_SHUFFLE, "vit_pixel_shuffle_mlp_fc1", "kernel"),
+            ("v_proj_in", "v_mlp"), KERNEL),
+    _vision(V + "vision_adapter.mlp.fc2.weight", (*PIXEL_SHUFFLE, "vit_pixel_shuffle_mlp_fc2", "kernel"),
+            ("v_proj_out", "v_proj_in"), KERNEL),
+    _vision("multi_modal_projector.linear_1.weight",
+            ("vision_encoder", "Llama4MultiModalProjector_0", "vit_multi_modal_projector", "kernel"),
+            ("emb", "v_out"), KERNEL),
+)
+
+
+def read_vision(cfg: ConfigReader) -> dict[str, int]:
+    """The vision model's dimensions (``vision_config``), which ``--multimodal`` converts; the rest run-time."""
+    vision = cfg.nested("vision_config")
+    vision.require("model_type", ("llama4_vision_model",), "llama4_vision_model")
+    vision.require("hidden_act", ("gelu",), "gelu")
+    vision.require("num_channels", (3,), 3)
+    vision.require("multi_modal_projector_bias", (False,), False)  # a bias would be a tensor of its own
+    vision.runtime("norm_eps", "pixel_shuffle_ratio", "vision_feature_layer", "vision_feature_select_strategy",
+                   "initializer_range", "attention_dropout", "projector_dropout", "rope_theta", "rope_parameters")
+    heads, hidden = vision.int("num_attention_heads", 16), vision.int("hidden_size", 768)
+    if hidden % heads:
+        vision.fail(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}")
+    patch, image = vision.int("patch_size", 14), vision.int("image_size", 448)
+    return {"v_emb": hidden, "v_heads": heads, "v_mlp": vision.int("intermediate_size", 5632),
+            "v_layers": vision.int("num_hidden_layers", 34), "v_patch": 3 * patch * patch,
+            "v_pos": (image // patch) ** 2 + 1, "v_proj_in": vision.int("projector_input_dim", 4096),
+            "v_proj_out": vision.int("projector_output_dim", 4096), "v_out": vision.int("vision_output_dim", 7680)}
 
 
 def fp8(spec: ModelSpec) -> bool:
@@ -98,8 +178,10 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     if quantization not in (None, FP8_CHANNEL):
         cfg.nested("quantization_config").fail("only float-quantized FP8 (Meta's Maverick FP8 release) is "
                                                "supported for llama4")
+    vision = {}
     if cfg.config.get("model_type") == "llama4":  # the multimodal wrapper: the decoder's config in text_config
-        cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index", "vision_config")
+        cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index")
+        vision = read_vision(cfg)
         text = cfg.nested("text_config")
         text.require("model_type", ("llama4_text",), "llama4_text")
         if text.bool("tie_word_embeddings", tied) != tied:
@@ -117,6 +199,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     dims |= {"vocab": text.int("vocab_size"), "mlp": text.int("intermediate_size_mlp"),
              "moe_mlp": text.int("intermediate_size"), "experts": text.int("num_local_experts")}
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
+    dims |= vision
     step, nope = text.int("interleave_moe_layer_step", 1), text.int("no_rope_layer_interval", 4)
     moe = [i for i in range(layers) if (i + 1) % step == 0]  # MaxText: determine_is_moe_layer
     if text.raw("moe_layers") is not None and text.raw("moe_layers") != moe:
@@ -140,6 +223,18 @@ def _short(value: object) -> str:
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     """``decoder/layers/layers_{p}`` over the cycles (scanned), else ``decoder/layers_{i}``; each layer dense
     or MoE by its index."""
+    return _decoder_layout(spec, scan) + _vision_layout(spec)
+
+
+def _vision_layout(spec: ModelSpec) -> tuple[LayerStack, ...]:
+    """--multimodal: the vision encoder's layers, ``Llama4VisionEncoder_0/layers_{i}``, unscanned either way."""
+    if not multimodal(spec):
+        return ()
+    return tuple(LayerStack((*ENC, "Llama4VisionEncoder_0", f"layers_{i}"), (i,), False, kind="vision")
+                 for i in range(spec.dim("v_layers")))
+
+
+def _decoder_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     moe, layers = spec.value("moe_layers"), spec.num_layers
     if not scan:
         return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False, kind="moe" if i in moe else "dense")
@@ -156,8 +251,10 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
 def synthetic_config(m: Sizes) -> dict:
     """Llama4ForConditionalGeneration's config.json as transformers writes it, with Scout's run-time settings
     (Llama 3.1 RoPE scaling, NoPE every 4th layer, L2 q/k norm); ``num_experts`` > 0 sets the experts,
-    ``config_overrides`` e.g. Maverick's ``interleave_moe_layer_step: 2``. A one-layer vision tower's config
-    rides along (its tensors, if written, are reported, not converted)."""
+    ``config_overrides`` e.g. Maverick's ``interleave_moe_layer_step: 2``. A two-layer vision model's config
+    rides along (its tensors, written by transformers, convert with ``--multimodal``, else are reported);
+    its widths differ from one another (hidden 32, MLP 128 = 4 x hidden as the pixel shuffle needs, projector
+    48) so that a swapped axis cannot pass a shape check."""
     text = {"model_type": "llama4_text", "vocab_size": m.vocab_size, "hidden_size": m.hidden_size,
             "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_heads,
             "num_key_value_heads": m.num_kv_heads, "head_dim": m.head_dim,
@@ -170,9 +267,10 @@ def synthetic_config(m: Sizes) -> dict:
             "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
                                 "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                                 "original_max_position_embeddings": 64}}
-    vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "intermediate_size": 64, "image_size": 28, "patch_size": 14,
-              "vision_output_dim": 64, "projector_input_dim": 64, "projector_output_dim": 64}
+    vision = {"model_type": "llama4_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "intermediate_size": 128, "image_size": 28, "patch_size": 14,
+              "vision_output_dim": 48, "projector_input_dim": 48, "projector_output_dim": 48,
+              "pixel_shuffle_ratio": 0.5, "hidden_act": "gelu", "norm_eps": 1e-5, "rope_theta": 10000}
     quantization = FP8_CONFIG if m.quantization == "fp8" else None
     if m.model_type == "llama4_text":
         return {**text, "architectures": ["Llama4ForCausalLM"], "torch_dtype": m.dtype,
@@ -237,11 +335,13 @@ FAMILY = Family(
     name="llama4",
     model_types=("llama4", "llama4_text"),
     decoder_block="llama4",
-    rules=RULES,
+    rules=RULES + VISION_RULES,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,
     aliases=(("model.", TEXT + "model."), ("lm_head.", TEXT + "lm_head.")),  # llama4_text: Llama4ForCausalLM's names
-    not_converted=lambda spec: (("vision_model.", "vision tower"), ("multi_modal_projector.", "multimodal projector")),
+    not_converted=lambda spec: () if multimodal(spec) else (("vision_model.", "vision tower"),
+                                                               ("multi_modal_projector.", "multimodal projector")),
     joins=JOINS,
+    encoders=("vision tower (vision_model.*)", "multimodal projector (multi_modal_projector.*)"),
 )

@@ -290,11 +290,17 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
 def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...],
                        tensors: dict[str, TensorInfo]) -> None:
     """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
-    linear one) is named as such, not as the tensors it then lacks."""
+    linear one) is named as such, not as the tensors it then lacks. An encoder numbers its layers apart from
+    the decoder's (Llama 4's vision layer 0 beside decoder layer 0): a layer index is another kind's only if no
+    stack of that kind holds the index."""
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
+    held = defaultdict(set)  # layer index -> the kinds of the stacks holding it
+    for stack in stacks:
+        for layer in stack.layers:
+            held[layer].add(stack.kind)
     for stack in stacks:
         for r in (r for r in kinded if stack.kind not in r.kinds):
-            for layer in stack.layers:
+            for layer in (i for i in stack.layers if not held[i] & r.kinds):
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
                     raise BadInputError(f"{source.uri}/{info.file}: layer {layer} holds {info.name!r}, a tensor of a "
