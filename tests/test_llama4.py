@@ -270,3 +270,10 @@ def test_multimodal_vision_config_errors_name_the_field():
     config["vision_config"] |= {"hidden_act": "gelu", "mystery": 1}
     with pytest.raises(BadInputError, match=r"vision_config: unknown field\(s\) 'mystery'"):
         read_spec(BY_MODEL_TYPE["llama4"], config, "config.json")
+
+
+def test_multimodal_of_the_text_model_alone_is_one_line_exit_2(tmp_path, synth_dir):
+    src = synth_dir(synth.SynthModel(model_type="llama4_text", num_layers=4, **SMALL))
+    result = run_cli("convert", str(src), str(tmp_path / "dst"), "--progress", "none", "--multimodal")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no vision model" in result.stderr and not (tmp_path / "dst").exists()

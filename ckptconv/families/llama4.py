@@ -230,6 +230,9 @@ def _vision_layout(spec: ModelSpec) -> tuple[LayerStack, ...]:
     """--multimodal: the vision encoder's layers, ``Llama4VisionEncoder_0/layers_{i}``, unscanned either way."""
     if not multimodal(spec):
         return ()
+    if "v_layers" not in spec.dims:
+        raise LayoutError(f"model_type {spec.model_type} is the text model alone (no vision_config): "
+                          "there is no vision model to convert (convert without --multimodal)")
     return tuple(LayerStack((*ENC, "Llama4VisionEncoder_0", f"layers_{i}"), (i,), False, kind="vision")
                  for i in range(spec.dim("v_layers")))
 
