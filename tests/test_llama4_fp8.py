@@ -163,3 +163,11 @@ def test_damaged_fp8_dense_weight_is_one_line_exit_2(tmp_path, synth_dir):
     result = run_cli("convert", str(src), str(dst), "--progress", "none", "--no-scan-layers")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and name in result.stderr
     shutil.rmtree(src)
+
+
+def test_keeping_fp8_is_refused_in_one_line(tmp_path, synth_dir):
+    """--dtype float8_e4m3fn: MaxText's llama4 model has no leaves for row scales; refused, nothing written."""
+    src, dst = synth_dir(FP8), tmp_path / "dst"
+    result = run_cli("convert", str(src), str(dst), "--progress", "none", "--dtype", "float8_e4m3fn")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "scale per row" in result.stderr and not dst.exists()

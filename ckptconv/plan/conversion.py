@@ -22,7 +22,7 @@ from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
 from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule
 from ckptconv.families.inputs import (
-    FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
+    FP8_BLOCK, FP8_CHANNEL, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
@@ -208,6 +208,7 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
 NOT_KEEPABLE = {
     None: "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed",
     FP8_BLOCK: "is an FP8 release, but ckptconv's {family} rules have no leaves for its block scales",
+    FP8_CHANNEL: "is an FP8 release with a scale per row, which MaxText's {family} model has no leaves for",
     MXFP4_SCHEME: "has no FP8 weights to keep (its experts are MXFP4)",
     INT4_SCHEME: "has no FP8 weights to keep (its experts are INT4)",
 }
