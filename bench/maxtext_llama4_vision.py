@@ -40,7 +40,8 @@ def vision_overrides(config: dict) -> dict:
             "conv_stride_for_vit": v["patch_size"], "projector_input_dim_for_vit": v["projector_input_dim"],
             "projector_output_dim_for_vit": v["projector_output_dim"],
             "vision_output_dim_for_vit": v["vision_output_dim"], "pixel_shuffle_ratio_for_vit": v["pixel_shuffle_ratio"],
-            "rope_theta_for_vit": v["rope_theta"], "dtype_mm": "float32"}
+            "rope_theta_for_vit": v.get("rope_theta") or v.get("rope_parameters", {}).get("rope_theta", 10000),
+            "dtype_mm": "float32"}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
