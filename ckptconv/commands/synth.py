@@ -297,6 +297,11 @@ class _Maker:
         elif entry.st_dtype == "F8_E4M3" and entry.name + "_scale_inv" in self.kept_scales:
             codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
             yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled and self.pool is not None:
+            codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # fast: finite e4m3 codes, random
+            scale = np.abs(self.rng.standard_normal((entry.shape[0], 1), dtype=np.float32)) * np.float32(1e-4)
+            self.pending[entry.name + "_scale"] = (scale + np.float32(1e-5)).astype(ml_dtypes.bfloat16)
+            yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
         elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled:
             weight, scale = quantize_fp8_rows(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale"] = scale
