@@ -68,7 +68,13 @@ RULES = (
     rule(P + "feed_forward.router.weight", (BLOCK, "MoeBlock_0", "gate", "kernel"), ("experts", "emb"), KERNEL,
          kinds=MOE),
     Rule(P + "feed_forward.experts.gate_up_proj", ("experts", "emb", "moe_mlp2"),
-         (Output((BLOCK, "MoeBlock_0", "wi_0"), (GATE,)), Output((BLOCK, "MoeBlock_0", "wi_1"), (UP,))), kinds=MOE),
+         (Output((BLOCK, "MoeBlock_0", "wi_0"), (GATE,)), Output((BLOCK, "MoeBlock_0", "wi_1"), (UP,))),
+         when=lambda spec: not fp8(spec), kinds=MOE),
+    # the FP8 release: gate and up of each expert stored apart (JOINS), read as two (experts, emb, mlp) tensors
+    rule(P + "feed_forward.experts.gate_proj", (BLOCK, "MoeBlock_0", "wi_0"), ("experts", "emb", "moe_mlp"),
+         when=lambda spec: fp8(spec), kinds=MOE),
+    rule(P + "feed_forward.experts.up_proj", (BLOCK, "MoeBlock_0", "wi_1"), ("experts", "emb", "moe_mlp"),
+         when=lambda spec: fp8(spec), kinds=MOE),
     rule(P + "feed_forward.experts.down_proj", (BLOCK, "MoeBlock_0", "wo"), ("experts", "moe_mlp", "emb"),
          kinds=MOE),
     rule(P + "feed_forward.shared_expert.gate_proj.weight", (BLOCK, "shared_experts", "wi_0", "kernel"),
@@ -162,11 +168,14 @@ def fp8(spec: ModelSpec) -> bool:
 
 
 # The FP8 release stores the routed experts one by one, as nn.Linear weights (out, in) with their row scales
-# (transformers swaps Llama4TextExperts for a list of Llama4TextMLP to quantise them): the fused
-# (experts, in, out) tensors the rules read are read from them, transposed
+# (transformers swaps Llama4TextExperts for a list of Llama4TextMLP to quantise them): the (experts, in, out)
+# tensors the rules read are read from them, transposed. Gate and up are read as two tensors, not as the bf16
+# release's fused gate_up_proj cut in halves: a read of the fused tensor could not cut its last axis (the halves'
+# split needs it whole), so it would take a whole expert (160 MiB at Maverick's widths) at once
 JOINS = (
-    ExpertJoin("feed_forward.experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"),
-               inner="feed_forward.experts.", in_parts=fp8, transposed=True),
+    ExpertJoin("feed_forward.experts.gate_proj", ("gate_proj.weight",), inner="feed_forward.experts.",
+               transposed=True),
+    ExpertJoin("feed_forward.experts.up_proj", ("up_proj.weight",), inner="feed_forward.experts.", transposed=True),
     ExpertJoin("feed_forward.experts.down_proj", ("down_proj.weight",), inner="feed_forward.experts.",
                in_parts=fp8, transposed=True),
 )
