@@ -143,6 +143,9 @@ VISION_RULES = (
 )
 
 
+VISION_DIMS = ("v_emb", "v_heads", "v_mlp", "v_layers", "v_patch", "v_pos", "v_proj_in", "v_proj_out", "v_out")
+
+
 def read_vision(cfg: ConfigReader) -> dict[str, int]:
     """The vision model's dimensions (``vision_config``), which ``--multimodal`` converts; the rest run-time."""
     vision = cfg.nested("vision_config")
@@ -187,7 +190,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     if quantization not in (None, FP8_CHANNEL):
         cfg.nested("quantization_config").fail("only float-quantized FP8 (Meta's Maverick FP8 release) is "
                                                "supported for llama4")
-    vision = {}
+    vision = dict.fromkeys(VISION_DIMS, 0)  # the text model alone: no vision model (--multimodal refused)
     if cfg.config.get("model_type") == "llama4":  # the multimodal wrapper: the decoder's config in text_config
         cfg.runtime("boi_token_index", "eoi_token_index", "image_token_index")
         vision = read_vision(cfg)
@@ -239,7 +242,7 @@ def _vision_layout(spec: ModelSpec) -> tuple[LayerStack, ...]:
     """--multimodal: the vision encoder's layers, ``Llama4VisionEncoder_0/layers_{i}``, unscanned either way."""
     if not multimodal(spec):
         return ()
-    if "v_layers" not in spec.dims:
+    if not spec.dim("v_layers"):
         raise LayoutError(f"model_type {spec.model_type} is the text model alone (no vision_config): "
                           "there is no vision model to convert (convert without --multimodal)")
     return tuple(LayerStack((*ENC, "Llama4VisionEncoder_0", f"layers_{i}"), (i,), False, kind="vision")
