@@ -20,8 +20,12 @@ attention and attention temperature tuning are run-time settings (no weights); t
 layers must be the ones MaxText derives from its two intervals. Scanned, MaxText scans whole cycles of
 ``inhomogeneous_layer_cycle_interval`` layers (the least common multiple of the two intervals: 4 for both
 releases) as ``decoder/layers/layers_{position}``, over the cycles (axis 1); a model whose layers are not
-whole cycles converts unscanned only. The vision tower and the projector (which MaxText's unscanned script
-also converts) are not converted and are named in the report.
+whole cycles converts unscanned only. The vision model and the projector are reported, not converted, unless
+``--multimodal`` asks for them: then they convert as MaxText's unscanned script converts them (see VISION_RULES).
+
+Meta's FP8 release (Llama-4-Maverick-17B-128E-Instruct-FP8) is read from its files and dequantised: compressed-
+tensors FP8 with one scale per row (:class:`~ckptconv.families.inputs.FP8Channel`), its routed experts stored one
+by one (see JOINS); MaxText 0.2.5 has no route for it.
 """
 
 from __future__ import annotations
