@@ -171,3 +171,22 @@ def test_keeping_fp8_is_refused_in_one_line(tmp_path, synth_dir):
     result = run_cli("convert", str(src), str(dst), "--progress", "none", "--dtype", "float8_e4m3fn")
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "scale per row" in result.stderr and not dst.exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="tensor"), "'strategy' = 'tensor'"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=4), "'num_bits' = 4"),
+    (lambda q: q["config_groups"]["group_0"]["input_activations"].update(dynamic=False), "'dynamic' = False"),
+    (lambda q: q.update(format="pack-quantized"), "is not supported"),  # read as INT4: its fields refused
+    (lambda q: q.update(kv_cache_scheme={"num_bits": 8}), "'kv_cache_scheme'"),
+], ids=["per-tensor", "int4-bits", "static-activations", "int4-format", "kv-cache"])
+def test_quantization_configs_that_change_the_weights_are_refused(change, message):
+    """What would add tensors or change what the stored codes mean is refused, naming the field."""
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    config = FP8.config()
+    change(config["quantization_config"])
+    with pytest.raises(BadInputError, match=message):
+        read_spec(BY_MODEL_TYPE["llama4"], config, "config.json")
