@@ -193,8 +193,10 @@ def synthetic_config(m: Sizes) -> dict:
                               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
                               "global_head_dim": 16, "num_hidden_layers": 1, "patch_size": 4,
                               "position_embedding_size": 64, "pooling_kernel_size": 2},
-            "audio_config": None, "boi_token_id": 3, "eoi_token_id": 4, "image_token_id": 5,
-            "vision_soft_tokens_per_image": 4, "tie_word_embeddings": True, "torch_dtype": m.dtype}
+            # the releases' token ids: outside a tiny vocabulary, so no test token is an image placeholder
+            "audio_config": None, "boi_token_id": 255999, "eoi_token_id": 258882, "image_token_id": 258880,
+            "video_token_id": 258884, "vision_soft_tokens_per_image": 4, "tie_word_embeddings": True,
+            "torch_dtype": m.dtype}
 
 
 DENSE_TINY = {"num_layers": 12, "vocab_size": 96, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
