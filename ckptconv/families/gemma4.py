@@ -201,13 +201,16 @@ def synthetic_config(m: Sizes) -> dict:
 
 DENSE_TINY = {"num_layers": 12, "vocab_size": 96, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
               "head_dim": 16, "intermediate_size": 96}
+WINDOW = {"sliding_window": 5}
 MOE_TINY = {**DENSE_TINY, "num_layers": 6, "num_experts": 4, "moe_intermediate_size": 32}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("gemma4-31b-tiny", DENSE_TINY, devices=16),
                 Example("gemma4-26b-a4b-tiny", MOE_TINY, devices=16)),
-    logits=(Example("gemma4_text", {**DENSE_TINY, "model_type": "gemma4_text"}, devices=4),
-            Example("gemma4_text-moe-noscan", {**MOE_TINY, "model_type": "gemma4_text"}, scan=False, devices=4)),
+    # a sliding window shorter than the tests' 12 tokens, so the sliding layers really mask
+    logits=(Example("gemma4_text", {**DENSE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW}, devices=4),
+            Example("gemma4_text-moe-noscan", {**MOE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW},
+                    scan=False, devices=4)),
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
     memory=(MemoryExample("gemma4-26b-a4b-widths", {
