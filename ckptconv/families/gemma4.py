@@ -34,7 +34,9 @@ from ckptconv.read.spec import ConfigReader, ModelSpec
 MAXTEXT_VOCAB = 262144  # configs/models/gemma4-*.yml: vocab_size
 PERIOD = 6
 PATTERN = ("sliding_attention",) * 5 + ("full_attention",)
-LOCAL, GLOBAL = frozenset({"local"}), frozenset({"global"})
+# layer kinds: local or global attention, with a dense MLP (31B) or the MoE block (26B-A4B)
+LOCAL, GLOBAL = frozenset({"local", "local_moe"}), frozenset({"global", "global_moe"})
+DENSE, MOE_KINDS = frozenset({"local", "global"}), frozenset({"local_moe", "global_moe"})
 # transformers' Gemma4TextConfig defaults (the releases' configs give every field)
 TEXT_DEFAULTS = {"vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
                  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}
@@ -43,16 +45,8 @@ GLOBAL_KV_KERNEL = (TRANSPOSE, split_last("global_kv_heads"))  # (gkv, emb) -> (
 P = "model.layers.{layer}."
 
 
-def _moe(spec: ModelSpec) -> bool:
-    return spec.value("moe")
-
-
-def _dense(spec: ModelSpec) -> bool:
-    return not spec.value("moe")
-
-
-def _copy(hf: str, maxtext: tuple[str, ...], shape: tuple[str, ...], kinds=None, when=lambda spec: True) -> Rule:
-    return rule(P + hf, maxtext, shape, kinds=kinds, when=when)
+def _copy(hf: str, maxtext: tuple[str, ...], shape: tuple[str, ...], kinds: frozenset[str] | None = None) -> Rule:
+    return rule(P + hf, maxtext, shape, kinds=kinds)
 
 
 ATTENTION = (
@@ -75,22 +69,24 @@ NORMS = tuple(_copy(hf + ".weight", (maxtext, "scale"), ("emb",)) for hf, maxtex
     ("pre_feedforward_layernorm", "pre_ffw_norm"), ("post_feedforward_layernorm", "post_ffw_norm")))
 
 DENSE_MLP = tuple(
-    rule(P + f"mlp.{hf}.weight", ("mlp", maxtext, "kernel"), shape, KERNEL, when=_dense)
+    rule(P + f"mlp.{hf}.weight", ("mlp", maxtext, "kernel"), shape, KERNEL, kinds=DENSE)
     for hf, maxtext, shape in (("gate_proj", "wi_0", ("mlp", "emb")), ("up_proj", "wi_1", ("mlp", "emb")),
                                ("down_proj", "wo", ("emb", "mlp"))))
 
 MOE_BLOCK = ("mlp", "moe_block", "MoeBlock_0")
 MOE = tuple(
-    rule(P + f"mlp.{hf}.weight", ("mlp", "moe_block", "shared_experts", maxtext, "kernel"), shape, KERNEL, when=_moe)
+    rule(P + f"mlp.{hf}.weight", ("mlp", "moe_block", "shared_experts", maxtext, "kernel"), shape, KERNEL,
+         kinds=MOE_KINDS)
     for hf, maxtext, shape in (("gate_proj", "wi_0", ("mlp", "emb")), ("up_proj", "wi_1", ("mlp", "emb")),
                                ("down_proj", "wo", ("emb", "mlp")))) + (
-    rule(P + "router.proj.weight", (*MOE_BLOCK, "gate", "kernel"), ("experts", "emb"), KERNEL, when=_moe),
-    _copy("router.per_expert_scale", (*MOE_BLOCK, "per_expert_scale"), ("experts",), when=_moe),
-    _copy("router.scale", ("mlp", "pre_forward_scale_2"), ("emb",), when=_moe),
+    rule(P + "router.proj.weight", (*MOE_BLOCK, "gate", "kernel"), ("experts", "emb"), KERNEL, kinds=MOE_KINDS),
+    _copy("router.per_expert_scale", (*MOE_BLOCK, "per_expert_scale"), ("experts",), kinds=MOE_KINDS),
+    _copy("router.scale", ("mlp", "pre_forward_scale_2"), ("emb",), kinds=MOE_KINDS),
     Rule(P + "experts.gate_up_proj", ("experts", "moe_mlp2", "emb"),
-         (Output((*MOE_BLOCK, "wi_0"), (GATE, SWAP_LAST)), Output((*MOE_BLOCK, "wi_1"), (UP, SWAP_LAST))), when=_moe),
-    rule(P + "experts.down_proj", (*MOE_BLOCK, "wo"), ("experts", "emb", "moe_mlp"), (SWAP_LAST,), when=_moe),
-) + tuple(_copy(f"{norm}.weight", ("mlp", norm, "scale"), ("emb",), when=_moe)
+         (Output((*MOE_BLOCK, "wi_0"), (GATE, SWAP_LAST)), Output((*MOE_BLOCK, "wi_1"), (UP, SWAP_LAST))),
+         kinds=MOE_KINDS),
+    rule(P + "experts.down_proj", (*MOE_BLOCK, "wo"), ("experts", "emb", "moe_mlp"), (SWAP_LAST,), kinds=MOE_KINDS),
+) + tuple(_copy(f"{norm}.weight", ("mlp", norm, "scale"), ("emb",), kinds=MOE_KINDS)
           for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"))
 
 ROWS = ATTENTION + NORMS + DENSE_MLP + MOE + (_copy("layer_scalar", ("layer_scalar",), ("one",)),)
@@ -144,7 +140,6 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
             if text.has(field):
                 text.fail(f"field {field!r} = {text.raw(field)!r} without enable_moe_block")
-        dims |= {"experts": 0, "moe_mlp": 0, "moe_mlp2": 0}  # the MoE rules are inactive: named, never read
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
     values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": moe}
@@ -153,16 +148,16 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     """Unscanned ``decoder/layers_{i}``; scanned, the nested block scan (the layer count is whole blocks)."""
-    layers = spec.num_layers
-    kind = ["global" if i % PERIOD == PERIOD - 1 else "local" for i in range(layers)]
+    layers, moe = spec.num_layers, "_moe" if spec.value("moe") else ""
+    kind = [("global" if i % PERIOD == PERIOD - 1 else "local") + moe for i in range(layers)]
     if not scan:
         return tuple(LayerStack(("decoder", f"layers_{i}"), (i,), False, kind=kind[i]) for i in range(layers))
     blocks = layers // PERIOD
     local = tuple(b * PERIOD + j for b in range(blocks) for j in range(PERIOD - 1))
-    return (LayerStack(("decoder", "scanned_blocks", "local_layers"), local, True, kind="local",
+    return (LayerStack(("decoder", "scanned_blocks", "local_layers"), local, True, kind="local" + moe,
                        grid=(blocks, PERIOD - 1)),
             LayerStack(("decoder", "scanned_blocks", "global_layer"), tuple(range(PERIOD - 1, layers, PERIOD)), True,
-                       kind="global"))
+                       kind="global" + moe))
 
 
 def synthetic_config(m: Sizes) -> dict:
