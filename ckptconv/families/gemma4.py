@@ -121,8 +121,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("hidden_size_per_layer_input", (0,), 0)
     text.require("use_double_wide_mlp", (False,), False)
     text.runtime("vocab_size_per_layer_input")  # read only with per-layer inputs (E2B/E4B)
-    dims["ghd"] = text.int("global_head_dim", 512)
-    dims["global_kv_heads"] = text.int("num_global_key_value_heads")
+    dims["ghd"], dims["global_kv_heads"] = _global_sizes(text, layers)
     if dims["heads"] % dims["global_kv_heads"]:
         text.fail(f"num_attention_heads={dims['heads']} is not a multiple of "
                   f"num_global_key_value_heads={dims['global_kv_heads']}")
@@ -144,6 +143,32 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
     values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": moe}
     return make_spec(cfg, "gemma4", dims, values, layers)
+
+
+def _global_sizes(text: ConfigReader, layers: int) -> tuple[int, int]:
+    """The global layers' head dim and KV heads: the releases' ``global_head_dim`` / ``num_global_key_value_heads``,
+    or what transformers >= 5.24 saves instead, ``per_layer_config`` (layer index -> those two, for exactly the
+    full-attention layers); both may be present and must agree."""
+    sizes = set()
+    if text.has("global_head_dim") or text.has("num_global_key_value_heads") or not text.has("per_layer_config"):
+        sizes.add((text.int("global_head_dim", 512), text.int("num_global_key_value_heads")))
+    per_layer = text.raw("per_layer_config")
+    if per_layer is not None:
+        if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
+            text.fail(f"field 'per_layer_config' = {repr(per_layer)[:80]} is not an object of objects")
+        globals_ = {str(i) for i in range(PERIOD - 1, layers, PERIOD)}
+        keys = {k.lstrip("0") or "0" for k in per_layer}
+        if keys != globals_ or len(per_layer) != len(globals_):
+            text.fail(f"field 'per_layer_config' names layers {sorted(per_layer)[:12]}, not the full-attention "
+                      f"layers {sorted(globals_, key=int)[:12]}")
+        for key, entry in per_layer.items():
+            if set(entry) != {"head_dim", "num_key_value_heads"}:
+                text.fail(f"field 'per_layer_config' [{key!r}] = {entry!r}: expected head_dim and num_key_value_heads")
+            sizes.add((entry["head_dim"], entry["num_key_value_heads"]))
+    if len(sizes) != 1 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in next(iter(sizes))):
+        text.fail(f"the global layers' (head_dim, num_key_value_heads) disagree or are not positive integers: "
+                  f"{sorted(map(repr, sizes))}")
+    return next(iter(sizes))
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
@@ -198,6 +223,12 @@ DENSE_TINY = {"num_layers": 12, "vocab_size": 96, "hidden_size": 64, "num_heads"
               "head_dim": 16, "intermediate_size": 96}
 WINDOW = {"sliding_window": 5}
 MOE_TINY = {**DENSE_TINY, "num_layers": 6, "num_experts": 4, "moe_intermediate_size": 32}
+# google/gemma-4-26B-A4B-it's decoder: hidden 2816, 16 heads of 256 / 8 KV; global layers 512 wide with 2 KV heads;
+# the dense (shared) MLP 2112, experts 704 wide (30 layers of 128 experts in the release)
+WIDTHS_26B = {"vocab_size": 262144, "hidden_size": 2816, "num_heads": 16, "num_kv_heads": 8, "head_dim": 256,
+              "intermediate_size": 2112, "moe_intermediate_size": 704,
+              "config_overrides": {"num_global_key_value_heads": 2, "global_head_dim": 512, "top_k_experts": 8,
+                                   "sliding_window": 1024}}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     # the text model first (the LoRA test's adapter: PEFT cannot wrap the vision tower's Gemma4ClippableLinear)
@@ -210,11 +241,9 @@ SYNTHETIC = Synthetic(
                     scan=False, devices=4)),
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
-    memory=(MemoryExample("gemma4-26b-a4b-widths", {
-        "vocab_size": 262144, "hidden_size": 2816, "num_layers": 6, "num_heads": 16, "num_kv_heads": 8,
-        "head_dim": 256, "intermediate_size": 2112, "num_experts": 8, "moe_intermediate_size": 704,
-        "config_overrides": {"num_global_key_value_heads": 2, "global_head_dim": 512}},
-        bound=GIB, source_bytes=GIB // 2),),
+    memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
+                          bound=int(1.5 * GIB), source_bytes=2 * GIB,
+                          full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),),
     hub_prefixes={"gemma4": ("model.", "model.language_model.")},
 )
 
