@@ -137,7 +137,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         text.runtime("top_k_experts")
     else:
         for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
-            if text.has(field):
+            if text.raw(field) is not None:  # transformers writes them as null
                 text.fail(f"field {field!r} = {text.raw(field)!r} without enable_moe_block")
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
