@@ -298,9 +298,9 @@ def gemma4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
             return tree | {f"mlp/{k}": v for k, v in dense.items()}
         experts, moe = t["num_experts"], t["moe_intermediate_size"]
         tree |= {f"mlp/moe_block/shared_experts/{k}": v for k, v in dense.items()}
-        tree |= {"mlp/moe_block/MoeBlock_0/gate/kernel": (emb, experts), "mlp/moe_block/MoeBlock_0/wi_0": (experts, emb, moe),
-                 "mlp/moe_block/MoeBlock_0/wi_1": (experts, emb, moe), "mlp/moe_block/MoeBlock_0/wo": (experts, moe, emb),
-                 "mlp/moe_block/MoeBlock_0/per_expert_scale": (experts,), "mlp/pre_forward_scale_2": (emb,)}
+        routed = {"gate/kernel": (emb, experts), "wi_0": (experts, emb, moe), "wi_1": (experts, emb, moe),
+                  "wo": (experts, moe, emb), "per_expert_scale": (experts,)}
+        tree |= {f"mlp/moe_block/MoeBlock_0/{k}": v for k, v in routed.items()} | {"mlp/pre_forward_scale_2": (emb,)}
         return tree | {f"mlp/{n}/scale": (emb,) for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
                                                             "post_feedforward_layernorm_2")}
 

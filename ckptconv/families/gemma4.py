@@ -242,7 +242,7 @@ SYNTHETIC = Synthetic(
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
     memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
-                          bound=int(1.5 * GIB), source_bytes=2 * GIB,
+                          bound=GIB, source_bytes=2 * GIB,
                           full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),),
     hub_prefixes={"gemma4": ("model.", "model.language_model.")},
 )
