@@ -157,11 +157,10 @@ QWEN3_OMNI = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=4, num_exp
                               tie_word_embeddings=False, vocab_size=300)
 # Gemma 4: 31B's dense layout and 26B-A4B's MoE one (two blocks of 5 sliding + 1 full), made by transformers' own
 # Gemma4ForConditionalGeneration (vision tower beside the decoder), the config.json in the releases' spelling
-GEMMA4_31B = synth.SynthModel(model_type="gemma4", **{k: v for k, v in gemma4.DENSE_TINY.items() if k != "vocab_size"},
-                              vocab_size=300)
-GEMMA4_26B = synth.SynthModel(model_type="gemma4", **{k: v for k, v in gemma4.MOE_TINY.items()
-                                                      if k not in ("vocab_size", "num_layers")},
-                              num_layers=12, vocab_size=300)
+# (widths whose sqrt is not a float32 value: the embedding's scale rounds as MaxText's does, or the case differs)
+GEMMA4_31B = synth.SynthModel(model_type="gemma4", **{**gemma4.DENSE_TINY, "vocab_size": 300, "hidden_size": 48})
+GEMMA4_26B = synth.SynthModel(model_type="gemma4", **{**gemma4.MOE_TINY, "vocab_size": 300, "hidden_size": 80,
+                                                      "num_layers": 12})
 # MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
 V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
