@@ -43,13 +43,13 @@ def _config(fields: dict, **text: object) -> dict:
 @pytest.mark.parametrize("text, message", [
     ({"num_hidden_layers": 8}, "num_hidden_layers=8 is not a multiple of 6"),
     ({"attention_k_eq_v": False}, "'attention_k_eq_v' = False is not supported"),
-    ({"num_kv_shared_layers": 4}, "'num_kv_shared_layers' = 4 is not supported"),  # E2B / E4B
-    ({"hidden_size_per_layer_input": 256}, "'hidden_size_per_layer_input' = 256 is not supported"),
+    ({"num_kv_shared_layers": 4}, "Gemma 4 E2B / E4B (per-layer inputs, shared KV layers"),
+    ({"hidden_size_per_layer_input": 256}, "Gemma 4 E2B / E4B (per-layer inputs, shared KV layers"),
     ({"layer_types": ["full_attention"] * 6}, "field 'layer_types'"),
     ({"num_global_key_value_heads": 3}, "not a multiple of num_global_key_value_heads=3"),
     ({"per_layer_config": {"5": {"head_dim": 64, "num_key_value_heads": 1}}}, "disagree"),
     ({"per_layer_config": {"4": {"head_dim": 32, "num_key_value_heads": 1}}}, "not the full-attention layers"),
-    ({"num_experts": 4}, "'num_experts' = 4 without enable_moe_block"),
+    ({"enable_moe_block": True, "num_experts": 1}, "num_experts=1"),
     ({"mystery": 1}, "unknown field(s) 'mystery'"),
 ])
 def test_configs_maxtext_cannot_run_are_refused_by_name(text, message):
@@ -129,3 +129,29 @@ def test_saved_by_transformers_converts_and_gives_its_logits(tmp_path, fields, s
     params = unflatten(restore(dst))["params"]["params"]
     got = forward(params, tokens, semantics(synth.SynthModel(model_type="gemma4", **model_fields)), scan=scan)
     np.testing.assert_allclose(got[:, : fields["vocab_size"]], expected, atol=2e-5, rtol=1e-4)
+
+
+# MaxText 0.2.5's model configs (configs/models/gemma4-*.yml): layers, emb, heads, kv heads, head_dim, global head_dim,
+# global kv heads, mlp, experts, expert mlp
+RELEASES = {"gemma-4-26B-A4B-it": (30, 2816, 16, 8, 256, 512, 2, 2112, 128, 704),
+            "gemma-4-31B-it": (60, 5376, 32, 16, 256, 512, 4, 21504, None, None)}
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_the_releases_configs_read_as_maxtexts_models(name):
+    from tests.published_configs import GEMMA4
+
+    spec = read_spec(BY_MODEL_TYPE["gemma4"], GEMMA4[name], "config.json")
+    assert (spec.num_layers, *(spec.dims.get(d) for d in ("emb", "heads", "kv_heads", "hd", "ghd", "global_kv_heads",
+                                                          "mlp", "experts", "moe_mlp"))) == RELEASES[name]
+
+
+def test_e2b_is_refused_in_one_line_naming_why(tmp_path):
+    from tests.published_configs import GEMMA4
+
+    src = tmp_path / "e2b"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(GEMMA4["gemma-4-E2B-it"]))
+    result = run_cli("plan", str(src))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Gemma 4 E2B / E4B (per-layer inputs, shared KV layers" in result.stderr

@@ -110,6 +110,10 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         text.require("model_type", ("gemma4_text",), "gemma4_text")
     else:
         text = cfg
+    if text.raw("hidden_size_per_layer_input") or text.raw("num_kv_shared_layers"):
+        text.fail(f"hidden_size_per_layer_input={text.raw('hidden_size_per_layer_input')!r}, num_kv_shared_layers="
+                  f"{text.raw('num_kv_shared_layers')!r}: Gemma 4 E2B / E4B (per-layer inputs, shared KV layers; "
+                  f"MaxText's gemma4_small, unscanned only) are not supported yet")
     dims = read_gemma_dims(text, TEXT_DEFAULTS)
     layers = text.int("num_hidden_layers", TEXT_DEFAULTS["num_hidden_layers"])
     if layers % PERIOD:
@@ -135,10 +139,9 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         dims["moe_mlp"] = text.int("moe_intermediate_size")
         dims["moe_mlp2"] = 2 * dims["moe_mlp"]
         text.runtime("top_k_experts")
-    else:
-        for field in ("num_experts", "top_k_experts", "moe_intermediate_size"):
-            if text.raw(field) is not None:  # transformers writes them as null
-                text.fail(f"field {field!r} = {text.raw(field)!r} without enable_moe_block")
+    else:  # transformers builds no MoE block without enable_moe_block, whatever these say (MaxText's copy of the
+        # 31B config keeps 26B-A4B's moe_intermediate_size)
+        text.runtime("num_experts", "top_k_experts", "moe_intermediate_size")
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
     values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": moe}
