@@ -475,7 +475,8 @@ QWEN3_MULTIMODAL = {"qwen3-vl-2b": QWEN3_VL_2B, "qwen3-vl-4b": QWEN3_VL_4B, "qwe
 # Gemma 4 (google/gemma-4-26B-A4B-it, -31B-it, -E2B-it), as MaxText 0.2.5 copies them
 # (checkpoint_conversion/utils/hf_model_configs.py); the vision tower's config shortened to what the text reader sees
 _GEMMA4_PATTERN = ["sliding_attention"] * 5 + ["full_attention"]
-_GEMMA4_ROPE = {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"},
+_GEMMA4_ROPE = {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0,
+                                   "rope_type": "proportional"},
                 "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}}
 _GEMMA4_TEXT = {
     "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True, "bos_token_id": 2, "dtype": "bfloat16",
