@@ -306,7 +306,10 @@ def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[La
     linear one) is named as such, not as the tensors it then lacks."""
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
     for stack in stacks:
-        for r in (r for r in kinded if stack.kind not in r.kinds):
+        # a name both kinds hold, in their own shapes (Gemma 4's q_proj: global layers' heads are wider), is
+        # checked by shape, not here
+        own = {r.hf for r in rules if r.per_layer and (r.kinds is None or stack.kind in r.kinds)}
+        for r in (r for r in kinded if stack.kind not in r.kinds and r.hf not in own):
             for layer in stack.layers:
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
