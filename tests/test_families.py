@@ -4,6 +4,7 @@ The expected trees are restated here from MaxText 0.2.5's own model (its abstrac
 tree, printed by building the model for each decoder block), not from ckptconv's tables.
 """
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
 from ckptconv.families.base import MIB, always
-from ckptconv.plan.conversion import make_plan, read_spec
+from ckptconv.plan.conversion import make_plan, read_spec, with_encoders
 from ckptconv.read.sources import LocalSource
 
 MODEL_TYPES = [model_type for family in FAMILIES for model_type in family.model_types]  # every registered one
@@ -444,15 +445,21 @@ def test_gemma3_scan_with_fewer_layers_than_a_block(tmp_path):
 def test_registry_is_consistent():
     assert len(BY_MODEL_TYPE) == sum(len(f.model_types) for f in FAMILIES), "a model_type is claimed twice"
     for family in FAMILIES:
-        # one rule per name and per target in every layer kind (Gemma 4's q_proj is read by a local and a global
-        # rule, each in its own layers' shape: rules of disjoint kinds may share them)
+        # one active rule per name and per target in every layer kind, for every example the family declares (with
+        # and without its encoders): rules of disjoint kinds may share them (Gemma 4's q_proj, read by a local and
+        # a global rule, each in its own layers' shape), and so may rules never active together (Llama 4's fused
+        # bf16 experts and its FP8 release's per-expert ones both write wi_0)
         kinds = {kind for rule in family.rules for kind in (rule.kinds or ())} or {None}
-        for kind in kinds:
-            rules = [rule for rule in family.rules if rule.kinds is None or kind in rule.kinds]
-            hf_names = [rule.hf for rule in rules]
-            assert len(hf_names) == len(set(hf_names)), (family.name, kind)
-            targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]
-            assert len(targets) == len(set(targets)), (family.name, kind)
+        examples = [e.model for kind in ("round_trip", "logits", "memory") for e in getattr(family.synthetic, kind)]
+        for fields, encoders in itertools.product(examples, (False, True) if family.encoders else (False,)):
+            model = synth.for_family(family, fields)
+            spec = with_encoders("example", family, read_spec(family, model.config(), "example"), encoders)
+            for kind in kinds:
+                rules = [rule for rule in family.active_rules(spec) if rule.kinds is None or kind in rule.kinds]
+                hf_names = [rule.hf for rule in rules]
+                assert len(hf_names) == len(set(hf_names)), (family.name, kind, fields)
+                targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]
+                assert len(targets) == len(set(targets)), (family.name, kind, fields)
         for rule in family.rules:
             assert rule.outputs and rule.hf_shape and all(isinstance(d, str) for d in rule.hf_shape)
             assert rule.when is always or rule.note, f"{rule.hf}: a conditional rule must say why it may be skipped"

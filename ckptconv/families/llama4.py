@@ -47,6 +47,7 @@ P = TEXT + "model.layers.{layer}."
 DENSE, MOE = frozenset({"dense"}), frozenset({"moe"})
 DECODER = DENSE | MOE  # the decoder's layer rules (the vision encoder's layers are stacks of their own)
 BLOCK = "Llama4MoEBlock_0"
+FP8_ONLY = "the FP8 release's experts, stored apart (not in a bf16 release)"
 # experts.gate_up_proj (experts, emb, 2 * moe_mlp): gate the first half of the last axis, up the second
 GATE = TakeRanges("gate_half", 2, "moe_mlp2", 0, "moe_mlp")
 UP = TakeRanges("up_half", 2, "moe_mlp2", "moe_mlp", "moe_mlp")
@@ -73,12 +74,12 @@ RULES = (
          kinds=MOE),
     Rule(P + "feed_forward.experts.gate_up_proj", ("experts", "emb", "moe_mlp2"),
          (Output((BLOCK, "MoeBlock_0", "wi_0"), (GATE,)), Output((BLOCK, "MoeBlock_0", "wi_1"), (UP,))),
-         when=lambda spec: not fp8(spec), kinds=MOE),
+         when=lambda spec: not fp8(spec), kinds=MOE, note="the bf16 release's fused experts (not in an FP8 release)"),
     # the FP8 release: gate and up of each expert stored apart (JOINS), read as two (experts, emb, mlp) tensors
     rule(P + "feed_forward.experts.gate_proj", (BLOCK, "MoeBlock_0", "wi_0"), ("experts", "emb", "moe_mlp"),
-         when=lambda spec: fp8(spec), kinds=MOE),
+         when=lambda spec: fp8(spec), kinds=MOE, note=FP8_ONLY),
     rule(P + "feed_forward.experts.up_proj", (BLOCK, "MoeBlock_0", "wi_1"), ("experts", "emb", "moe_mlp"),
-         when=lambda spec: fp8(spec), kinds=MOE),
+         when=lambda spec: fp8(spec), kinds=MOE, note=FP8_ONLY),
     rule(P + "feed_forward.experts.down_proj", (BLOCK, "MoeBlock_0", "wo"), ("experts", "moe_mlp", "emb"),
          kinds=MOE),
     rule(P + "feed_forward.shared_expert.gate_proj.weight", (BLOCK, "shared_experts", "wi_0", "kernel"),
@@ -107,7 +108,8 @@ PIXEL_SHUFFLE = (*ENC, "Llama4VisionPixelShuffleMLP_0", "pixel_shuffle_mlp")
 
 
 def _vision(hf: str, path: tuple[str, ...], shape: tuple[str, ...], steps: tuple = ()) -> Rule:
-    return rule(hf, path, shape, steps, when=multimodal, kinds=VISION if "{layer}" in hf else None)
+    return rule(hf, path, shape, steps, when=multimodal, kinds=VISION if "{layer}" in hf else None,
+                note="vision model and projector (convert with --multimodal)")
 
 
 def _vision_layer_rows() -> tuple[Rule, ...]:
