@@ -53,6 +53,10 @@ class InFlight:
     # with nodes no one reads again (OLMo 3 32B's block: peak 513 MiB with 100 MB, 411 MiB with 8 MB, in
     # the same wall time).
     ocdbt_cache_bytes: int = 8_000_000
+    # Tiles the writer gathers into one transaction, committed as one OCDBT data file (uncompressed
+    # bytes, held until the commit). Each tile committing alone made one data file per tile (<= 16 MiB;
+    # 140 for a 0.6B model), and a restoring host makes about one storage request per data file it reads.
+    data_file_bytes: int = 128 * 1024 * 1024
 
     @property
     def tiles_alive(self) -> int:
