@@ -113,9 +113,24 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
         ("admission", f"held {admission.get('held_gb', '?')} GB of `{admission.get('limit', '?')}` "
                       f"(limit {admission.get('limit_gb', '?')} GB)"),
         ("sharding", sharding),
+        ("restore", restore_text(report.get("restore"))),
         ("verify", _verify_text(verified, report)),
         ("attempts", str(report.get("attempts", 1))),
     ]
+
+
+def restore_text(figures: dict | None) -> str:
+    """What a TPU host pays to restore the checkpoint, from its stored layout (the report's ``restore``)."""
+    if not figures:
+        return "-"
+    if "error" in figures:
+        return f"layout not read: {_cell(figures['error'])}"
+    return (f"{figures['chunks']} chunks in {figures['data_files']} OCDBT data files (largest "
+            f"{human_bytes(figures['largest_data_file_bytes'])}); a host restoring device {figures['device']}'s shard "
+            f"makes {figures['device_reads']} storage reads ({human_bytes(figures['device_read_bytes'])}, "
+            f"{figures['device_chunks']} chunks in {figures['device_data_files']} data files), one host restoring all "
+            f"{figures['devices']} shards {figures['all_devices_reads']} (computed from the layout, ranges of one file "
+            f"closer than {human_bytes(figures['coalescing_bytes'])} read together, as Orbax's restore does)")
 
 
 def output_link(destination: str) -> str:

@@ -134,11 +134,12 @@ def restore_figures(items: str, leaves: list[StoredLeaf], device: int = 0) -> di
     ``device``'s shard makes (and one restoring every shard, as a single host with all devices does)."""
     chunks, nodes, node_bytes = stored_chunks(items)
     by_name = {".".join(leaf.path): leaf for leaf in leaves}
-    mine = []
+    mine, arrays = [], 0
     for chunk in chunks:
         leaf = by_name.get(chunk.leaf)
         if leaf is None or leaf.chunk_shape is None:
-            continue
+            continue  # a scalar (MaxText's step)
+        arrays += 1
         if _inside(chunk, leaf.shape, leaf.chunk_shape, device_boxes(leaf, device)):
             mine.append(chunk)
     files: dict[str, int] = defaultdict(int)
@@ -150,7 +151,7 @@ def restore_figures(items: str, leaves: list[StoredLeaf], device: int = 0) -> di
     all_reads, all_bytes = requests(chunks)
     devices = max((math.prod(leaf.mesh_shape or (1,)) for leaf in leaves), default=1)
     return {
-        "chunks": len(chunks),
+        "chunks": arrays,
         "data_files": len(files),
         "largest_data_file_bytes": max(files.values(), default=0),
         "btree_nodes": nodes,
