@@ -61,8 +61,8 @@ def _data_files(items: Path) -> dict[str, int]:
 
 
 def test_data_files_gather_tiles_up_to_the_target(source, tmp_path):
-    """Each data file holds at most the target (plus one tile's checksums), and no two of them would have
-    fitted in one: a data file per tile (the limit 0) makes many more, each at most one tile."""
+    """Each data file holds at most the target (plus its chunks' checksums) and, but the last, more than the
+    target less one tile (one commit per data file); a data file per tile (the limit 0) makes many more."""
     limit = 4 * MIB  # above the largest tile (2 MiB): a tile over the limit is a data file of its own
     report = convert(source, tmp_path / "gathered", limit)
     items = tmp_path / "gathered" / "0" / "items"
@@ -72,7 +72,12 @@ def test_data_files_gather_tiles_up_to_the_target(source, tmp_path):
     assert total + inline >= report["output_bytes"]  # uncompressed: every byte of every leaf, plus checksums
     slack = 4 * report["restore"]["chunks"]  # a crc32c per chunk
     assert max(files.values()) <= limit + slack, sorted(files.values())
-    assert len(files) <= 2 * math.ceil(total / limit) + 1, (len(files), total)
+    # one commit per data file: each but the last was closed by a tile that did not fit any more
+    tile = json.loads(subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json"],
+                                     capture_output=True, text=True, cwd=ROOT, check=True).stdout)["largest_tile_bytes"]
+    assert tile < limit
+    assert all(size >= limit - tile for size in sorted(files.values())[1:]), (sorted(files.values()), tile)
+    assert len(files) <= math.ceil(total / (limit - tile)) + 1, (len(files), total)
     assert report["restore"]["data_files"] == len(files)
 
     alone = convert(source, tmp_path / "alone", 0)

@@ -259,7 +259,10 @@ class _Batch:
         if self._limit <= 0:
             return store
         if self._txn is None:
-            self._txn = ts.Transaction()
+            # atomic: the commit is one OCDBT commit, one data file. A non-atomic transaction hands its chunks
+            # to OCDBT one by one, which commits them in batches as they arrive: data files of 0.6-29 MiB
+            # (45 files instead of 20 for Qwen3-0.6B's shape with 64 MiB gathered, device 0's reads 43, not 23).
+            self._txn = ts.Transaction(atomic=True)
         return store.with_transaction(self._txn)
 
     @property
