@@ -116,12 +116,12 @@ def requests(chunks: Iterable[StoredChunk], gap: int = READ_COALESCING_BYTES) ->
     count = nbytes = 0
     for ranges in by_file.values():
         ranges.sort()
-        end = None
-        for start, stop in ranges:
-            if end is None or start - end >= gap:
+        first, end = ranges[0]
+        count += 1
+        for start, stop in ranges[1:]:
+            if start - end >= gap:  # a new request
                 count += 1
-                if end is not None:
-                    nbytes += end - first
+                nbytes += end - first
                 first, end = start, stop
             else:
                 end = max(end, stop)
