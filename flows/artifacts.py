@@ -149,8 +149,8 @@ def output_link(destination: str) -> str:
 
 def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int,
             predicted: int | None = None, artifact_id: str | None = None) -> dict:
-    """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, retries, memory held and
-    when) and, for people, the model page's artifact id and the predicted peak."""
+    """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, the OCDBT data files and the
+    storage reads a host restoring device 0's shard makes, retries, memory held and when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
     admission = report.get("admission") or {}
     status = Status.FAILED if error else Status.SKIPPED if report.get("skipped") else Status.COMPLETE
@@ -160,6 +160,9 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "wall_seconds": report.get("child_seconds" if report.get("skipped") else "wall_seconds"),
         "peak_rss_mib": _round(report.get("peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
         "predicted_peak_mib": _round(predicted, MIB),
+        # what a TPU host pays to restore it (the report's ``restore``, computed from the stored layout)
+        "data_files": (report.get("restore") or {}).get("data_files"),
+        "device_restore_reads": (report.get("restore") or {}).get("device_reads"),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
         "artifact_id": artifact_id,

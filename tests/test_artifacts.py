@@ -154,5 +154,8 @@ def test_model_page_says_what_a_host_pays_to_restore():
     assert "device 0's shard makes 23 storage reads (55 MiB, 71 chunks in 16 data files)" in row
     assert "all 16 shards 22" in row
     assert "| restore | - |" in summary_markdown(job, {}, REPORT, VERIFIED, "13 leaves sharded")  # older reports
+    row = zoo_row(job, {**REPORT, "restore": restore}, None, 1)
+    assert (row["data_files"], row["device_restore_reads"]) == (20, 23)
+    assert (zoo_row(job, REPORT, None, 1)["data_files"], zoo_row(job, None, "x", 1)["device_restore_reads"]) == (None, None)
     failed = summary_markdown(job, {}, {**REPORT, "restore": {"error": "OSError: gone"}}, VERIFIED, "x")
     assert "| restore | layout not read: OSError: gone |" in failed
