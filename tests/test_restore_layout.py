@@ -117,3 +117,18 @@ def test_requests_merge_close_ranges_of_one_file():
 
     assert requests([chunk("a", 0, 10), chunk("a", 10, 10), chunk("a", 20 + READ_COALESCING_BYTES, 5),
                      chunk("b", 0, 1), chunk(None, 0, 3)]) == (3, 20 + 5 + 1)
+
+
+def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):
+    """On gs:// the report's restore figures are read from the bucket, as locally."""
+    from tests.conftest import run_cli
+
+    src = tmp_path / "src"
+    synth.write_checkpoint(synth.SynthModel(), str(src))
+    dst = f"gs://{gcs.new_bucket('fastload')}/tiny"
+    result = run_cli("convert", str(src), dst, "--devices", "4", "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(gcs.read(dst + "/ckptconv-report.json"))["restore"]
+    assert "error" not in figures, figures
+    assert figures["devices"] == 4 and figures["chunks"] > figures["device_chunks"] > 0
+    assert figures["data_files"] >= 1 and figures["device_reads"] >= 2  # the manifest, a b-tree node, data
