@@ -197,7 +197,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
     metadatas: list[Any] = [None] * len(values)
     written = [0] * len(values)
     in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
-    batch = _Batch(settings.IN_FLIGHT.data_file_bytes, on_tile)
+    batch = _Batch(settings.IN_FLIGHT.data_file_bytes)
     for index, region, data in tiles():
         n = by_index.get(index)
         if n is None:
@@ -210,20 +210,20 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
         if batch.full(data.nbytes):  # this tile would overflow the data file: commit the one being filled
             while in_flight:
-                await _settle(*in_flight.popleft(), batch.on_settle)
+                await _settle(*in_flight.popleft(), on_tile)
             await batch.commit()
         write = batch.store(stores[n])[region].write(data)
         await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
         in_flight.append((write, value.leaf, data.nbytes))
-        batch.add(value.leaf, data.nbytes)
+        batch.add(data.nbytes)
         written[n] += data.size
         del data
         if written[n] == math.prod(value.shape):
             del stores[n]  # complete: the writes in flight keep what they need
         while len(in_flight) >= settings.IN_FLIGHT.writes:
-            await _settle(*in_flight.popleft(), batch.on_settle)
+            await _settle(*in_flight.popleft(), on_tile)
     while in_flight:
-        await _settle(*in_flight.popleft(), batch.on_settle)
+        await _settle(*in_flight.popleft(), on_tile)
     await batch.commit()
     for value, count in zip(values, written):
         if count != math.prod(value.shape):
@@ -245,11 +245,9 @@ class _Batch:
     transaction, each tile commits on its own.
     """
 
-    def __init__(self, limit: int, on_tile: Callable[[Leaf, int], None] | None):
+    def __init__(self, limit: int):
         self._limit = limit
-        self._on_tile = on_tile
         self._txn: ts.Transaction | None = None
-        self._tiles: list[tuple[Leaf, int]] = []
         self._bytes = 0
 
     def full(self, nbytes: int) -> bool:
@@ -265,28 +263,14 @@ class _Batch:
             self._txn = ts.Transaction(atomic=True)
         return store.with_transaction(self._txn)
 
-    @property
-    def on_settle(self) -> Callable[[Leaf, int], None] | None:
-        """Whom a settled write tells: without a transaction the tile is on storage then, else at the commit."""
-        return self._on_tile if self._limit <= 0 else None
-
-    def add(self, leaf: Leaf, nbytes: int) -> None:
-        if self._limit > 0:
-            self._tiles.append((leaf, nbytes))
-            self._bytes += nbytes
+    def add(self, nbytes: int) -> None:
+        self._bytes += nbytes
 
     async def commit(self) -> None:
         if self._txn is not None:
             txn, self._txn = self._txn, None
             await txn.commit_async()
-        self.report()
         self._bytes = 0
-
-    def report(self) -> None:
-        tiles, self._tiles = self._tiles, []
-        if self._on_tile is not None:
-            for leaf, nbytes in tiles:
-                self._on_tile(leaf, nbytes)
 
 
 async def _settle(write: Any, leaf: Leaf, nbytes: int, on_tile: Callable[[Leaf, int], None] | None) -> None:
@@ -400,7 +384,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     the step. For ``devices > 1`` JAX must already run with exactly that many. ``tiles()``
     yields ``(leaf index, region, data)`` covering every leaf exactly once, in any order;
     ``on_tile(leaf, nbytes)`` runs in Orbax's writer thread each time a tile of ``nbytes``
-    is on storage (for progress). Orbax commits atomically (rename locally,
+    is written (for progress): into the data file being gathered, on storage once that commits. Orbax commits atomically (rename locally,
     ``commit_success.txt`` on GCS); temporary directories left by an interrupted earlier run
     are deleted first; a complete step 0 is never overwritten. Errors raised by ``tiles()``
     propagate unchanged and leave no complete step. ``extra_items`` are small plain values
