@@ -18,7 +18,7 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import ml_dtypes
@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, Family, LayoutError
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError
 from ckptconv.families.inputs import FP8_KEPT
 
 
@@ -90,10 +90,12 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
 
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")
-    try:
-        stacks = family.layout(spec, True)
-    except LayoutError:  # a model MaxText cannot scan: the unscanned layout names the same tensors
-        stacks = family.layout(spec, False)
+    stacks = None
+    if family.encoders:  # the hub ships the encoders: written whether or not a conversion asks for them
+        with_encoders = replace(spec, values={**spec.values, MULTIMODAL: True})
+        stacks = _layout(family, with_encoders)
+        spec = spec if stacks is None else with_encoders  # None: this config has none (gemma3_text)
+    stacks = stacks or _layout(family, spec)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
@@ -105,6 +107,17 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
         shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
+
+
+def _layout(family: Family, spec) -> tuple | None:
+    """The layer stacks the spec's tensors are named by: scanned, or unscanned for a model MaxText cannot scan
+    (the same tensors); None where neither exists (``--multimodal`` for a config without encoders)."""
+    for scan in (True, False):
+        try:
+            return family.layout(spec, scan)
+        except LayoutError:
+            continue
+    return None
 
 
 def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

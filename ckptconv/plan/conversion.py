@@ -20,7 +20,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule
+from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, applies
 from ckptconv.families.inputs import (
     FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
@@ -184,7 +184,9 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
-    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
+    # rules whose sizes config.json does not give (Gemma 3's vision rules for a gemma3_text config) name nothing
+    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec) and set(r.hf_shape) <= spec.dims.keys()),
+                                stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
@@ -278,7 +280,7 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
     """
     needed = 0
     for r in rules:
-        layers = sum(len(s.layers) for s in stacks if r.kinds is None or s.kind in r.kinds) if r.per_layer else 1
+        layers = sum(len(s.layers) for s in stacks if applies(r, s)) if r.per_layer else 1
         needed += (spec.dim("experts") if r.per_expert else 1) * layers
     if needed > 2 * stored + NAMED_MARGIN:
         experts = spec.dims.get("experts")
@@ -292,8 +294,9 @@ def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[La
     """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
     linear one) is named as such, not as the tensors it then lacks."""
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
-    for stack in stacks:
-        for r in (r for r in kinded if stack.kind not in r.kinds):
+    encoder_kinds = {stack.kind for stack in stacks if stack.encoder}  # an encoder's names are its own
+    for stack in (s for s in stacks if not s.encoder):
+        for r in (r for r in kinded if stack.kind not in r.kinds and not r.kinds <= encoder_kinds):
             for layer in stack.layers:
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
@@ -353,7 +356,7 @@ def _instances(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: Mo
             yield _instance(r, None, spec)
     for stack in stacks:
         for r in rules:
-            if r.per_layer and (r.kinds is None or stack.kind in r.kinds):
+            if r.per_layer and applies(r, stack):
                 yield _instance(r, stack, spec)
 
 
