@@ -51,6 +51,7 @@ class SynthModel:
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
     extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
+    encoders: bool = False  # also the encoders the config describes (the rules' names, as --multimodal reads them)
 
     def config(self) -> dict:
         """The ``config.json`` the family writes for these sizes (its ``synthetic.config``), plus the overrides."""
@@ -91,7 +92,7 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")
     stacks = None
-    if family.encoders:  # the hub ships the encoders: written whether or not a conversion asks for them
+    if model.encoders and family.encoders:  # as the hub ships them, whether or not a conversion asks for them
         with_encoders = replace(spec, values={**spec.values, MULTIMODAL: True})
         stacks = _layout(family, with_encoders)
         spec = spec if stacks is None else with_encoders  # None: this config has none (gemma3_text)

@@ -96,7 +96,7 @@ def synthetic_config(m: Sizes) -> dict:
         text.pop(key)
     return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
             "vision_config": {"hidden_size": 32, "image_size": 28, "intermediate_size": 64,
-                              "model_type": "siglip_vision_model", "num_attention_heads": 2, "num_hidden_layers": 1,
+                              "model_type": "siglip_vision_model", "num_attention_heads": 2, "num_hidden_layers": 2,
                               "patch_size": 14, "vision_use_head": False},
             "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5, "mm_tokens_per_image": 4,
             "torch_dtype": m.dtype}
@@ -140,8 +140,8 @@ def _vision(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=
 
 
 def _vision_layer_rows() -> tuple[Rule, ...]:
-    rows = [_vision(VL + f"{hf}.{part}", (f"LayerNorm_{i}", mx), ("v_emb",))
-            for i, hf in enumerate(("layer_norm1", "layer_norm2")) for part, mx in (("weight", "scale"), ("bias", "bias"))]
+    rows = [_vision(VL + f"{hf}.{part}", (f"LayerNorm_{i}", mx), ("v_emb",)) for i, hf in
+            enumerate(("layer_norm1", "layer_norm2")) for part, mx in (("weight", "scale"), ("bias", "bias"))]
     for hf, mx in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
         rows += [_vision(VL + f"self_attn.{hf}.weight", ("MultiHeadDotProductAttention_0", mx, "kernel"),
                          ("v_emb", "v_emb"), VISION_QKV),

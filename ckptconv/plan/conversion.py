@@ -185,8 +185,8 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     # rules whose sizes config.json does not give (Gemma 3's vision rules for a gemma3_text config) name nothing
-    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec) and set(r.hf_shape) <= spec.dims.keys()),
-                                stacks, spec)
+    sized = tuple(r for r in family.rules if set(r.hf_shape) <= spec.dims.keys())
+    inactive = expected_tensors(tuple(r for r in sized if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
