@@ -129,7 +129,8 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--devices", type=int, default=settings.DEVICES,
                          help="simulated devices to shard across (1: unsharded)")
     command.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=settings.SCAN_LAYERS,
-                         help="stack layers on axis 1 (MaxText scan_layers=true)")
+                         help="stack layers on axis 1 (MaxText scan_layers=true); default: scanned, except for a "
+                         "model MaxText runs unscanned only (the report says which)")
     command.add_argument("--multimodal", action="store_true",
                          help="also convert the vision (and audio) encoders, as MaxText's use_multimodal=true "
                          "(default: the text decoder only; the encoders' tensors are reported, not written)")

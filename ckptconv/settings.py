@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 # --- defaults (CLI, Prefect tasks and flows, deployments) ---
 DEVICES = 16  # simulated CPU devices each weight is sharded across (1: unsharded)
-SCAN_LAYERS = True  # layers stacked on axis 1, as MaxText's scan_layers=true
+# Layers stacked on axis 1 (MaxText's scan_layers=true), except for a model MaxText runs unscanned only (Gemma 4
+# E2B/E4B's shared KV layers, Qwen3-VL's deepstack vision path): None means "the layout the model runs".
+SCAN_LAYERS: bool | None = None
 DTYPE = "bfloat16"  # dtype of the written weights
 OUTPUT_DTYPES = ("bfloat16", "float32")  # what export's --dtype may be (numpy dtypes: ckptconv.dtypes.OUTPUT)
 # MaxText's --save_dtype float8_e4m3fn: an FP8 release's weights kept e4m3, every other tensor in its own dtype

@@ -53,7 +53,7 @@ def _sharding(job: Conversion, state: State) -> str:
 
 
 @flow(name="convert-model", log_prints=True)
-def convert_model(source: str, destination: str, devices: int = settings.DEVICES, scan_layers: bool = settings.SCAN_LAYERS,
+def convert_model(source: str, destination: str, devices: int = settings.DEVICES, scan_layers: bool | None = settings.SCAN_LAYERS,
                   dtype: str = settings.DTYPE, overwrite: bool = False, name: str | None = None,
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True,
                   multimodal: bool = False) -> dict:

@@ -33,7 +33,7 @@ PARTITION_DEPLOYMENT = "convert-partition/convert-partition-cpu"
 
 @flow(name="convert-partition", log_prints=True)
 def convert_partition(source: str, destination: str, partition: int, partitions: int, devices: int = settings.DEVICES,
-                      scan_layers: bool = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
+                      scan_layers: bool | None = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, multimodal: bool = False) -> dict:
     """Write partition ``partition`` of ``partitions`` (``ckptconv convert --partition I/N``) on this worker."""
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal)
@@ -74,7 +74,7 @@ def run_partition(job: Conversion, partition: int, partitions: int, deployment: 
 
 @flow(name="convert-partitioned", task_runner=ThreadPoolTaskRunner(max_workers=64), log_prints=True)
 def convert_partitioned(source: str, destination: str, partitions: int = 2, devices: int = settings.DEVICES,
-                        scan_layers: bool = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
+                        scan_layers: bool | None = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                         deployment: str = PARTITION_DEPLOYMENT,
                         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, multimodal: bool = False) -> dict:

@@ -21,7 +21,7 @@ class Conversion:
     source: str
     destination: str
     devices: int = settings.DEVICES
-    scan_layers: bool = True
+    scan_layers: bool | None = settings.SCAN_LAYERS  # None: the layout the model runs
     dtype: str = settings.DTYPE
     overwrite: bool = False
     name: str | None = None
@@ -38,8 +38,8 @@ class Conversion:
 
     def layout_args(self) -> list[str]:
         """The CLI flags shared by ``plan`` and ``convert``."""
-        scan = "--scan-layers" if self.scan_layers else "--no-scan-layers"
-        return ["--devices", str(self.devices), scan, "--dtype", self.dtype, *(["--multimodal"] if self.multimodal else [])]
+        scan = [] if self.scan_layers is None else ["--scan-layers" if self.scan_layers else "--no-scan-layers"]
+        return ["--devices", str(self.devices), *scan, "--dtype", self.dtype, *(["--multimodal"] if self.multimodal else [])]
 
     def convert_args(self, report_path: str) -> list[str]:
         """``convert`` arguments with machine-readable progress and the report written to ``report_path``."""

@@ -249,3 +249,11 @@ def test_report_records_whether_the_encoders_were_asked_for(converted):
     _, dst, _ = converted
     report = json.loads((dst / "ckptconv-report.json").read_text())
     assert report["multimodal"] is False and report["model"]["values"]["multimodal"] is False
+
+
+def test_plan_predicts_what_the_report_records(converted):
+    """Prefect admission reserves ``plan``'s prediction; the memory tests read the report's: the same figure."""
+    src, dst, _ = converted
+    report = json.loads((dst / "ckptconv-report.json").read_text())
+    planned = run_cli("plan", str(src), "--devices", "4", "--json")
+    assert json.loads(planned.stdout)["predicted_peak_rss_bytes"] == report["predicted_peak_rss_bytes"]

@@ -15,7 +15,7 @@ from ckptconv.commands import synth
 from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
-from ckptconv.families.base import always
+from ckptconv.families.base import MIB, always
 from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 
@@ -607,3 +607,27 @@ def test_deepseek_v32_layer_kinds_transformers_writes_must_agree():
     with pytest.raises(BadInputError, match="layer_types must be 'indexed_attention' in every layer"):
         read_spec(BY_MODEL_TYPE["deepseek_v32"], {**DEEPSEEK_V32, **kinds, "layer_types": ["full_attention"] * 61},
                   "config.json")
+
+
+MEMORY_FULL = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.memory
+               if example.full}
+
+
+@pytest.mark.parametrize("name", MEMORY_FULL)
+def test_whole_release_plans_like_its_example(tmp_path, name):
+    """The whole release (``full``'s config.json, header-only files) is predicted no higher than the example the
+    memory test (tests/test_memory.py) converts (+64 MiB: the OCDBT node cache grows with the chunk count, full by then), on each device
+    count: what holds at the example's widths holds for the release. Planning only, so it runs with the rest."""
+    from ckptconv.plan.estimate import predicted_peak_bytes
+
+    family, example = MEMORY_FULL[name]
+    paths = {}
+    for kind, fields in (("example", example.model), ("full", example.full)):
+        paths[kind] = tmp_path / kind
+        synth.write_checkpoint(synth.for_family(family, fields), str(paths[kind]), max_shard_bytes=5 * 10**9,
+                               header_only=True)
+    for devices in example.devices:
+        case, full = (predicted_peak_bytes(make_plan(LocalSource(str(paths[kind])), devices=devices))
+                      for kind in ("example", "full"))
+        print(f"{name} on {devices} devices: example predicted {case / MIB:.0f} MiB, whole release {full / MIB:.0f} MiB")
+        assert full <= case + 64 * MIB

@@ -43,7 +43,7 @@ class ConvertRequest:
     source: str
     destination: str
     devices: int = settings.DEVICES
-    scan_layers: bool = settings.SCAN_LAYERS
+    scan_layers: bool | None = settings.SCAN_LAYERS  # None: the layout the model runs (scanned where it can)
     dtype: str = settings.DTYPE
     report: str | None = None
     overwrite: bool = False
@@ -64,7 +64,7 @@ def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -
         "provenance": source.provenance(),
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
-        "options": [request.devices, request.scan_layers, request.dtype, request.compression]
+        "options": [request.devices, plan.scan_layers, request.dtype, request.compression]
         + ([request.lora_layout] if request.lora else []) + (["multimodal"] if request.multimodal else []),
         "format": 1,
     }
@@ -294,7 +294,7 @@ def _extra_items(request: ConvertRequest) -> dict:
 def _custom_metadata(plan: ConversionPlan, request: ConvertRequest) -> dict:
     """``scan_layers`` as MaxText's converter records it; an adapter alone also records its rank and alpha as
     MaxText's LoRA training does (``custom_metadata["lora"]``): its ``sync_lora_metadata`` and ``export`` read them."""
-    metadata: dict = {"scan_layers": request.scan_layers}
+    metadata: dict = {"scan_layers": plan.scan_layers}
     if request.multimodal:  # verify and export read it back (MaxText reads scan_layers only)
         metadata["multimodal"] = True
     if plan.adapter is not None and not request.merge_lora:
@@ -316,7 +316,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "not_converted": list(plan.not_converted),
         "dtype": request.dtype,
         "devices": request.devices,
-        "scan_layers": request.scan_layers,
+        "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,
         "tensors": plan.tensor_count,
         "leaves": len(plan.leaves),

@@ -34,6 +34,12 @@ class LayoutError(ValueError):
     """A model MaxText cannot hold in the asked layout (the planner names config.json and refuses)."""
 
 
+class UnscannedOnly(LayoutError):
+    """A model MaxText's code runs unscanned only, whatever its converter writes: without ``--scan-layers`` the
+    planner lays it out unscanned (the report says so); an explicit ``--scan-layers`` is refused with this reason,
+    because no checkpoint in the scanned layout could ever load."""
+
+
 def always(spec: ModelSpec) -> bool:
     return True
 

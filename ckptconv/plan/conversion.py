@@ -20,7 +20,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, applies
+from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, UnscannedOnly, applies
 from ckptconv.families.inputs import (
     FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
@@ -156,11 +156,12 @@ def _check_devices_shard_something(jobs: tuple[Job, ...], devices: int) -> None:
                         f"{devices} times); the largest power of two that shards some leaf is {useful}")
 
 
-def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool = settings.SCAN_LAYERS,
+def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool | None = settings.SCAN_LAYERS,
               devices: int = settings.DEVICES, multimodal: bool = False) -> ConversionPlan:
     """Build and check the whole conversion plan; raises :class:`BadInputError` naming what is wrong.
 
-    ``multimodal``: also the encoders (vision, audio) MaxText converts with ``use_multimodal=true``."""
+    ``multimodal``: also the encoders (vision, audio) MaxText converts with ``use_multimodal=true``.
+    ``scan_layers`` None: scanned unless the model runs unscanned only (:func:`choose_layout`)."""
     if dtype not in settings.CONVERT_DTYPES:
         raise BadInputError(f"--dtype {dtype!r} is not supported (supported: {', '.join(settings.CONVERT_DTYPES)})")
     if devices < 1:
@@ -177,10 +178,7 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     stored = index_checkpoint(source)
     _check_claims(where, spec, len(stored))
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
-    try:
-        stacks = family.layout(spec, scan_layers)
-    except LayoutError as err:
-        raise BadInputError(f"{where}: {err}") from None
+    stacks, scan_layers = choose_layout(where, family, spec, scan_layers)
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
@@ -221,6 +219,21 @@ def kept_spec(family: Family, spec: ModelSpec) -> ModelSpec | None:
     if spec.values.get("quantization") == FP8_BLOCK and any(r.hf.endswith("_scale_inv") for r in family.rules):
         return replace(spec, values={**spec.values, "quantization": FP8_KEPT})
     return None
+
+
+def choose_layout(where: str, family: Family, spec: ModelSpec,
+                  scan_layers: bool | None) -> tuple[tuple[LayerStack, ...], bool]:
+    """The layer stacks and whether they are scanned: as asked, or (``None``) scanned unless the family says the
+    model runs unscanned only (:class:`UnscannedOnly`); a layout MaxText cannot hold is one line naming config.json."""
+    try:
+        if scan_layers is None:
+            try:
+                return family.layout(spec, True), True
+            except UnscannedOnly:
+                return family.layout(spec, False), False
+        return family.layout(spec, scan_layers), scan_layers
+    except LayoutError as err:
+        raise BadInputError(f"{where}: {err}") from None
 
 
 def with_encoders(where: str, family: Family, spec: ModelSpec, multimodal: bool) -> ModelSpec:

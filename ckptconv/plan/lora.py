@@ -29,7 +29,7 @@ from ckptconv.families.inputs import LoraMerged, Plain
 from ckptconv.families.lora import ADAPTER_PREFIX, LEAF_A, LEAF_B, RANK, VALUE, Target, adapter_family, targets
 from ckptconv.plan.conversion import (
     PARAMS_ROOT, ConversionPlan, _check_devices_shard_something, _check_extra, _check_shapes_and_dtypes, _resolve,
-    _sort_tensors, expected_tensors, layout_jobs, make_plan, read_config, read_spec,
+    _sort_tensors, choose_layout, expected_tensors, layout_jobs, make_plan, read_config, read_spec,
 )
 from ckptconv.plan.export import PARAM_ROOT, ExportPlan, TensorEntry, _check_leaves
 from ckptconv.plan.export import Target as ExportTarget
@@ -99,7 +99,7 @@ class Adapter:
                 "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in self.tensors.values())}
 
 
-def open_adapter(base: Source, adapter: Source, scan_layers: bool) -> tuple[Adapter, str, Family]:
+def open_adapter(base: Source, adapter: Source, scan_layers: bool | None) -> tuple[Adapter, str, Family]:
     """Read and check the adapter against ``base``: every tensor its targets need is there, with the shape
     the base's ``config.json`` implies, and nothing else is."""
     config_text, config = read_config(base)
@@ -114,7 +114,7 @@ def open_adapter(base: Source, adapter: Source, scan_layers: bool) -> tuple[Adap
     lora_family = adapter_family(family, chosen)
     stored = index_checkpoint(adapter)
     tensors, skipped = _sort_tensors(adapter, lora_family, spec, stored)
-    stacks = family.layout(spec, scan_layers)
+    stacks, _ = choose_layout(where, family, spec, scan_layers)
     expected = expected_tensors(lora_family.active_rules(spec), stacks, spec)
     inputs, consumed = _resolve(adapter, expected, tensors, None, lora_family, spec)
     _check_extra(adapter, lora_family, tensors, consumed)
@@ -129,7 +129,7 @@ LORA_LAYOUTS = ("converter", "restore")
 
 
 def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DTYPE,
-                      scan_layers: bool = settings.SCAN_LAYERS, devices: int = settings.DEVICES,
+                      scan_layers: bool | None = settings.SCAN_LAYERS, devices: int = settings.DEVICES,
                       lora_layout: str = "converter") -> ConversionPlan:
     """The adapter alone, laid out as MaxText 0.2.5's ``to_maxtext`` writes it (adapter mode), or rooted where
     its LoRA training restores from (``lora_layout="restore"``)."""
@@ -138,7 +138,7 @@ def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DT
     _check_options(dtype, devices)
     found, config_text, _ = open_adapter(base, adapter, scan_layers)
     spec, family = found.spec, found.family
-    stacks = family.layout(spec, scan_layers)
+    stacks, scan_layers = choose_layout(f"{base.uri}/config.json", family, spec, scan_layers)
     inputs = {name: Plain(found.tensors[name]) for name in expected_tensors(family.active_rules(spec), stacks, spec)}
     jobs = layout_jobs(family, spec, stacks, inputs, dtypes.OUTPUT[dtype], devices)
     _check_devices_shard_something(jobs, devices)
@@ -150,10 +150,10 @@ def make_adapter_plan(base: Source, adapter: Source, *, dtype: str = settings.DT
 
 
 def make_merged_plan(base: Source, adapter: Source, *, dtype: str = settings.DTYPE,
-                     scan_layers: bool = settings.SCAN_LAYERS, devices: int = settings.DEVICES) -> ConversionPlan:
+                     scan_layers: bool | None = settings.SCAN_LAYERS, devices: int = settings.DEVICES) -> ConversionPlan:
     """The base's plan with the adapter folded into every targeted projection (MaxText's merged mode)."""
     plan = make_plan(base, dtype=dtype, scan_layers=scan_layers, devices=devices)
-    found, _, _ = open_adapter(base, adapter, scan_layers)
+    found, _, _ = open_adapter(base, adapter, plan.scan_layers)
     out_dtype = dtypes.OUTPUT[dtype]
     scaling = found.config.scaling
     merged_rules = {r.hf for r in plan.family.rules} & {_base_rule(r.hf) for r in found.family.rules}
