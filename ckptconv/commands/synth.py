@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError, multimodal
 from ckptconv.families.inputs import FP8_KEPT
 
 
@@ -100,12 +100,14 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
-    for name, (_, shape) in expected.items():
+    for name, (rule, shape) in expected.items():
         join = family.join_for(name)
         if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
-        shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
+        # the hub nests the decoder, not the encoders (Qwen3-VL: model.language_model.* beside model.visual.*)
+        nested = hub and name.startswith(stored) and rule.when is not multimodal
+        shapes[hub + name[len(stored):] if nested else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
