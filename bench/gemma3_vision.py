@@ -38,7 +38,10 @@ TOLERANCE = 1e-4
 MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 PLACEHOLDER = 262144  # MaxText's GEMMA_TOKEN_PLACEHOLDER, and transformers' default image_token_index
-TEXT = {"vocab_size": 96, "hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 7,
+# hidden 64: sqrt(64) = 8 is exact in bfloat16. MaxText's converter (and ckptconv, as MaxText) store the embedding
+# times sqrt(hidden) rounded to bfloat16, transformers scales by the exact root: at hidden 48 (6.9375 vs 6.9282)
+# that alone moved the logits by 9e-4 on text and image alike, hiding what the comparison is for.
+TEXT = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 7,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 24, "query_pre_attn_scalar": 24,
         "sliding_window": 512, "rms_norm_eps": 1e-6,
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -49,7 +52,12 @@ TOP = {"mm_tokens_per_image": 256, "boi_token_index": 3, "eoi_token_index": 4, "
 TEXT_TOKENS = [2, 17, 41, 9, 33, 60, 5, 88, 12, 70, 21, 6]
 PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x image <eoi>
 
-CASES = [("gemma3-vision", True, 16), ("gemma3-vision-noscan-1dev", False, 1)]
+# (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
+CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
+         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1)]
+# Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
+# after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
+QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -88,6 +96,25 @@ def make_hf(out: Path) -> None:
     np.save(out / "image_ids.npy", np.array(image_ids))
     np.save(out / "text_logits.npy", text)
     np.save(out / "image_logits.npy", image)
+
+
+def qwen3_vl_sizes(config: dict) -> list[str]:
+    """MaxText's qwen3-vl-2b given the checkpoint's text and tower sizes, use_multimodal=true (unscanned)."""
+    text, vision = config["text_config"], config["vision_config"]
+    values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": text["num_hidden_layers"],
+              "vocab_size": text["vocab_size"], "scan_layers": "false", "use_multimodal": "true",
+              "mrope_section": json.dumps(text["rope_scaling"]["mrope_section"]).replace(" ", ""),
+              "hidden_size_for_vit": vision["hidden_size"], "intermediate_size_for_vit": vision["intermediate_size"],
+              "num_attention_heads_for_vit": vision["num_heads"], "num_hidden_layers_for_vit": vision["depth"],
+              "deepstack_visual_indexes_for_vit": json.dumps(vision["deepstack_visual_indexes"]).replace(" ", ""),
+              "out_hidden_size_for_vit": vision["out_hidden_size"],
+              "num_position_embeddings_for_vit": vision.get("num_position_embeddings", 2304),
+              "patch_size_for_vit": vision.get("patch_size", 16),
+              "temporal_patch_size_for_vit": vision.get("temporal_patch_size", 2),
+              "spatial_merge_size_for_vit": vision.get("spatial_merge_size", 2)}
+    return [f"{k}={v}" for k, v in values.items()]
 
 
 def maxtext_sizes(scan: bool) -> list[str]:
@@ -154,7 +181,26 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return lines[-1][:200] if lines else f"exit {result.returncode}"
 
 
-def compare_case(name: str, scan: bool, devices: int, hf: Path) -> dict:
+def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
+    from ckptconv.commands import synth
+
+    config = synth.SynthModel(model_type="qwen3_vl", num_layers=2, vocab_size=300).config()
+    config["vision_config"].update(QWEN3_VL_VISION)
+    path = WORK / "qwen3-vl-config.json"
+    path.write_text(json.dumps(config))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
+
+
+def refusal(hf: Path) -> dict:
+    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
+    dst = WORK / "qwen3-vl-scan-refused"
+    shutil.rmtree(dst, ignore_errors=True)
+    result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
+                  "--scan-layers"], WORK / "qwen3-vl-scan-refused.log")
+    return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
+
+
+def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> dict:
     root = WORK / name
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -162,11 +208,16 @@ def compare_case(name: str, scan: bool, devices: int, hf: Path) -> dict:
     layout = ["--devices", str(devices), "--scan-layers" if scan else "--no-scan-layers", "--multimodal"]
     mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", *layout],
                root / "ckptconv.log")
-    mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", "gemma3-4b", hf, theirs, *maxtext_sizes(scan), "--",
-              "--lazy_load_tensors=false", "--eager_load_method=transformers",
+    if family == "gemma3":
+        model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
+    else:
+        model, loader = "qwen3-vl-2b", "safetensors"
+        sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
+    mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
+              "--lazy_load_tensors=false", f"--eager_load_method={loader}",
               f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
              root / "maxtext.log", env={**MT_ENV, "HF_HOME": str(WORK / "hf-home")})
-    row = {"case": name, "scan": scan, "devices": devices, "ckptconv_exit": mine.returncode,
+    row = {"case": name, "family": family, "scan": scan, "devices": devices, "ckptconv_exit": mine.returncode,
            "maxtext_exit": mt.returncode}
     if mine.returncode or mt.returncode:
         return row | {"error": last_line(mine if mine.returncode else mt)}
@@ -196,24 +247,8 @@ def logits_case(hf: Path) -> dict:
     return json.loads(fwd.stdout.strip().splitlines()[-1])
 
 
-def write(rows: list[dict], logits: dict | None, path: Path) -> None:
-    lines = [
-        "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
-        "",
-        f"Written by `bench/gemma3_vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
-        "",
-        "## Gemma 3 (SigLIP tower + multimodal projector)",
-        "",
-        "A tiny random `Gemma3ForConditionalGeneration` made by transformers' own class (7 decoder layers, hidden 48; "
-        "tower: 2 layers, hidden 32, 2 heads, MLP 64, 896x896 image in 56x56 patches = 256 positions), weights "
-        "rounded to bfloat16, stored with the releases' names (`language_model.model.*`, "
-        "`vision_tower.vision_model.*`, `multi_modal_projector.*`). Converted by `ckptconv convert --multimodal` and "
-        "by MaxText's `to_maxtext` with `use_multimodal=true` (eager `transformers` loader, as its Gemma 3 mapping "
-        "expects), both bfloat16; restored with Orbax and compared bit for bit.",
-        "",
-        "| case | scan | devices | leaves | MiB | result | metadata that differs |",
-        "|---|---|---|---|---|---|---|",
-    ]
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | - | - | failed (ckptconv exit "
@@ -223,22 +258,66 @@ def write(rows: list[dict], logits: dict | None, path: Path) -> None:
             f"DIFFERENT: {r['value_mismatches'] or r['only_in_ckptconv'] or r['only_in_maxtext']}")
         lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | "
                      f"{result} | {', '.join(r['metadata_differences']) or 'none'} |")
-    lines += ["", "Leaves include MaxText's `step`; the tower and projector are 7 + 16 x 2 = 39 of them (the "
-              "`encoderblock_{i}` unscanned in both layouts, as MaxText's vision encoder has no scan).", ""]
-    if logits is not None:
-        lines += ["### MaxText's forward pass on ckptconv's checkpoint", "",
-                  "ckptconv `--multimodal --dtype float32 --devices 1` (scanned); MaxText 0.2.5's "
-                  "`model_creation_utils.from_pretrained` and one forward pass in float32 against transformers' "
-                  "float32 logits (tolerance 1e-4).", ""]
-        if "error" in logits:
-            lines.append(f"failed: `{logits['error']}`")
-        else:
-            lines += ["| input | tokens | max abs logit | max abs diff | within 1e-4 |", "|---|---|---|---|---|"]
-            for name, r in logits.items():
-                what = "text" if name == "text" else "text + one image (256 image tokens)"
-                lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | {r['max_abs_logits_diff']:.2e} "
-                             f"| {'yes' if r['ok'] else '**no**'} |")
-    lines += ["", "Raw rows: `bench/work/vision/results.json`.", ""]
+    return lines
+
+
+def write(results: dict, path: Path) -> None:
+    lines = [
+        "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
+        "",
+        f"Written by `bench/gemma3_vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(families run then: {', '.join(sorted(results.get('_ran', [])))}; others kept from earlier runs).",
+        "Each checkpoint: tiny, random, made by transformers' own class, weights rounded to bfloat16; converted by "
+        "`ckptconv convert --multimodal` and by MaxText's `to_maxtext` with `use_multimodal=true` (eager loader), "
+        "both bfloat16; restored with Orbax and compared bit for bit. Chunk shapes differ (ckptconv's are finer, "
+        "inside one device's shard); MaxText reads any. Leaf counts include MaxText's `step`.",
+        "",
+    ]
+    gemma = results.get("gemma3")
+    if gemma:
+        lines += [
+            "## Gemma 3 (SigLIP tower + multimodal projector)", "",
+            "7 decoder layers (hidden 64: sqrt(64) is exact in bfloat16, see the driver); tower: 2 layers, hidden 32, 2 heads, MLP 64, an 896x896 image in 56x56 "
+            "patches = 256 positions (MaxText's Gemma 3 vision path hard-codes 896x896 and 256 soft tokens). Stored "
+            "with the releases' names (`language_model.model.*`, `vision_tower.vision_model.*`, "
+            "`multi_modal_projector.*`); MaxText's `transformers` loader, as its Gemma 3 mapping expects.", "",
+            *table(gemma["rows"]), "",
+            "The tower and projector are 7 + 16 x 2 = 39 of the leaves; `encoderblock_{i}` are unscanned in both "
+            "layouts, as MaxText's vision encoder has no scan.", ""]
+        logits = gemma.get("logits")
+        if logits is not None:
+            lines += ["### MaxText's forward pass on ckptconv's checkpoint", "",
+                      "ckptconv `--multimodal --dtype float32 --devices 1` (scanned); MaxText 0.2.5's "
+                      "`model_creation_utils.from_pretrained` and one forward pass in float32 against transformers' "
+                      "float32 logits (tolerance 1e-4). The image input: random pixels, its 256 placeholder tokens "
+                      "between `<boi>` and `<eoi>`, bidirectional among themselves in both (`token_type_ids`; "
+                      "MaxText's placeholder mask).", ""]
+            if "error" in logits:
+                lines.append(f"failed: `{logits['error']}`")
+            else:
+                lines += ["| input | tokens | max abs logit | max abs diff | within 1e-4 |", "|---|---|---|---|---|"]
+                for name, r in logits.items():
+                    what = "text" if name == "text" else "text + one image (256 image tokens)"
+                    lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | "
+                                 f"{r['max_abs_logits_diff']:.2e} | {'yes' if r['ok'] else '**no**'} |")
+            lines.append("")
+    qwen = results.get("qwen3_vl")
+    if qwen:
+        refused = qwen.get("refusal", {})
+        lines += [
+            "## Qwen3-VL (dense): vision tower, deepstack mergers, merger", "",
+            "2 decoder layers (hidden 64); tower: 2 blocks, hidden 32, 2 heads, MLP 64, a deepstack merger after "
+            "each (`deepstack_visual_indexes` [0, 1]), made by `Qwen3VLForConditionalGeneration` "
+            "(`model.language_model.*`, `model.visual.*`). MaxText's model `qwen3-vl-2b`, its `safetensors` "
+            "loader. MaxText runs this path unscanned only (its config check refuses `scan_layers` with deepstack "
+            "indexes), so both rows are unscanned: on 16 devices and on 1.", "",
+            *table(qwen["rows"]), "",
+            f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
+            f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
+            f"    {refused.get('stderr', '')}", "",
+            "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
+            "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
 
@@ -251,30 +330,47 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(forward(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="gemma3,qwen3_vl", help="families to run (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
     parser.add_argument("--out", default=str(BENCH / "VISION.md"))
     args = parser.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
-    hf = WORK / "hf"
-    shutil.rmtree(hf, ignore_errors=True)
-    made = run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV)
-    if made.returncode:
-        print(last_line(made), file=sys.stderr)
-        return 1
-    rows = []
-    for name, scan, devices in CASES:
-        rows.append(compare_case(name, scan, devices, hf))
-        print(json.dumps(rows[-1]), flush=True)
-    logits = None if args.no_logits else logits_case(hf)
-    print(json.dumps(logits), flush=True)
-    (WORK / "results.json").write_text(json.dumps({"rows": rows, "logits": logits}, indent=2))
-    write(rows, logits, Path(args.out))
-    if not args.keep:
-        for name, _, _ in CASES:
-            shutil.rmtree(WORK / name / "maxtext", ignore_errors=True)
-    ok = all(r.get("identical") for r in rows) and (logits is None or all(
-        v.get("ok") for v in logits.values() if isinstance(v, dict)))
+    saved = WORK / "results.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
+    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl")}  # earlier formats dropped
+    wanted = args.only.split(",")
+    results["_ran"] = wanted
+    ok = True
+    for family in wanted:
+        hf = WORK / f"hf-{family}"
+        shutil.rmtree(hf, ignore_errors=True)
+        made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
+                else make_qwen3_vl(hf))
+        if made.returncode:
+            print(last_line(made), file=sys.stderr)
+            return 1
+        rows = []
+        for name, case_family, scan, devices in CASES:
+            if case_family == family:
+                rows.append(compare_case(name, family, scan, devices, hf))
+                print(json.dumps(rows[-1]), flush=True)
+        entry = {"rows": rows}
+        if family == "gemma3" and not args.no_logits:
+            entry["logits"] = logits_case(hf)
+            print(json.dumps(entry["logits"]), flush=True)
+            ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
+        if family == "qwen3_vl":
+            entry["refusal"] = refusal(hf)
+            ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
+        results[family] = entry
+        ok &= all(r.get("identical") for r in rows)
+        if not args.keep:
+            for name, case_family, _, _ in CASES:
+                if case_family == family:
+                    shutil.rmtree(WORK / name / "maxtext", ignore_errors=True)
+    saved.write_text(json.dumps(results, indent=2))
+    write(results, Path(args.out))
     return 0 if ok else 1
 
 
