@@ -247,6 +247,41 @@ def logits_case(hf: Path) -> dict:
     return json.loads(fwd.stdout.strip().splitlines()[-1])
 
 
+def memory_case() -> dict:
+    """Peak RSS of ``convert --multimodal`` at Gemma 3 4B's widths (2 decoder layers, the release's whole SigLIP
+    tower: 27 layers, hidden 1152, MLP 4304, 4096 positions; 0.83 GB of tower) against ``plan``'s prediction."""
+    from ckptconv.commands import synth
+
+    class WithTower(synth.SynthModel):
+        def config(self) -> dict:
+            config = super().config()
+            config["vision_config"] = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                       "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                                       "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+            return config
+
+    src = WORK / "memory-src"
+    shutil.rmtree(src, ignore_errors=True)
+    synth.write_checkpoint(WithTower(model_type="gemma3", vocab_size=262208, hidden_size=2560, num_layers=2,
+                                     num_heads=8, num_kv_heads=4, head_dim=256, intermediate_size=10240,
+                                     encoders=True), str(src))
+    rows = []
+    for devices in (16, 1):
+        dst = WORK / f"memory-dst{devices}"
+        shutil.rmtree(dst, ignore_errors=True)
+        flags = ["--multimodal", "--devices", str(devices)]
+        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "memory-plan.log")
+        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
+                   WORK / "memory-convert.log")
+        report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
+        rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
+                     "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
+                     "leaves": report.get("leaves"), "exit": done.returncode})
+        shutil.rmtree(dst, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    return {"rows": rows}
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -301,6 +336,18 @@ def write(results: dict, path: Path) -> None:
                     lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | "
                                  f"{r['max_abs_logits_diff']:.2e} | {'yes' if r['ok'] else '**no**'} |")
             lines.append("")
+    memory = results.get("memory")
+    if memory:
+        lines += ["### Memory at the release's tower widths", "",
+                  "`convert --multimodal` of Gemma 3 4B's widths (2 decoder layers) with the release's whole SigLIP "
+                  "tower (27 layers, hidden 1152, MLP 4304, 4096 positions: 0.83 GB of the checkpoint), peak RSS "
+                  "as the report measures it against `plan`'s prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in memory["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
     qwen = results.get("qwen3_vl")
     if qwen:
         refused = qwen.get("refusal", {})
@@ -330,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(forward(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl", help="families to run (others kept from results.json)")
+    parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
+                        help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
     parser.add_argument("--out", default=str(BENCH / "VISION.md"))
@@ -338,11 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "memory")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
     for family in wanted:
+        if family == "memory":
+            results["memory"] = memory_case()
+            print(json.dumps(results["memory"]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["memory"]["rows"])
+            continue
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
