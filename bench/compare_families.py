@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
-from ckptconv.families import olmo3  # noqa: E402
+from ckptconv.families import gemma4, olmo3  # noqa: E402
 from tests import hub_checkpoints  # noqa: E402
 
 
@@ -121,6 +121,12 @@ def overrides(case: Case) -> list[str]:
     if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "qwen3_vl_moe", "qwen3_omni_moe"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
+    if model_type == "gemma4":  # the global layers' sizes; 26B-A4B: routed experts beside the dense MLP (shared)
+        values |= {"global_head_dim": text["global_head_dim"],
+                   "global_num_kv_heads": text["num_global_key_value_heads"], "use_multimodal": "false"}
+        if text.get("enable_moe_block"):
+            values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["top_k_experts"],
+                       "base_moe_mlp_dim": text["moe_intermediate_size"], "shared_experts": 1}
     if model_type in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe"):  # the text decoder only (MaxText's default: not)
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         values |= {"use_multimodal": "false", "mrope_section": json.dumps(rope["mrope_section"]).replace(" ", "")}
@@ -149,6 +155,12 @@ QWEN3_VL_MOE = synth.SynthModel(model_type="qwen3_vl_moe", num_layers=4, num_exp
                                 tie_word_embeddings=False, vocab_size=300)
 QWEN3_OMNI = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=4, num_experts=4, moe_intermediate_size=48,
                               tie_word_embeddings=False, vocab_size=300)
+# Gemma 4: 31B's dense layout and 26B-A4B's MoE one (two blocks of 5 sliding + 1 full), made by transformers' own
+# Gemma4ForConditionalGeneration (vision tower beside the decoder), the config.json in the releases' spelling
+# (widths whose sqrt is not a float32 value: the embedding's scale rounds as MaxText's does, or the case differs)
+GEMMA4_31B = synth.SynthModel(model_type="gemma4", **{**gemma4.DENSE_TINY, "vocab_size": 300, "hidden_size": 48})
+GEMMA4_26B = synth.SynthModel(model_type="gemma4", **{**gemma4.MOE_TINY, "vocab_size": 300, "hidden_size": 80,
+                                                      "num_layers": 12})
 # MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
 V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
@@ -255,6 +267,12 @@ CASES = [
     Case("qwen3-vl-moe-vs-restacked", QWEN3_VL_MOE, "qwen3-vl-30b-a3b", maker="transformers", maxtext_unscanned=True),
     Case("qwen3-omni", QWEN3_OMNI, "qwen3-omni-30b-a3b", maker="transformers"),
     Case("qwen3-omni-noscan-1dev", QWEN3_OMNI, "qwen3-omni-30b-a3b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    Case("gemma4-31b", GEMMA4_31B, "gemma4-31b", maker="transformers"),
+    Case("gemma4-31b-noscan-1dev", GEMMA4_31B, "gemma4-31b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    Case("gemma4-26b-a4b", GEMMA4_26B, "gemma4-26b", maker="transformers"),
+    Case("gemma4-26b-a4b-noscan-1dev", GEMMA4_26B, "gemma4-26b", scan=False, devices=1, loader="safetensors",
          maker="transformers"),
     Case("olmo3-32b-yarn-hub", OLMO3_YARN, "olmo3-32b"),
     Case("olmo3-32b-yarn-hub-noscan-1dev", OLMO3_YARN, "olmo3-32b", scan=False, devices=1, loader="safetensors"),

@@ -24,6 +24,11 @@ TOKENS = [3, 17, 101, 42, 7, 200, 9, 64, 5, 33, 250, 11]
 # transformers 5 holds these fused experts as (experts, 2 * mlp, emb) / (experts, emb, mlp) and save_pretrained
 # writes that; the releases (and MaxText's converter) have (experts, emb, 2 * mlp) / (experts, mlp, emb)
 HUB_EXPERTS_TRANSPOSED = {"qwen3_vl_moe": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")}
+# transformers 5.25 saves Gemma 4's global layer sizes as ``per_layer_config``; the releases' config.json (and
+# ckptconv's reader) spell them ``global_head_dim`` / ``num_global_key_value_heads``: the input config is kept
+HUB_CONFIG_KEPT = ("gemma4",)
+# model types AutoModelForCausalLM would build without their multimodal wrapper: the class architectures names
+WRAPPED = ("gemma4",)
 
 
 def hub_expert_layout(out: Path) -> None:
@@ -54,7 +59,8 @@ def main() -> None:
     fields = json.loads(Path(args.config).read_text())
     config = transformers.AutoConfig.for_model(**fields)
     torch.manual_seed(args.seed)
-    if args.cls:
+    if args.cls or fields["model_type"] in WRAPPED:
+        args.cls = args.cls or fields["architectures"][0]
         model = getattr(transformers, args.cls)(config).to(torch.float32).eval()
     else:
         try:
@@ -66,12 +72,17 @@ def main() -> None:
         for tensor in list(model.parameters()):
             noise = torch.randn(tensor.shape) * (0.05 if tensor.ndim > 1 else 0.1)
             tensor.copy_((tensor + noise if tensor.ndim == 1 else noise).to(torch.bfloat16).to(torch.float32))
+        for name, buffer in model.named_buffers():  # Gemma 4's per-layer output scale: not 1, so a lost one shows
+            if name.endswith("layer_scalar"):
+                buffer.copy_((buffer + torch.rand(buffer.shape) * 0.5).to(torch.bfloat16).to(torch.float32))
         tokens = [t % text.vocab_size for t in TOKENS]
         logits = getattr(model, "thinker", model)(torch.tensor([tokens])).logits[0].numpy()  # Omni: the thinker's
     out = Path(args.out)
     model.to(torch.bfloat16).save_pretrained(str(out))
     if fields["model_type"] in HUB_EXPERTS_TRANSPOSED:
         hub_expert_layout(out)
+    if fields["model_type"] in HUB_CONFIG_KEPT:
+        (out / "config.json").write_text(json.dumps(fields, indent=2))
     np.save(out / "hf_logits.npy", logits)
     np.save(out / "hf_tokens.npy", np.asarray(tokens, np.int32))
     print(json.dumps({"class": type(model).__name__, "tensors": len(model.state_dict()),

@@ -64,6 +64,17 @@ CASES += [Case(f"{name}-{'scan' if scan else 'noscan'}", model_type, maxtext_mod
               ("qwen3-omni", "qwen3_omni_moe", "qwen3-omni-30b-a3b", QWEN3_MM_MOE))
           for scan in (True, False)]
 
+# Gemma 4: 31B's dense layout and 26B-A4B's MoE one (12 layers: two blocks of 5 sliding + 1 full; global layers with
+# their own head dim and KV heads, keys as values), Gemma4ForConditionalGeneration with its vision tower; a sliding
+# window shorter than the 12 tokens so the sliding layers really mask
+GEMMA4 = {"num_layers": 12, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+          "intermediate_size": 96, "vocab_size": 300, "config_overrides": {"sliding_window": 5}}
+GEMMA4_MOE = GEMMA4 | {"num_experts": 4, "moe_intermediate_size": 32}
+CASES += [Case(f"{name}-{'scan' if scan else 'noscan'}", "gemma4", maxtext_model, scan, sizes)
+          for name, maxtext_model, sizes in (("gemma4-31b", "gemma4-31b", GEMMA4),
+                                             ("gemma4-26b-a4b", "gemma4-26b", GEMMA4_MOE))
+          for scan in (True, False)]
+
 
 def hf_config(case: Case) -> dict:
     from ckptconv.commands import synth
@@ -89,6 +100,8 @@ def maxtext_overrides(config: dict, scan: bool = True) -> dict:
     """MaxText settings that give its model this checkpoint's sizes and run-time behaviour."""
     if config["model_type"] in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe"):
         return multimodal_overrides(config, scan)
+    if config["model_type"] == "gemma4":
+        return gemma4_overrides(config["text_config"])
     heads = config["num_attention_heads"]
     values = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": heads,
               "base_num_kv_heads": config["num_key_value_heads"],
@@ -127,6 +140,25 @@ def multimodal_overrides(config: dict, scan: bool) -> dict:
     return values
 
 
+def gemma4_overrides(text: dict) -> dict:
+    """Gemma 4's text decoder: sizes and run-time settings from its text config; MaxText's own vocabulary (the
+    checkpoint's embedding is padded to it), the vision tower off."""
+    rope = text["rope_parameters"]
+    values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "global_head_dim": text["global_head_dim"], "global_num_kv_heads": text["num_global_key_value_heads"],
+              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": text["num_hidden_layers"],
+              "normalization_layer_epsilon": text["rms_norm_eps"], "sliding_window_size": text["sliding_window"],
+              "local_rope_max_timescale": rope["sliding_attention"]["rope_theta"],
+              "global_rope_max_timescale": rope["full_attention"]["rope_theta"],
+              "global_rope_proportion": rope["full_attention"]["partial_rotary_factor"],
+              "final_logits_soft_cap": text["final_logit_softcapping"], "use_multimodal": "false"}
+    if text.get("enable_moe_block"):
+        values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["top_k_experts"],
+                   "base_moe_mlp_dim": text["moe_intermediate_size"], "shared_experts": 1}
+    return values
+
+
 # --- in MaxText's venv -----------------------------------------------------------------------
 
 def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
@@ -152,6 +184,8 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
     ids = jnp.asarray(tokens[None], jnp.int32)
     positions = jnp.arange(len(tokens), dtype=jnp.int32)[None]
     logits = np.asarray(model(ids, positions, jnp.ones_like(ids), enable_dropout=False), np.float32)[0]
+    Path(work).mkdir(parents=True, exist_ok=True)
+    np.save(Path(work) / "maxtext_logits.npy", logits)
     hf = np.load(Path(hf_dir) / "hf_logits.npy")
     diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
     return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}

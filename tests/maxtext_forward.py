@@ -323,6 +323,8 @@ def forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> 
     """Logits (T, vocab) for one sequence of ``tokens``."""
     if sem.layout in ("qwen3_next", "qwen3_5"):  # the hybrid stack: its own forward, below
         return hybrid_forward(params, tokens, sem, scan=scan)
+    if sem.layout == "gemma4":
+        return gemma4_forward(params, tokens, sem, scan=scan)
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     embedding = f32(params["token_embedder"]["embedding"])
     x = embedding[tokens]
@@ -506,3 +508,85 @@ def hybrid_forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bo
         x = x + _shared_expert_moe(h, p["mlp"], sem)
     x = _zero_centred_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
     return x @ f32(params["decoder"]["logits_dense"]["kernel"])
+
+
+# --- Gemma 4 (MaxText decoder_block gemma4) ----------------------------------------------------------------
+
+def gemma4_layer_params(decoder: dict, i: int, scan: bool) -> dict:
+    """HF layer ``i``'s parameters: unscanned ``layers_{i}``; scanned, blocks of 6 (``scanned_blocks/local_layers``
+    on axes (1, 2) = (block, position), ``scanned_blocks/global_layer`` on axis 1)."""
+    if not scan:
+        return decoder[f"layers_{i}"]
+    block, position = divmod(i, 6)
+    if position == 5:
+        return _take(decoder["scanned_blocks"]["global_layer"], block, 1)
+    return _take(_take(decoder["scanned_blocks"]["local_layers"], block, 1), position, 1)
+
+
+def _gemma4_attention(h, att, positions, sem: Semantics, local: bool):
+    """q/k RMSNorm (scaled), v RMSNorm (unscaled); keys serve as values where no value kernel is stored; RoPE on
+    halves (local: all of head_dim; global: its first ``partial_rotary_factor``, "proportional"); no query scaling."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
+    k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
+    v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"])) if "value" in att else k
+    q, k = rms_norm(q, att["query_norm"]["scale"], sem.eps), rms_norm(k, att["key_norm"]["scale"], sem.eps)
+    v = rms_norm(v, np.ones(v.shape[-1], np.float32), sem.eps)
+    head_dim = q.shape[-1]
+    inv_freq = rope_frequencies(head_dim, sem.extra["local_theta" if local else "global_theta"], None)
+    if not local:
+        inv_freq[int(sem.extra["partial_rotary_factor"] * head_dim // 2):] = 0.0
+    q, k = apply_rope(q, positions, inv_freq, False), apply_rope(k, positions, inv_freq, False)
+    groups = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) + np.triu(np.full((q.shape[0],) * 2, -np.inf), 1)
+    if local:
+        scores = scores + np.tril(np.full(scores.shape[-2:], -np.inf), -sem.sliding_window)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("thd,hde->te", np.einsum("hqk,khd->qhd", weights, v), f32(att["out"]["kernel"]))
+
+
+def _gemma4_moe(x, h, mlp, sem: Semantics):
+    """26B-A4B's feed-forward: the dense MLP (MaxText's shared expert) on the pre-FFW-normed ``h`` plus the routed
+    experts on the residual ``x``: router on RMSNorm(x) (unscaled) * pre_forward_scale_2 / sqrt(hidden), softmax,
+    top k renormalised and times per_expert_scale; experts on pre_feedforward_layernorm_2(x)."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    block, routed = mlp["moe_block"], mlp["moe_block"]["MoeBlock_0"]
+    shared = rms_norm(_mlp(h, block["shared_experts"], _gelu_tanh), mlp["post_feedforward_layernorm_1"]["scale"],
+                      sem.eps)
+    gate_in = rms_norm(x, np.ones(x.shape[-1], np.float32), sem.eps) * f32(mlp["pre_forward_scale_2"])
+    logits = (gate_in * np.float32(x.shape[-1] ** -0.5)) @ f32(routed["gate"]["kernel"])
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, : sem.top_k]
+    weights = np.take_along_axis(probs, top, axis=-1)
+    weights = weights / weights.sum(-1, keepdims=True) * f32(routed["per_expert_scale"])[top]
+    inputs = rms_norm(x, mlp["pre_feedforward_layernorm_2"]["scale"], sem.eps)
+    out = np.zeros_like(x)
+    wi_0, wi_1, wo = f32(routed["wi_0"]), f32(routed["wi_1"]), f32(routed["wo"])
+    for t in range(x.shape[0]):
+        for k in range(sem.top_k):
+            e = top[t, k]
+            out[t] += weights[t, k] * ((_gelu_tanh(inputs[t] @ wi_0[e]) * (inputs[t] @ wi_1[e])) @ wo[e])
+    return shared + rms_norm(out, mlp["post_feedforward_layernorm_2"]["scale"], sem.eps)
+
+
+def gemma4_forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
+    """Gemma 4's text decoder: 5 sliding + 1 full layers, each ending in ``layer_scalar``; Gemma's embedding and
+    tied, soft-capped logits."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    embedding = f32(params["token_embedder"]["embedding"])
+    x = embedding[tokens]
+    positions = np.arange(len(tokens), dtype=np.float64)
+    for i in range(sem.num_layers):
+        p = gemma4_layer_params(params["decoder"], i, scan)
+        h = rms_norm(x, p["pre_self_attention_norm"]["scale"], sem.eps)
+        h = _gemma4_attention(h, p["self_attention"], positions, sem, local=i % 6 != 5)
+        x = x + rms_norm(h, p["post_self_attention_norm"]["scale"], sem.eps)
+        h = rms_norm(x, p["pre_ffw_norm"]["scale"], sem.eps)
+        h = _gemma4_moe(x, h, p["mlp"], sem) if "moe_block" in p["mlp"] else _mlp(h, p["mlp"], _gelu_tanh)
+        x = (x + rms_norm(h, p["post_ffw_norm"]["scale"], sem.eps)) * f32(p["layer_scalar"])
+    x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
+    logits = x @ embedding.T / np.float32(math.sqrt(x.shape[-1]))
+    return np.tanh(logits / sem.final_softcap) * sem.final_softcap if sem.final_softcap else logits

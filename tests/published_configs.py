@@ -470,3 +470,45 @@ QWEN3_OMNI_30B_A3B = {'transformers_version': '5.25.0',
  'output_attentions': False}
 QWEN3_MULTIMODAL = {"qwen3-vl-2b": QWEN3_VL_2B, "qwen3-vl-4b": QWEN3_VL_4B, "qwen3-vl-30b-a3b": QWEN3_VL_30B_A3B,
                     "qwen3-omni-30b-a3b": QWEN3_OMNI_30B_A3B}
+
+
+# Gemma 4 (google/gemma-4-26B-A4B-it, -31B-it, -E2B-it), as MaxText 0.2.5 copies them
+# (checkpoint_conversion/utils/hf_model_configs.py); the vision tower's config shortened to what the text reader sees
+_GEMMA4_PATTERN = ["sliding_attention"] * 5 + ["full_attention"]
+_GEMMA4_ROPE = {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}}
+_GEMMA4_TEXT = {
+    "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True, "bos_token_id": 2, "dtype": "bfloat16",
+    "enable_moe_block": True, "eos_token_id": 1, "moe_intermediate_size": 704, "final_logit_softcapping": 30.0,
+    "global_head_dim": 512, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2816,
+    "hidden_size_per_layer_input": 0, "initializer_range": 0.02, "intermediate_size": 2112,
+    "layer_types": _GEMMA4_PATTERN * 5, "max_position_embeddings": 262144, "model_type": "gemma4_text",
+    "num_attention_heads": 16, "num_experts": 128, "num_global_key_value_heads": 2, "num_hidden_layers": 30,
+    "num_key_value_heads": 8, "num_kv_shared_layers": 0, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+    "rope_parameters": _GEMMA4_ROPE, "sliding_window": 1024, "tie_word_embeddings": True, "top_k_experts": 8,
+    "use_bidirectional_attention": "vision", "use_cache": True, "use_double_wide_mlp": False, "vocab_size": 262144,
+    "vocab_size_per_layer_input": 262144}
+_GEMMA4_WRAPPER = {
+    "architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None, "audio_token_id": 258881,
+    "boa_token_id": 256000, "boi_token_id": 255999, "dtype": "bfloat16", "eoa_token_id": 258883,
+    "eoa_token_index": 258883, "eoi_token_id": 258882, "eos_token_id": [1, 106], "image_token_id": 258880,
+    "initializer_range": 0.02, "model_type": "gemma4", "tie_word_embeddings": True,
+    "transformers_version": "5.5.0.dev0", "video_token_id": 258884, "vision_soft_tokens_per_image": 280,
+    "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "model_type": "gemma4_vision",
+                      "num_hidden_layers": 27, "num_attention_heads": 16, "patch_size": 16}}
+GEMMA4 = {
+    "gemma-4-26B-A4B-it": {**_GEMMA4_WRAPPER, "text_config": _GEMMA4_TEXT},
+    "gemma-4-31B-it": {**_GEMMA4_WRAPPER, "text_config": {
+        **_GEMMA4_TEXT, "enable_moe_block": False, "hidden_size": 5376, "intermediate_size": 21504,
+        "layer_types": _GEMMA4_PATTERN * 10, "num_attention_heads": 32, "num_experts": None,
+        "num_global_key_value_heads": 4, "num_hidden_layers": 60, "num_key_value_heads": 16, "top_k_experts": None,
+        "moe_intermediate_size": 704}},
+    "gemma-4-E2B-it": {**_GEMMA4_WRAPPER, "text_config": {
+        **_GEMMA4_TEXT, "attention_k_eq_v": False, "enable_moe_block": False, "hidden_size": 1536,
+        "hidden_size_per_layer_input": 256, "intermediate_size": 6144,
+        "layer_types": (["sliding_attention"] * 4 + ["full_attention"]) * 7, "num_attention_heads": 8,
+        "num_experts": None, "num_global_key_value_heads": None, "num_hidden_layers": 35, "num_key_value_heads": 1,
+        "num_kv_shared_layers": 20, "sliding_window": 512, "top_k_experts": None, "use_double_wide_mlp": True,
+        "moe_intermediate_size": None}},
+}

@@ -278,6 +278,46 @@ def llama4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     return leaves
 
 
+def gemma4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's gemma4 tree (Gemma4DecoderLayer; Gemma4ScannableBlock's nested scan: local_layers on axes (1, 2)
+    as (blocks, 5), global_layer on axis 1): global layers with their own head dim and KV heads and no value
+    kernel (share_kv_projections); MoE layers (Gemma4MoE) with the dense MLP as the shared expert."""
+    t = m.config().get("text_config", m.config())
+    emb, heads, mlp = t["hidden_size"], t["num_attention_heads"], t["intermediate_size"]
+
+    def layer(hd: int, kv: int, value: bool) -> dict[str, tuple]:
+        tree = {"self_attention/query/kernel": (emb, heads, hd), "self_attention/key/kernel": (emb, kv, hd),
+                "self_attention/out/kernel": (heads, hd, emb), "self_attention/query_norm/scale": (hd,),
+                "self_attention/key_norm/scale": (hd,), "pre_self_attention_norm/scale": (emb,),
+                "post_self_attention_norm/scale": (emb,), "pre_ffw_norm/scale": (emb,), "post_ffw_norm/scale": (emb,),
+                "layer_scalar": (1,)}
+        if value:
+            tree["self_attention/value/kernel"] = (emb, kv, hd)
+        dense = {"wi_0/kernel": (emb, mlp), "wi_1/kernel": (emb, mlp), "wo/kernel": (mlp, emb)}
+        if not t.get("enable_moe_block"):
+            return tree | {f"mlp/{k}": v for k, v in dense.items()}
+        experts, moe = t["num_experts"], t["moe_intermediate_size"]
+        tree |= {f"mlp/moe_block/shared_experts/{k}": v for k, v in dense.items()}
+        routed = {"gate/kernel": (emb, experts), "wi_0": (experts, emb, moe), "wi_1": (experts, emb, moe),
+                  "wo": (experts, moe, emb), "per_expert_scale": (experts,)}
+        tree |= {f"mlp/moe_block/MoeBlock_0/{k}": v for k, v in routed.items()} | {"mlp/pre_forward_scale_2": (emb,)}
+        return tree | {f"mlp/{n}/scale": (emb,) for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                                                            "post_feedforward_layernorm_2")}
+
+    local = layer(t["head_dim"], t["num_key_value_heads"], True)
+    full = layer(t["global_head_dim"], t["num_global_key_value_heads"], False)
+    layers = t["num_hidden_layers"]
+    tree = {"token_embedder/embedding": (262144, emb), "decoder/decoder_norm/scale": (emb,)}
+    if not scan:
+        for i in range(layers):
+            tree |= {f"decoder/layers_{i}/{k}": v for k, v in (full if i % 6 == 5 else local).items()}
+    else:
+        blocks = layers // 6
+        tree |= {f"decoder/scanned_blocks/local_layers/{k}": (v[0], blocks, 5, *v[1:]) for k, v in local.items()}
+        tree |= {f"decoder/scanned_blocks/global_layer/{k}": stacked(v, blocks) for k, v in full.items()}
+    return {f"params/params/{k}": v for k, v in tree.items()}
+
+
 # MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
 MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
@@ -288,6 +328,7 @@ MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple
     "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "llama4": lambda mt, m, scan: llama4_leaves(m, scan),
+    "gemma4": lambda mt, m, scan: gemma4_leaves(m, scan),
     # the multimodal wrappers' text decoders: MaxText's qwen3 / qwen3_moe decoder blocks (configs/models/qwen3-vl-*,
     # qwen3-omni-30b-a3b.yml), the same tree as the text-only model of the same sizes
     "qwen3_vl": lambda mt, m, scan: decoder_leaves("qwen3", replace(m, model_type="qwen3"), scan),
@@ -312,6 +353,9 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
     if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
         return synth.SynthModel(model_type=mt, num_layers=8, num_kv_heads=1,
                                 config_overrides={"rope_scaling": olmo3.YARN} if tied else {})
+    if mt.startswith("gemma4"):  # one block of 6; gemma4: 26B-A4B's MoE layers, gemma4_text: 31B's dense ones
+        return synth.SynthModel(model_type=mt, num_layers=6, vocab_size=96, num_experts=4 if mt == "gemma4" else 0,
+                                moe_intermediate_size=32)
     if mt.startswith("gemma"):
         return synth.SynthModel(model_type=mt, num_layers={"gemma2": 4}.get(mt, 8), vocab_size=96)
     if mt.startswith("llama4"):  # whole cycles of 4, Maverick's pattern (dense and MoE layers alternate)
@@ -400,10 +444,15 @@ def test_gemma3_scan_with_fewer_layers_than_a_block(tmp_path):
 def test_registry_is_consistent():
     assert len(BY_MODEL_TYPE) == sum(len(f.model_types) for f in FAMILIES), "a model_type is claimed twice"
     for family in FAMILIES:
-        hf_names = [rule.hf for rule in family.rules]
-        assert len(hf_names) == len(set(hf_names)), family.name
-        targets = [(rule.per_layer, output.path) for rule in family.rules for output in rule.outputs]
-        assert len(targets) == len(set(targets)), family.name
+        # one rule per name and per target in every layer kind (Gemma 4's q_proj is read by a local and a global
+        # rule, each in its own layers' shape: rules of disjoint kinds may share them)
+        kinds = {kind for rule in family.rules for kind in (rule.kinds or ())} or {None}
+        for kind in kinds:
+            rules = [rule for rule in family.rules if rule.kinds is None or kind in rule.kinds]
+            hf_names = [rule.hf for rule in rules]
+            assert len(hf_names) == len(set(hf_names)), (family.name, kind)
+            targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]
+            assert len(targets) == len(set(targets)), (family.name, kind)
         for rule in family.rules:
             assert rule.outputs and rule.hf_shape and all(isinstance(d, str) for d in rule.hf_shape)
             assert rule.when is always or rule.note, f"{rule.hf}: a conditional rule must say why it may be skipped"

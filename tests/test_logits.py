@@ -70,6 +70,13 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
     "gemma2": lambda m, t: Semantics(**_base(m, t), gemma=True, attn_softcap=t["attn_logit_softcapping"],
                                      final_softcap=t["final_logit_softcapping"], layout="gemma2"),
     "gemma3": lambda m, t: Semantics(**_base(m, t), gemma=True, runtime_query_scale=True, layout="gemma3"),
+    "gemma4": lambda m, t: Semantics(
+        family="gemma4", num_layers=m.num_layers, eps=t["rms_norm_eps"], theta=0.0, layout="gemma4",
+        final_softcap=t["final_logit_softcapping"], sliding_window=t["sliding_window"],
+        top_k=t.get("top_k_experts") or 0,
+        extra={"local_theta": t["rope_parameters"]["sliding_attention"]["rope_theta"],
+               "global_theta": t["rope_parameters"]["full_attention"]["rope_theta"],
+               "partial_rotary_factor": t["rope_parameters"]["full_attention"]["partial_rotary_factor"]}),
     "deepseek": lambda m, t: Semantics(**_base(m, t), moe="deepseek", top_k=t["num_experts_per_tok"],
                                        layout="deepseek", extra={
                                            "dense_layers": t["first_k_dense_replace"],

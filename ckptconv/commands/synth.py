@@ -112,6 +112,10 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# 1-D scales that multiply (norms; Gemma 4's layer_scalar and router scales), near 1 like trained models
+NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "router.per_expert_scale")
+
+
 def _layout(family: Family, spec) -> tuple | None:
     """The layer stacks the spec's tensors are named by: scanned, or unscanned for a model MaxText cannot scan
     (the same tensors); None where neither exists (``--multimodal`` for a config without encoders)."""
@@ -126,7 +130,7 @@ def _layout(family: Family, spec) -> tuple | None:
 def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """Random weights rounded to bf16 values; norms near 1 like trained models."""
     values = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02 if len(shape) > 1 else 0.1)
-    if len(shape) == 1 and name.endswith("norm.weight"):
+    if len(shape) == 1 and name.endswith(NEAR_ONE):
         values += np.float32(1.0)
     return values.astype(ml_dtypes.bfloat16).astype(dtype)
 

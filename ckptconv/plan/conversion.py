@@ -309,7 +309,11 @@ def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[La
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
     encoder_kinds = {stack.kind for stack in stacks if stack.encoder}  # an encoder's names are its own
     for stack in (s for s in stacks if not s.encoder):
-        for r in (r for r in kinded if stack.kind not in r.kinds and not r.kinds <= encoder_kinds):
+        # a name both kinds hold, in their own shapes (Gemma 4's q_proj: global layers' heads are wider), is
+        # checked by shape, not here
+        own = {r.hf for r in rules if r.per_layer and applies(r, stack)}
+        for r in (r for r in kinded
+                  if stack.kind not in r.kinds and r.hf not in own and not r.kinds <= encoder_kinds):
             for layer in stack.layers:
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
