@@ -21,7 +21,7 @@ from ckptconv.families.gemma3 import FAMILY
 from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
-from tests.test_export import assert_same, hf_tensors
+from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # two tower layers, 8 decoder layers (a scanned block of 6 and a remainder of 2); image 28 / patch 14: 4 positions
 MODEL = synth.SynthModel(model_type="gemma3", num_layers=8, vocab_size=96, encoders=True)
@@ -74,7 +74,7 @@ def test_multimodal_writes_the_tower_as_maxtext_and_exports_it_back(tmp_path, so
     }
     assert plan.not_converted == () and plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=4 if scan else 1, scan_layers=scan, progress="none",
+    convert(ConvertRequest(str(source), str(mt), devices=16 if scan else 1, scan_layers=scan, progress="none",
                            multimodal=True))
     report = json.loads((mt / "ckptconv-report.json").read_text())
     assert report["multimodal"] is True and report["not_converted"] == []

@@ -18,7 +18,7 @@ from ckptconv.commands.verification import verify
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
-from tests.test_export import assert_same, hf_tensors
+from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # the synthetic tower: 1 block, hidden 32, 2 heads of 16, MLP 64, deepstack at block 0, merged width 4 x 32 = 128
 MODEL = synth.SynthModel(model_type="qwen3_vl", num_layers=2, encoders=True)
@@ -57,7 +57,7 @@ def test_multimodal_is_unscanned_named_as_maxtext_and_exports_back(tmp_path, sou
     assert {path: shape for path, shape in leaves.items() if path[0] == "vision_encoder"} == TOWER
     assert plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=4, scan_layers=None, progress="none", multimodal=True))
+    convert(ConvertRequest(str(source), str(mt), devices=16, scan_layers=None, progress="none", multimodal=True))
     report = json.loads((mt / "ckptconv-report.json").read_text())
     assert report["scan_layers"] is False and report["multimodal"] is True
     assert verify(str(source), str(mt)).ok
