@@ -1,7 +1,12 @@
-"""Gemma 3's vision tower (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
+"""Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/gemma3_vision.py [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,memory] [--keep] [--no-logits]
+
+Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
+with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
+and ``--multimodal --scan-layers`` refused); ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
+For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
    rounded to bfloat16, saved by ``save_pretrained`` and its tower renamed to the releases' names
@@ -300,7 +305,7 @@ def write(results: dict, path: Path) -> None:
     lines = [
         "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
         "",
-        f"Written by `bench/gemma3_vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"Written by `bench/vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(families run then: {', '.join(sorted(results.get('_ran', [])))}; others kept from earlier runs).",
         "Each checkpoint: tiny, random, made by transformers' own class, weights rounded to bfloat16; converted by "
         "`ckptconv convert --multimodal` and by MaxText's `to_maxtext` with `use_multimodal=true` (eager loader), "
