@@ -18,7 +18,7 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import ml_dtypes
@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, Family, LayoutError
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError, multimodal
 from ckptconv.families.inputs import FP8_CHANNEL, FP8_KEPT
 
 
@@ -51,6 +51,7 @@ class SynthModel:
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
     extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
+    encoders: bool = False  # also the encoders the config describes (the rules' names, as --multimodal reads them)
 
     def config(self) -> dict:
         """The ``config.json`` the family writes for these sizes (its ``synthetic.config``), plus the overrides."""
@@ -90,25 +91,40 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
 
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")
-    try:
-        stacks = family.layout(spec, True)
-    except LayoutError:  # a model MaxText cannot scan: the unscanned layout names the same tensors
-        stacks = family.layout(spec, False)
+    stacks = None
+    if model.encoders and family.encoders:  # as the hub ships them, whether or not a conversion asks for them
+        with_encoders = replace(spec, values={**spec.values, MULTIMODAL: True})
+        stacks = _layout(family, with_encoders)
+        spec = spec if stacks is None else with_encoders  # None: this config has none (gemma3_text)
+    stacks = stacks or _layout(family, spec)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
-    for name, (_, shape) in expected.items():
+    for name, (rule, shape) in expected.items():
         join = family.join_for(name)
         if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
-        shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
+        # the hub nests the decoder, not the encoders (Qwen3-VL: model.language_model.* beside model.visual.*)
+        nested = hub and name.startswith(stored) and rule.when is not multimodal
+        shapes[hub + name[len(stored):] if nested else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
 
 # 1-D scales that multiply (norms; Gemma 4's layer_scalar and router scales), near 1 like trained models
 NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "router.per_expert_scale")
+
+
+def _layout(family: Family, spec) -> tuple | None:
+    """The layer stacks the spec's tensors are named by: scanned, or unscanned for a model MaxText cannot scan
+    (the same tensors); None where neither exists (``--multimodal`` for a config without encoders)."""
+    for scan in (True, False):
+        try:
+            return family.layout(spec, scan)
+        except LayoutError:
+            continue
+    return None
 
 
 def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -84,7 +84,8 @@ class Rule:
     ``hf`` may hold ``{layer}`` (a layer rule: paths are below the layer stack's prefix) and
     ``{expert}`` (one tensor per expert, stacked on a leading expert axis of each leaf).
     ``hf_shape`` names dimensions of the spec. ``kinds``: the layer kinds the rule applies to
-    (None: every layer), for models whose layers differ (DeepSeek's dense and MoE layers).
+    (None: every decoder layer), for models whose layers differ (DeepSeek's dense and MoE layers)
+    and for an encoder's layers (a vision tower's: see :attr:`LayerStack.encoder`).
     ``when`` false: the rule is inactive and its tensor, if present, is reported, not written
     (``lm_head.weight`` of a tied model).
     """
@@ -121,6 +122,11 @@ class LayerStack:
     ``kind`` selects the rules (see :attr:`Rule.kinds`). ``grid``: the layers fill several
     consecutive scan axes instead of one, row-major (MaxText's nested scans: Qwen3-Next's
     ``local_layers`` are (blocks, linear layers per block) on axes (1, 2)).
+
+    ``encoder``: the layers of an encoder beside the decoder (``--multimodal``: Gemma 3's SigLIP tower). Its
+    ``layers`` are the encoder's own indices (``{layer}`` in its rules counts the tower's layers, which the
+    decoder's ``num_layers`` says nothing about), and only rules naming its ``kind`` apply to it: the decoder's
+    kind-less rules (``kinds=None``) would otherwise be asked for in every vision layer.
     """
 
     prefix: tuple[str, ...]
@@ -129,6 +135,7 @@ class LayerStack:
     suffix: str = ""
     kind: str = "decoder"
     grid: tuple[int, ...] = ()
+    encoder: bool = False
 
     @property
     def stack_shape(self) -> tuple[int, ...]:
@@ -152,6 +159,12 @@ class LayerStack:
     def path(self, rule_path: tuple[str, ...]) -> tuple[str, ...]:
         head = rule_path[0] + self.suffix
         return (*self.prefix, head, *rule_path[1:])
+
+
+def applies(r: Rule, stack: LayerStack) -> bool:
+    """Whether layer rule ``r`` reads (and writes) the layers of ``stack``: the kinds it names, or, naming none,
+    every decoder stack (never an encoder's)."""
+    return stack.kind in r.kinds if r.kinds is not None else not stack.encoder
 
 
 def uniform_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:

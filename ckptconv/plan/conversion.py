@@ -20,7 +20,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, UnscannedOnly
+from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, UnscannedOnly, applies
 from ckptconv.families.inputs import (
     FP8_BLOCK, FP8_CHANNEL, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
@@ -182,7 +182,9 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
-    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
+    # rules whose sizes config.json does not give (Gemma 3's vision rules for a gemma3_text config) name nothing
+    sized = tuple(r for r in family.rules if set(r.hf_shape) <= spec.dims.keys())
+    inactive = expected_tensors(tuple(r for r in sized if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
@@ -292,7 +294,7 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
     """
     needed = 0
     for r in rules:
-        layers = sum(len(s.layers) for s in stacks if r.kinds is None or s.kind in r.kinds) if r.per_layer else 1
+        layers = sum(len(s.layers) for s in stacks if applies(r, s)) if r.per_layer else 1
         needed += (spec.dim("experts") if r.per_expert else 1) * layers
     if needed > 2 * stored + NAMED_MARGIN:
         experts = spec.dims.get("experts")
@@ -312,11 +314,13 @@ def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[La
     for stack in stacks:
         for layer in stack.layers:
             held[layer].add(stack.kind)
-    for stack in stacks:
+    encoder_kinds = {stack.kind for stack in stacks if stack.encoder}  # an encoder's names are its own
+    for stack in (s for s in stacks if not s.encoder):
         # a name both kinds hold, in their own shapes (Gemma 4's q_proj: global layers' heads are wider), is
         # checked by shape, not here
-        own = {r.hf for r in rules if r.per_layer and (r.kinds is None or stack.kind in r.kinds)}
-        for r in (r for r in kinded if stack.kind not in r.kinds and r.hf not in own):
+        own = {r.hf for r in rules if r.per_layer and applies(r, stack)}
+        for r in (r for r in kinded
+                  if stack.kind not in r.kinds and r.hf not in own and not r.kinds <= encoder_kinds):
             for layer in (i for i in stack.layers if not held[i] & r.kinds):
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
@@ -376,7 +380,7 @@ def _instances(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: Mo
             yield _instance(r, None, spec)
     for stack in stacks:
         for r in rules:
-            if r.per_layer and (r.kinds is None or stack.kind in r.kinds):
+            if r.per_layer and applies(r, stack):
                 yield _instance(r, stack, spec)
 
 

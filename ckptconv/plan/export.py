@@ -258,6 +258,9 @@ def _hf_names(like: Source, family: Family, names: list[str]) -> dict[str, str]:
                 if any(name.startswith(alias) for name in stored)]
     renamed = {}
     for name in names:
+        if name in stored:  # stored under the rules' own name (Qwen3-VL's model.visual.* beside model.language_model.*)
+            renamed[name] = name
+            continue
         prefix = next(((c, a) for c, a in prefixes if name.startswith(c)), None)
         renamed[name] = prefix[1] + name[len(prefix[0]):] if prefix else name
     return renamed
