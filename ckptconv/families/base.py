@@ -60,6 +60,7 @@ class Output:
     steps: tuple[Step, ...] = ()
     collection: str = "params"
     layer_axis: int = 1
+    dtype: str | None = None  # the leaf's own dtype whatever --dtype (a constant MaxText writes in float32)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Rule:
     when: Callable[[ModelSpec], bool] = always
     kinds: frozenset[str] | None = None
     note: str = ""  # why an inactive rule's tensor is not written (for the report)
+    integer: bool = False  # the tensor holds integers (DeepSeek-V4's token -> expert table), written as --dtype
 
     @property
     def per_layer(self) -> bool:

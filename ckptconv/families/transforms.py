@@ -253,6 +253,33 @@ class Add(Step):
 
 
 @dataclass(frozen=True)
+class Fill(Step):
+    """A 1-D leaf of the spec dimension ``size`` holding ``value`` everywhere, whatever the tensor read: for a
+    leaf the release has no tensor for and MaxText's converter writes a constant into (DeepSeek-V4's
+    ``mhc_norm`` scales, ones). The tensor read is whole and only places the leaf in its layer. No inverse:
+    export writes nothing back for it."""
+
+    size: str = "emb"
+    value: float = 1.0
+
+    @property
+    def exact(self) -> bool:
+        return False
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        return (spec.dim(self.size),)
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        return ((0, spec.dim(self.size)),)
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return np.full(box_shape(out_box), self.value, np.float32)
+
+
+@dataclass(frozen=True)
 class PerHead(Step):
     """Apply ``steps`` head by head to the last axis of a 2-D tensor that stays flat.
 
