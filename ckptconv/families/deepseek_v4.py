@@ -53,14 +53,14 @@ HASH, ROUTED = _kinds(mlp=("hash",)), _kinds(mlp=("moe",))
 CSA, HCA = _kinds(("csa",)), _kinds(("hca",))
 
 # One fused hyper-connection tensor -> MaxText's pre, post and res parts (k = hc_mult): ``fn`` (2k + k^2, k*emb)
-# transposed, its columns [0, k), [k, 2k), [2k, 2k + k^2); ``base`` (2k + k^2,) the same ranges, res as (k, k);
+# its rows [0, k), [k, 2k), [2k, 2k + k^2), each transposed; ``base`` (2k + k^2,) the same ranges, res as (k, k);
 # ``scale`` (3,) one element each.
 PARTS = (("pre", 0, "hc"), ("post", "hc", "hc"), ("res", "hc2", "hc_sq"))
 
 
 def _hyper_connection(hf: str, module: str) -> tuple[Rule, ...]:
     fn = Rule(L + f"{hf}_fn", ("hc_dim", "hc_emb"), tuple(
-        Output((module, f"{part}_alpha"), (TRANSPOSE, TakeRanges(f"{part}_alpha", -1, "hc_dim", start, width)))
+        Output((module, f"{part}_alpha"), (TakeRanges(f"{part}_alpha", 0, "hc_dim", start, width), TRANSPOSE))
         for part, start, width in PARTS))
     base = Rule(L + f"{hf}_base", ("hc_dim",), tuple(
         Output((module, f"{part}_beta"), (TakeRanges(f"{part}_beta", 0, "hc_dim", start, width),)
