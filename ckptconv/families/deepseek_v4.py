@@ -33,7 +33,9 @@ unit as MaxText's ``deepseek_dequantize.py`` does (:mod:`ckptconv.families.input
 
 from __future__ import annotations
 
-from ckptconv.families.base import Example, Family, LayerStack, LayoutError, Output, Rule, Sizes, Synthetic, rule
+from ckptconv.families.base import (
+    GIB, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
+)
 from ckptconv.families.decoder import KERNEL, make_spec
 from ckptconv.families.moe import read_experts
 from ckptconv.families.quantized import read_quantization
@@ -264,12 +266,27 @@ def synthetic_config(m: Sizes) -> dict:
 SMALL = {"num_layers": 5, "hidden_size": 128, "num_heads": 4, "head_dim": 64, "num_experts": 8,
          "moe_intermediate_size": 64, "vocab_size": 256}
 
+# DeepSeek-V4-Flash's FP8/FP4 release at its layer widths (hidden 4096, 64 heads of 512, q_lora 1024, 8 output groups
+# of 1024, the indexer's 64 heads of 128, experts of 2048; a smaller vocabulary): its 3 hash layers, an HCA and a CSA
+# layer with 8 of its 256 routed experts; ``full``: the whole release (43 layers, 256 experts, vocab 129280, its MTP
+# layer) planned from headers
+V4_WIDTHS = {"quantization": "fp8", "vocab_size": 16384, "hidden_size": 4096, "num_heads": 64, "head_dim": 512,
+             "num_experts": 8, "moe_intermediate_size": 2048, "num_layers": 5,
+             "config_overrides": {"q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64,
+                                  "index_head_dim": 128, "index_topk": 512, "num_experts_per_tok": 6,
+                                  "qk_rope_head_dim": 64, "sliding_window": 128}}
+V4_FULL = {**V4_WIDTHS, "vocab_size": 129280, "num_layers": 43, "num_experts": 256,
+           "config_overrides": {**V4_WIDTHS["config_overrides"], "num_nextn_predict_layers": 1,
+                                "max_position_embeddings": 1048576}}
+
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("deepseek_v4", SMALL),),
     # MaxText 0.2.5's forward pass on its own V4 conversion drifts from transformers' logits (the top token agrees):
     # the check is leaf equality with MaxText's conversion of the same checkpoint, scanned on 16 devices
     logits=(Example("deepseek_v4-maxtext", SMALL, devices=16, reference="maxtext"),),
+    memory=(MemoryExample("deepseek-v4-flash", V4_WIDTHS, bound=int(1.5 * GIB), source_bytes=GIB, full=V4_FULL,
+                          max_shard_bytes=5 * 10**9),),
 )
 
 FAMILY = Family(
