@@ -111,3 +111,48 @@ def test_damaged_scales_are_refused(tmp_path, damage, message):
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "mt").exists() or not any((tmp_path / "mt").iterdir())
+
+
+def dequantized(path) -> dict[str, np.ndarray]:
+    """The bfloat16 checkpoint MaxText's deepseek_dequantize.py writes for a V4 release (its other tensors cast)."""
+    stored = load_file(str(path))
+    out = {}
+    for name, tensor in stored.items():
+        if name.endswith(".scale"):
+            continue
+        scale = stored.get(name.removesuffix(".weight") + ".scale")
+        if scale is None:
+            out[name] = tensor.to(torch.float32).numpy().astype(BF16)
+            continue
+        s = scale.float().numpy()
+        if tensor.dtype == torch.int8:
+            u8 = tensor.view(torch.uint8).numpy()
+            values = np.stack([E2M1[u8 & 15], E2M1[u8 >> 4]], axis=-1).reshape(u8.shape[0], -1)
+            out[name] = (values * np.repeat(s, 32, axis=1)).astype(BF16)
+        else:
+            values = tensor.float().numpy()
+            full = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:values.shape[0], :values.shape[1]]
+            out[name] = (values * full).astype(BF16)
+    return out
+
+
+def test_fp8_fp4_release_exports_dequantised_bfloat16(tmp_path, scan=True):
+    """Export of a converted V4 release gives every tensor back as MaxText's dequantiser would write it (FP8 and FP4
+    weights decoded to bfloat16), and a config.json without quantization_config or expert_dtype."""
+    from safetensors.numpy import load_file as load_numpy
+
+    model = synth.for_family(deepseek_v4.FAMILY, {**deepseek_v4.SMALL, "quantization": "fp8"})
+    src, mt, hf = tmp_path / "src", tmp_path / "mt", tmp_path / "hf"
+    synth.write_checkpoint(model, str(src))
+    layout = ["--scan-layers" if scan else "--no-scan-layers", "--devices", "4", "--progress", "none"]
+    assert run_cli("convert", str(src), str(mt), *layout).returncode == 0
+    result = run_cli("export", str(mt), str(hf), "--like", str(src), "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    exported = {}
+    for file in sorted(hf.glob("*.safetensors")):
+        exported |= load_numpy(str(file))
+    want = dequantized(src / "model.safetensors")
+    assert sorted(exported) == sorted(want)
+    assert [n for n in want if exported[n].dtype != BF16 or exported[n].tobytes() != want[n].tobytes()] == []
+    config = json.loads((hf / "config.json").read_text())
+    assert "quantization_config" not in config and "expert_dtype" not in config
