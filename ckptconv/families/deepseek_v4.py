@@ -44,7 +44,6 @@ from ckptconv.read.spec import ConfigReader, ModelSpec
 
 L = "layers.{layer}."
 ATTENTION_KINDS = {0: "swa", 4: "csa", 128: "hca"}  # compress ratio -> MaxText's attention of the layer
-KINDS = tuple(f"{a}-{m}" for a in ATTENTION_KINDS.values() for m in ("hash", "moe"))
 
 
 def _kinds(attention: tuple[str, ...] = tuple(ATTENTION_KINDS.values()), mlp: tuple[str, ...] = ("hash", "moe")):
