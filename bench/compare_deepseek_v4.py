@@ -174,9 +174,12 @@ def write(rows: list[dict], ctx: dict) -> None:
 
 
 def main() -> int:
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None  # rerun one case, keep the other's
     ctx = setup_maxtext()
     WORK.mkdir(parents=True, exist_ok=True)
-    hub, deq, made = WORK / "hub-fp8", WORK / "hub-bf16", WORK / "synth"
+    saved = WORK / "rows.json"
+    kept = [r for r in json.loads(saved.read_text()) if r["case"] != only] if only and saved.exists() else []
+    hub, deq, made = WORK / "hub-fp8", WORK / "hub-bf16", WORK / "synth-hf"
     for directory in (hub, deq, made):
         shutil.rmtree(directory, ignore_errors=True)
     for cmd, log in (([ctx["mt_python"], str(BENCH / "hf_tiny_v4.py"), str(WORK / "hub-check"), "--bf16"], "check"),
@@ -187,8 +190,13 @@ def main() -> int:
             raise SystemExit(f"{' '.join(cmd)} failed: see {WORK / f'{log}.log'}")
     model = synth.for_family(deepseek_v4.FAMILY, deepseek_v4.SYNTHETIC.logits[0].model)
     synth.write_checkpoint(model, str(made))
-    rows = case(ctx, "hub", hub, deq, json.loads((hub / "config.json").read_text()))
-    rows += case(ctx, "synth", made, made, model.config())
+    rows = kept
+    if only in (None, "hub"):
+        rows += case(ctx, "hub", hub, deq, json.loads((hub / "config.json").read_text()))
+    if only in (None, "synth"):
+        rows += case(ctx, "synth", made, made, model.config())
+    rows.sort(key=lambda r: (r["case"] != "hub", r["layout"]))
+    saved.write_text(json.dumps(rows, indent=1))
     write(rows, ctx)
     return 0 if all(r.get("identical") or r["maxtext_exit"] for r in rows) else 1
 
