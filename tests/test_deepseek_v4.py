@@ -156,3 +156,15 @@ def test_fp8_fp4_release_exports_dequantised_bfloat16(tmp_path, scan=True):
     assert [n for n in want if exported[n].dtype != BF16 or exported[n].tobytes() != want[n].tobytes()] == []
     config = json.loads((hf / "config.json").read_text())
     assert "quantization_config" not in config and "expert_dtype" not in config
+
+
+def test_mtp_layer_is_reported_not_converted(tmp_path):
+    """The release's MTP layer (``num_nextn_predict_layers: 1``), stored as ``mtp.0.*`` or as the layer after the
+    last, is reported, not converted (as MaxText's deepseek4 drops it)."""
+    model = synth.SynthModel(**{**MODEL.__dict__, "config_overrides": {"num_nextn_predict_layers": 1},
+                                "extra_tensors": {"mtp.0.attn_norm.weight": (128,), "layers.5.ffn_norm.weight": (128,)}})
+    synth.write_checkpoint(model, str(tmp_path / "hf"))
+    result = run_cli("convert", str(tmp_path / "hf"), str(tmp_path / "mt"), "--progress", "none", "--no-scan-layers")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "mt" / "ckptconv-report.json").read_text())
+    assert [(e["what"], e["tensors"]) for e in report["not_converted"]] == [("multi-token prediction (MTP) layer", 2)]

@@ -231,7 +231,11 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
 
 
 def not_converted(spec: ModelSpec) -> tuple[tuple[str, str], ...]:
-    return tuple((f"mtp.{i}.", "multi-token prediction (MTP) layer") for i in range(spec.value("mtp_layers")))
+    """The MTP layer(s), named ``mtp.{i}.`` or stored as the layers after the last (MaxText's deepseek4 notes "the
+    44th layer (MTP module)"): the hub's naming is not known offline, so both are reported, neither converted."""
+    what = "multi-token prediction (MTP) layer"
+    return tuple(prefix for i in range(spec.value("mtp_layers"))
+                 for prefix in ((f"mtp.{i}.", what), (f"layers.{spec.num_layers + i}.", what)))
 
 
 def synthetic_config(m: Sizes) -> dict:
