@@ -152,6 +152,14 @@ class _Stored:
 def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_name: str, itemsize: int) -> list[_Stored]:
     """The stored tensors of one logical tensor: itself, or its quantised parts as the hub ships them."""
     kind = _quantized(model, name, shape)
+    if kind == "fp8-v4":  # e4m3 weight + one ue8m0 scale per 128x128 block named <module>.scale (DeepSeek-V4)
+        scale = tuple(-(-d // 128) for d in shape)
+        return [_Stored(name, "F8_E4M3", shape, name, 1),
+                _Stored(name.removesuffix(".weight") + ".scale", "F8_E8M0", scale, name, 1)]
+    if kind == "fp4":  # two E2M1 codes per int8 + one ue8m0 scale per 32 values of a row (DeepSeek-V4's experts)
+        rows, cols = shape
+        return [_Stored(name, "I8", (rows, cols // 2), name, 1),
+                _Stored(name.removesuffix(".weight") + ".scale", "F8_E8M0", (rows, cols // 32), name, 1)]
     if kind == "fp8":  # e4m3 weight + one float32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)
         scale = tuple(-(-d // 128) for d in shape)
         return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale_inv", "F32", scale, name, 4)]
@@ -187,6 +195,10 @@ def _keeps_scales(model: SynthModel) -> bool:
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
+    if model.quantization == "fp8" and model.model_type == "deepseek_v4":  # FP8 linear layers, FP4 routed experts
+        if ".ffn.experts." in name:
+            return "fp4"
+        return "fp8-v4" if name.endswith(_FP8_V4) else None
     if model.quantization == "fp8" and _keeps_scales(model):
         return None
     if model.quantization == "fp8" and _scheme(model) == FP8_CHANNEL:  # the linears compressed-tensors quantised
@@ -213,6 +225,10 @@ def _quantization_config(model: SynthModel) -> dict:
 # DeepSeek's FP8 releases: the linear layers of every layer, the indexer's two (V3.2); its weights_proj stays bf16
 _FP8_LINEAR = ("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight")
 _FP8_KEPT = ("indexer.weights_proj.weight",)
+# DeepSeek-V4's (as far as MaxText's deepseek4 config and transformers' quantizer tell: bench/hf_tiny_v4.py)
+_FP8_V4 = tuple(f"{m}.weight" for m in ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b",
+                                        "attn.indexer.wq_b", "shared_experts.w1", "shared_experts.w2",
+                                        "shared_experts.w3"))
 _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
 
 
@@ -272,6 +288,7 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")),
                   quantization.get("scale_fmt") == "ue8m0",
                   frozenset(e.name for e in entries if e.st_dtype == "F8_E4M3" and e.name + "_scale" in names))
+    make.v4_scales = frozenset(e.name for e in entries if e.st_dtype == "F8_E8M0")
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -309,6 +326,7 @@ class _Maker:
         self.rng, self.dtype, self.pool, self.ue8m0 = rng, dtype, pool, ue8m0
         self.row_scaled = row_scaled  # FP8 weights with one scale per row (compressed-tensors float-quantized)
         self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
+        self.v4_scales: frozenset[str] = frozenset()  # DeepSeek-V4's <module>.scale block scales (ue8m0)
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
     def chunks(self, entry: _Stored):
@@ -325,12 +343,19 @@ class _Maker:
         elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled:
             weight, scale = quantize_fp8_rows(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale"] = scale
+        elif entry.st_dtype == "F8_E4M3" and entry.name.removesuffix(".weight") + ".scale" in self.v4_scales:
+            weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)), True)
+            self.pending[entry.name.removesuffix(".weight") + ".scale"] = scale.astype(ml_dtypes.float8_e8m0fnu)
             yield weight.tobytes()
         elif entry.st_dtype == "F8_E4M3":
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)),
                                          self.ue8m0)
             self.pending[entry.name + "_scale_inv"] = scale
             yield weight.tobytes()
+        elif entry.st_dtype == "I8":  # FP4 codes: any byte is two valid codes
+            self.pending[entry.name.removesuffix(".weight") + ".scale"] = self.rng.integers(
+                118, 124, (entry.shape[0], entry.shape[1] // 16), dtype=np.uint8)  # ue8m0 2^-9 .. 2^-4
+            yield self.rng.integers(0, 256, entry.shape, dtype=np.uint8).tobytes()
         elif entry.name.endswith("_packed"):
             rows, words = entry.shape
             base = entry.name.removesuffix("_packed")

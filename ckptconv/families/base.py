@@ -75,6 +75,7 @@ class Output:
     steps: tuple[Step, ...] = ()
     collection: str = "params"
     layer_axis: int = 1
+    dtype: str | None = None  # the leaf's own dtype whatever --dtype (a constant MaxText writes in float32)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Rule:
     when: Callable[[ModelSpec], bool] = always
     kinds: frozenset[str] | None = None
     note: str = ""  # why an inactive rule's tensor is not written (for the report)
+    integer: bool = False  # the tensor holds integers (DeepSeek-V4's token -> expert table), written as --dtype
 
     @property
     def per_layer(self) -> bool:
@@ -222,6 +224,11 @@ class Example:
     test's id, unique across families. ``scan``/``devices``: how the test converts it (a round trip
     converts both scanned and not, on ``devices``). ``rounded``: tensor name endings a bfloat16 round
     trip gives back within one bfloat16 step rather than bit for bit (Gemma's ``1 + w`` norms).
+    ``reference`` (logit examples): what the converted leaves are checked against. ``transformers``: its logits,
+    which MaxText's forward pass on the leaves must reproduce (tests/test_logits.py). ``maxtext``: MaxText 0.2.5's
+    own conversion of the same checkpoint, leaf by leaf (digests its bench driver recorded,
+    ``tests/data/maxtext_leaves/<name>.json``; tests/test_maxtext_leaves.py), for a family whose MaxText forward
+    pass does not reproduce transformers' logits even on MaxText's own conversion (DeepSeek-V4).
     """
 
     name: str
@@ -229,6 +236,7 @@ class Example:
     scan: bool = True
     devices: int = 1
     rounded: tuple[str, ...] = ()
+    reference: str = "transformers"
 
 
 MIB, GIB = 2**20, 2**30  # for the examples' byte counts

@@ -329,6 +329,52 @@ class MXFP4(_Decoded):
         return np.ascontiguousarray(values.swapaxes(1, 2))
 
 
+# MaxText's DeepSeek dequantiser (deepseek_dequantize.py) decodes code 0b1000 to -0.0, its gpt-oss one to +0.0
+E2M1_SIGNED_ZERO = E2M1.copy()
+E2M1_SIGNED_ZERO[8] = -0.0
+FP4_GROUP = 32  # values of a row per ue8m0 scale (DeepSeek-V4's experts)
+
+
+@dataclass(frozen=True)
+class FP4Rows(_Decoded):
+    """DeepSeek-V4's routed experts: ``weight`` int8 (rows, cols / 2), two E2M1 codes per byte (low nibble first),
+    and ``scale`` (rows, cols / 32) ue8m0 (``float8_e8m0fnu``): value = code * scale[row, col // 32], the product in
+    float32 rounded once to bfloat16, as MaxText's ``deepseek_dequantize.py`` computes it. Reads take whole rows."""
+
+    weight: TensorInfo
+    scale: TensorInfo
+    whole_axes: ClassVar[tuple[int, ...]] = (1,)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.weight.shape[0], 2 * self.weight.shape[1])
+
+    @property
+    def decode_bytes(self) -> int:
+        return FLOAT32_BYTES + 1
+
+    def check(self, source: Source) -> None:
+        scale = _scales(source, self.scale).astype(np.float32)
+        bad = np.argwhere(~np.isfinite(scale))
+        if len(bad):
+            raise BadInputError(f"{self.scale.file}: {self.scale.name!r} holds a not-a-number scale at "
+                                f"{list(map(int, bad[0]))} (and {len(bad) - 1} more); FP4 scales must be finite")
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), (c0, c1) = box
+        if (c0, c1) != (0, self.shape[1]):
+            raise ValueError(f"{self.name}: FP4 reads take whole rows, not columns {c0}:{c1}")
+        packed = read_box(source, self.weight, ((r0, r1), (0, self.weight.shape[1]))).view(np.uint8)
+        scale = _scales(source, self.scale)[r0:r1].astype(np.float32)
+        out = np.empty((r1 - r0, c1), BF16)
+        for r in range(0, r1 - r0, DECODE_ROWS):
+            part = packed[r:r + DECODE_ROWS]
+            codes = np.stack([E2M1_SIGNED_ZERO[part & 0x0F], E2M1_SIGNED_ZERO[part >> 4]], axis=-1)
+            codes = codes.reshape(part.shape[0], -1, FP4_GROUP) * scale[r:r + DECODE_ROWS, :, None]
+            out[r:r + DECODE_ROWS] = codes.reshape(part.shape[0], -1)
+        return out
+
+
 INT4_GROUP = 32  # values per bfloat16 scale (Kimi-K2-Thinking's group_size; the config must say so)
 INT4_PER_WORD = 8  # 4-bit values per int32 word
 INT4_OFFSET = 8  # stored unsigned: code = value + 8
@@ -679,10 +725,18 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
     decodes only when its companions are there.
     """
     info = tensors.get(name)
-    if scheme == FP8_BLOCK and info is not None and info.dtype == FP8:
-        scale = tensors.get(name + "_scale_inv")
+    if scheme == FP8_BLOCK and info is not None and info.dtype in (FP8, np.int8):
+        # DeepSeek-V3's releases name a block scale ``<weight>_scale_inv``; DeepSeek-V4's ``<module>.scale``
+        scale_name = name + "_scale_inv"
+        if scale_name not in tensors and name.endswith(".weight"):
+            scale_name = name.removesuffix(".weight") + ".scale"
+        scale = tensors.get(scale_name)
         if scale is None:
-            raise BadInputError(f"{info.file}: FP8 tensor {name!r} has no {name + '_scale_inv'!r}")
+            raise BadInputError(f"{info.file}: {'FP8' if info.dtype == FP8 else 'FP4'} tensor {name!r} has no "
+                                f"{scale_name!r}")
+        if info.dtype == np.int8:  # DeepSeek-V4's FP4 experts, two codes per byte
+            _check_fp4(info, scale)
+            return FP4Rows(info, scale), (name, scale.name)
         _check_fp8(info, scale)
         return FP8Blocks(info, scale), (name, scale.name)
     if scheme == FP8_CHANNEL and info is not None and info.dtype == FP8:
@@ -710,11 +764,23 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
     return Plain(info), (name,)
 
 
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)  # DeepSeek-V4's ue8m0 scales
+
+
 def _check_fp8(weight: TensorInfo, scale: TensorInfo) -> None:
     expected = tuple(math.ceil(d / 128) for d in weight.shape)
-    if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16):
-        raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32 "
-                            f"or bfloat16 {list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+    if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16, E8M0):
+        raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32, "
+                            f"bfloat16 or ue8m0 {list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+
+
+def _check_fp4(weight: TensorInfo, scale: TensorInfo) -> None:
+    rows, half = weight.shape if len(weight.shape) == 2 else (0, 0)
+    expected = (rows, 2 * half // FP4_GROUP)
+    if len(weight.shape) != 2 or 2 * half % FP4_GROUP or scale.shape != expected or scale.dtype != E8M0:
+        raise BadInputError(f"{weight.file}: FP4 {weight.name!r} int8{list(weight.shape)} with scale {scale.dtype}"
+                            f"{list(scale.shape)}: expected ue8m0 {list(expected)} (one scale per {FP4_GROUP} values "
+                            "of a row)")
 
 
 def _check_fp8_channel(weight: TensorInfo, scale: TensorInfo) -> None:

@@ -459,7 +459,7 @@ def _scaled(name: str, found: Input, expected: dict) -> bool:
 
 
 def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: str | None) -> None:
-    for name, (_, shape) in expected.items():
+    for name, (rule, shape) in expected.items():
         found = inputs[name]
         if found.shape != shape:
             raise BadInputError(
@@ -469,6 +469,8 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: s
             if found.dtype != dtypes.SAFETENSORS["F8_E4M3"]:
                 raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, but the FP8 "
                                     f"release stores it as float8_e4m3fn with {name + '_scale_inv'!r}")
+            continue
+        if rule.integer and found.dtype.kind in "iu":
             continue
         if found.dtype not in dtypes.FLOAT_SOURCES:
             raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
@@ -501,14 +503,15 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         path = ("params", output.collection) + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
     dtype = dtypes.leaf_dtype(dtype, pieces[0].dtype)
-    leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
+    leaf_dtypes = [np.dtype(o.dtype) if o.dtype else dtype for o in r.outputs]
+    leaf_shapes = tuple(LeafShape(shape, axes, steps, d.itemsize) for (_, shape, axes, steps), d in zip(shapes, leaf_dtypes))
     try:
         tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,
                              order=pieces[0].order, whole=pieces[0].whole_axes)
     except Misaligned as err:
         raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
-    leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)
-                   for (path, shape, axes, steps), chunk in zip(shapes, tiling.chunks))
+    leaves = tuple(LeafPlan(path, shape, d, axes, steps, chunk)
+                   for (path, shape, axes, steps), chunk, d in zip(shapes, tiling.chunks, leaf_dtypes))
     return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 
