@@ -343,6 +343,7 @@ class _Maker:
         elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled:
             weight, scale = quantize_fp8_rows(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
             self.pending[entry.name + "_scale"] = scale
+            yield weight.tobytes()
         elif entry.st_dtype == "F8_E4M3" and entry.name.removesuffix(".weight") + ".scale" in self.v4_scales:
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)), True)
             self.pending[entry.name.removesuffix(".weight") + ".scale"] = scale.astype(ml_dtypes.float8_e8m0fnu)
