@@ -153,6 +153,8 @@ def _finish(cfg: ConfigReader, text: ConfigReader, dims: dict[str, int], layers:
     dims["gq"], dims["gkv"] = dims["heads"] * dims["ghd"], dims["global_kv_heads"] * dims["ghd"]
     dims["one"] = 1
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
+    for name in ("ple", "ple_all", "ple_vocab"):  # the per-layer embedder's rows, inactive without per-layer inputs
+        dims.setdefault(name, 0)
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
     values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": False, **values}
     return make_spec(cfg, "gemma4", dims, values, layers)
@@ -282,9 +284,10 @@ SYNTHETIC = Synthetic(
     memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
                           bound=GIB, source_bytes=2 * GIB,
                           full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),
-            # E4B widths, one block of 6 (the last 2 sharing keys and values); the release: 42 layers, 18 shared
+            # E4B widths, one block of 6 with per-layer inputs (shared layers hold less); the release: 42 layers,
+            # the last 18 sharing keys and values
             MemoryExample("gemma4-e4b-widths", {**WIDTHS_E4B, "num_layers": 6, "config_overrides": small.synthetic_fields(
-                6, 6, shared=2, ple=256, wide=False, vocab=262144)}, bound=GIB, source_bytes=2 * GIB,
+                6, 6, shared=0, ple=256, wide=False, vocab=262144)}, bound=GIB, source_bytes=2 * GIB,
                 full={**WIDTHS_E4B, "num_layers": 42, "config_overrides": small.synthetic_fields(
                     42, 6, shared=18, ple=256, wide=False, vocab=262144)}, max_shard_bytes=5 * 10**9)),
     hub_prefixes={"gemma4": ("model.", "model.language_model.")},

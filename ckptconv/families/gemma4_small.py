@@ -53,14 +53,15 @@ def is_small_spec(spec: ModelSpec) -> bool:
 
 
 EMBEDDER = ("decoder", "per_layer_embedder")
+NO_PLE = "E2B / E4B's per-layer embedder: config.json has no per-layer inputs"
 GLOBAL_ROWS = (
     # stored unscaled, as transformers' and MaxText's models both scale it by sqrt(ple) at run time
     rule("model.embed_tokens_per_layer.weight", (*EMBEDDER, "embed_tokens_per_layer"), ("ple_vocab", "ple_all"),
-         when=is_small_spec),
+         when=is_small_spec, note=NO_PLE),
     rule("model.per_layer_model_projection.weight", (*EMBEDDER, "per_layer_model_projection", "kernel"),
-         ("ple_all", "emb"), KERNEL, when=is_small_spec),
+         ("ple_all", "emb"), KERNEL, when=is_small_spec, note=NO_PLE),
     rule("model.per_layer_projection_norm.weight", (*EMBEDDER, "per_layer_projection_norm", "scale"), ("ple",),
-         when=is_small_spec),
+         when=is_small_spec, note=NO_PLE),
 )
 
 
