@@ -586,8 +586,8 @@ def _gemma4_per_layer_inputs(embedder: dict, tokens: np.ndarray, x: np.ndarray, 
     ple = embedder["per_layer_projection_norm"]["scale"].shape[0]
     identity = f32(embedder["embed_tokens_per_layer"])[tokens] * np.float32(ple ** 0.5)
     context = (x @ f32(embedder["per_layer_model_projection"]["kernel"])) * np.float32(x.shape[-1] ** -0.5)
-    context = rms_norm(context.reshape(len(tokens), sem.num_layers, ple), embedder["per_layer_projection_norm"]["scale"],
-                       sem.eps)
+    context = rms_norm(context.reshape(len(tokens), sem.num_layers, ple),
+                       embedder["per_layer_projection_norm"]["scale"], sem.eps)
     return (identity.reshape(len(tokens), sem.num_layers, ple) + context) * np.float32(2 ** -0.5)
 
 

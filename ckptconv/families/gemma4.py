@@ -259,6 +259,8 @@ E4B_TINY = {**DENSE_TINY, "config_overrides": small.synthetic_fields(12, 6, shar
 # inputs 256 wide over 262144 tokens; 42 layers (7 blocks of 5 + 1), the last 18 sharing keys and values
 WIDTHS_E4B = {"vocab_size": 262144, "hidden_size": 2560, "num_heads": 8, "num_kv_heads": 2, "head_dim": 256,
               "intermediate_size": 10240}
+E4B_BLOCK = small.synthetic_fields(6, 6, shared=0, ple=256, wide=False, vocab=262144)
+E4B_RELEASE = small.synthetic_fields(42, 6, shared=18, ple=256, wide=False, vocab=262144)
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     # the text model first (the LoRA test's adapter: PEFT cannot wrap the vision tower's Gemma4ClippableLinear)
@@ -286,10 +288,10 @@ SYNTHETIC = Synthetic(
                           full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),
             # E4B widths, one block of 6 with per-layer inputs (shared layers hold less); the release: 42 layers,
             # the last 18 sharing keys and values
-            MemoryExample("gemma4-e4b-widths", {**WIDTHS_E4B, "num_layers": 6, "config_overrides": small.synthetic_fields(
-                6, 6, shared=0, ple=256, wide=False, vocab=262144)}, bound=GIB, source_bytes=2 * GIB,
-                full={**WIDTHS_E4B, "num_layers": 42, "config_overrides": small.synthetic_fields(
-                    42, 6, shared=18, ple=256, wide=False, vocab=262144)}, max_shard_bytes=5 * 10**9)),
+            MemoryExample("gemma4-e4b-widths", {**WIDTHS_E4B, "num_layers": 6, "config_overrides": E4B_BLOCK},
+                          bound=GIB, source_bytes=2 * GIB,
+                          full={**WIDTHS_E4B, "num_layers": 42, "config_overrides": E4B_RELEASE},
+                          max_shard_bytes=5 * 10**9)),
     hub_prefixes={"gemma4": ("model.", "model.language_model.")},
 )
 
