@@ -19,6 +19,10 @@ holds the local layers on axes (1, 2) as (blocks, 5), ``decoder/scanned_blocks/g
 on axis 1. MaxText runs layer ``i`` as global iff ``i % 6 == 5`` while transformers forces the last layer global,
 so a layer count that is not a multiple of 6 is refused. The vision (and audio) towers are not part of MaxText's
 text decoder and are named in the report.
+
+E2B / E4B (per-layer inputs, shared KV layers; MaxText's ``gemma4_small``, unscanned only) share the model type:
+their rows, config checks and layout are :mod:`ckptconv.families.gemma4_small`'s, their layer kinds join the sets
+below.
 """
 
 from ckptconv.families import gemma4_small as small
