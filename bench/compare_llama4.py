@@ -9,8 +9,10 @@ vision tower); MaxText's two scripts on it (``bench/maxtext_llama4_tiny.py``: th
 devices): ``llama4_ckpt_unscanned.py`` (unscanned) and ``llama_or_mistral_ckpt.py`` (scanned); ckptconv
 unscanned on 1 and on 16 devices against the first, and scanned on 16 against the second and against the
 first's leaves restacked as MaxText's llama4 scan holds them (``decoder/layers/layers_{i % 4}``, cycle
-``i // 4`` on axis 1). The unscanned script's vision leaves (``vision_encoder``) are left out of the
-comparison: ckptconv does not convert the vision tower (the scanned script skips it too).
+``i // 4`` on axis 1). Without ``--multimodal`` the unscanned script's vision leaves (``vision_encoder``) are
+left out of the comparison; ckptconv ``--multimodal`` (vision model and projector) is compared with every leaf
+of the unscanned script (the scanned script skips the vision model), unscanned on 1 and 16 devices and scanned
+on 16 (its decoder restacked in cycles of 4; MaxText's vision layers are unscanned either way).
 Prints the rows as JSON and a Markdown table for ``bench/FAMILIES.md``. Work files: bench/work/llama4/.
 """
 
@@ -37,9 +39,14 @@ MODELS = {  # Maverick's pattern (dense and MoE layers alternate), Scout's (ever
                                  **SMALL),
     "scout": synth.SynthModel(model_type="llama4", num_layers=4, **SMALL),
 }
-# (ckptconv's layout, scan, devices, MaxText's output it is compared with, restacked in cycles of 4)
-OURS = (("noscan-1dev", False, 1, "maxtext-unscanned", False), ("noscan-16dev", False, 16, "maxtext-unscanned", False),
-        ("scan-16dev", True, 16, "maxtext-scanned", False), ("scan-16dev", True, 16, "maxtext-unscanned", True))
+# (ckptconv's layout, scan, devices, MaxText's output it is compared with, restacked in cycles of 4, --multimodal)
+OURS = (("noscan-1dev", False, 1, "maxtext-unscanned", False, False),
+        ("noscan-16dev", False, 16, "maxtext-unscanned", False, False),
+        ("scan-16dev", True, 16, "maxtext-scanned", False, False),
+        ("scan-16dev", True, 16, "maxtext-unscanned", True, False),
+        ("multimodal-noscan-1dev", False, 1, "maxtext-unscanned", False, True),
+        ("multimodal-noscan-16dev", False, 16, "maxtext-unscanned", False, True),
+        ("multimodal-scan-16dev", True, 16, "maxtext-unscanned", True, True))
 MAXTEXT_LAYOUTS = {("maxtext-unscanned", False): "llama4_ckpt_unscanned.py",
                    ("maxtext-scanned", False): "llama_or_mistral_ckpt.py (scanned)",
                    ("maxtext-unscanned", True): "llama4_ckpt_unscanned.py, restacked in cycles of 4"}
@@ -61,12 +68,12 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
         if made.returncode:
             return [{"case": name, "error": f"MaxText ({theirs}): {error_line(made)}"}]
     rows = []
-    for layout, scan, devices, theirs, restacked in OURS:
+    for layout, scan, devices, theirs, restacked, multimodal in OURS:
         out = root / f"ckptconv-{layout}"
         if not out.exists():
             mine = run([sys.executable, "-m", "ckptconv", "convert", root / "hf", out, "--progress", "none",
-                        "--devices", devices, "--scan-layers" if scan else "--no-scan-layers"],
-                       root / f"ckptconv-{layout}.log")
+                        "--devices", devices, "--scan-layers" if scan else "--no-scan-layers",
+                        *(["--multimodal"] if multimodal else [])], root / f"ckptconv-{layout}.log")
             if mine.returncode:
                 rows.append({"case": f"llama4-{name}-{layout}", "error": f"ckptconv: {error_line(mine)}"})
                 continue
@@ -74,13 +81,16 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
                "maxtext_layout": MAXTEXT_LAYOUTS[theirs, restacked]}
         restack = ["--stack-layers-of-b", "--cycle", "4"] if restacked else []
         result_file = root / f"compare-{layout}-{theirs}{'-restacked' if restacked else ''}.json"
-        run([ctx["mt_python"], BENCH / "compare_outputs.py", out, root / theirs, *restack, "--ignore-in-b", VISION,
+        ignore = [] if multimodal else ["--ignore-in-b", VISION]
+        run([ctx["mt_python"], BENCH / "compare_outputs.py", out, root / theirs, *restack, *ignore,
              "--json", result_file], result_file.with_suffix(".log"), ctx["mt_env"])
         result = json.loads(result_file.read_text())
         rows.append(row | {"identical": result["identical"], "leaves": result["leaves_compared"],
                            "bytes": result["bytes_compared"], "mismatches": result["value_mismatches"][:3],
                            "only_in_ckptconv": result["only_in_a"], "only_in_maxtext": result["only_in_b"],
                            "maxtext_vision_leaves_left_out": len(result["ignored_in_b"]),
+                           "vision_leaves_compared": 0 if not multimodal else sum(
+                               1 for leaf in result["leaves"] if leaf["leaf"].startswith(VISION)),
                            "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})})
     return rows
 

@@ -55,6 +55,13 @@ class InFlight:
     # with nodes no one reads again (OLMo 3 32B's block: peak 513 MiB with 100 MB, 411 MiB with 8 MB, in
     # the same wall time).
     ocdbt_cache_bytes: int = 8_000_000
+    # Tiles the writer gathers into one transaction, committed as one OCDBT data file (uncompressed
+    # bytes, held until the commit). Each tile committing alone made one data file per tile (<= 16 MiB;
+    # 114 holding chunks for Qwen3-0.6B's shape on 16 devices), and a restore from gs:// makes about two
+    # requests per (leaf, data file) pair it reads (bench/RESTORE.md). 64 MiB: 45 data files, conversion
+    # peak 405 -> 464 MiB. 128 MiB would halve the files again (23; gs:// requests at MaxText's on 16
+    # devices) but holds more than half of a 256 MiB leaf while writing it (tests/test_writer.py's bound).
+    data_file_bytes: int = 64 * 1024 * 1024
 
     @property
     def tiles_alive(self) -> int:

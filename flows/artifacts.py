@@ -113,9 +113,24 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
         ("admission", f"held {admission.get('held_gb', '?')} GB of `{admission.get('limit', '?')}` "
                       f"(limit {admission.get('limit_gb', '?')} GB)"),
         ("sharding", sharding),
+        ("restore", restore_text(report.get("restore"))),
         ("verify", _verify_text(verified, report)),
         ("attempts", str(report.get("attempts", 1))),
     ]
+
+
+def restore_text(figures: dict | None) -> str:
+    """What a TPU host pays to restore the checkpoint, from its stored layout (the report's ``restore``)."""
+    if not figures:
+        return "-"
+    if "error" in figures:
+        return f"layout not read: {_cell(figures['error'])}"
+    return (f"{figures['chunks']} chunks in {figures['data_files']} OCDBT data files (largest "
+            f"{human_bytes(figures['largest_data_file_bytes'])}); a host restoring device {figures['device']}'s shard "
+            f"makes {figures['device_reads']} storage reads ({human_bytes(figures['device_read_bytes'])}, "
+            f"{figures['device_chunks']} chunks in {figures['device_data_files']} data files), one host restoring all "
+            f"{figures['devices']} shards {figures['all_devices_reads']} (computed from the layout, ranges of one file "
+            f"closer than {human_bytes(figures['coalescing_bytes'])} read together, as Orbax's restore does)")
 
 
 def output_link(destination: str) -> str:
@@ -134,8 +149,8 @@ def output_link(destination: str) -> str:
 
 def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int,
             predicted: int | None = None, artifact_id: str | None = None) -> dict:
-    """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, retries, memory held and
-    when) and, for people, the model page's artifact id and the predicted peak."""
+    """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, the OCDBT data files and the
+    storage reads a host restoring device 0's shard makes, retries, memory held and when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
     admission = report.get("admission") or {}
     status = Status.FAILED if error else Status.SKIPPED if report.get("skipped") else Status.COMPLETE
@@ -145,6 +160,9 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "wall_seconds": report.get("child_seconds" if report.get("skipped") else "wall_seconds"),
         "peak_rss_mib": _round(report.get("peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
         "predicted_peak_mib": _round(predicted, MIB),
+        # what a TPU host pays to restore it (the report's ``restore``, computed from the stored layout)
+        "data_files": (report.get("restore") or {}).get("data_files"),
+        "device_restore_reads": (report.get("restore") or {}).get("device_reads"),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
         "artifact_id": artifact_id,

@@ -139,3 +139,23 @@ def test_demo_fails_when_an_artifact_it_names_is_missing(tmp_path, capsys):
     assert print_artifacts("m", found, tmp_path / "nowhere.svg") == 1
     assert print_artifacts("m", {**found, "conversion-m": SimpleNamespace(type="markdown", data="no headline")},
                            plot) == 1
+
+
+def test_model_page_says_what_a_host_pays_to_restore():
+    """The report's ``restore`` figures (computed from the stored layout) are a row of the model's page."""
+    job = Conversion("/src", "/dst", devices=16, name="qwen3-0-6b")
+    restore = {"chunks": 1136, "data_files": 20, "largest_data_file_bytes": 50 * MIB, "btree_nodes": 1, "devices": 16,
+               "device": 0, "device_chunks": 71, "device_data_files": 16, "device_reads": 23,
+               "device_read_bytes": 55 * MIB, "all_devices_reads": 22, "all_devices_read_bytes": 887 * MIB,
+               "coalescing_bytes": 1_000_000}
+    page = summary_markdown(job, {}, {**REPORT, "restore": restore}, VERIFIED, "13 leaves sharded")
+    row = next(line for line in page.splitlines() if line.startswith("| restore |"))
+    assert "1136 chunks in 20 OCDBT data files (largest 50 MiB)" in row
+    assert "device 0's shard makes 23 storage reads (55 MiB, 71 chunks in 16 data files)" in row
+    assert "all 16 shards 22" in row
+    assert "| restore | - |" in summary_markdown(job, {}, REPORT, VERIFIED, "13 leaves sharded")  # older reports
+    row = zoo_row(job, {**REPORT, "restore": restore}, None, 1)
+    assert (row["data_files"], row["device_restore_reads"]) == (20, 23)
+    assert (zoo_row(job, REPORT, None, 1)["data_files"], zoo_row(job, None, "x", 1)["device_restore_reads"]) == (None, None)
+    failed = summary_markdown(job, {}, {**REPORT, "restore": {"error": "OSError: gone"}}, VERIFIED, "x")
+    assert "| restore | layout not read: OSError: gone |" in failed

@@ -4,6 +4,7 @@ The expected trees are restated here from MaxText 0.2.5's own model (its abstrac
 tree, printed by building the model for each decoder block), not from ckptconv's tables.
 """
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
 from ckptconv.families.base import MIB, UnscannedOnly, always
-from ckptconv.plan.conversion import make_plan, read_spec
+from ckptconv.plan.conversion import make_plan, read_spec, with_encoders
 from ckptconv.read.sources import LocalSource
 
 MODEL_TYPES = [model_type for family in FAMILIES for model_type in family.model_types]  # every registered one
@@ -356,11 +357,74 @@ def unscanned_only(model: synth.SynthModel) -> bool:
 
 
 # MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
+def deepseek_v4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
+    """MaxText's deepseek4 tree, as its to_maxtext wrote it for a 5-layer model (bench/compare_deepseek_v4.py):
+    every layer's attention, mHC (pre/post/res parts and a float32 mhc_norm of k * emb), shared expert and routed
+    MoE; CSA layers a csa_compressor with its indexer, HCA layers an hca_compressor; the hash layers' tid2eid in
+    Tid2EidVar, the others' router bias under params/params (MaxText's own converter: MoEBiasVar). Scanned: the
+    hash layers unscanned, scanned_blocks/layers_0 the HCA layers and layers_1 the CSA ones, on axis 1 (the bias
+    and tid2eid on axis 0)."""
+    c = m.config()
+    emb, heads, hd, k = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["hc_mult"]
+    E, moe, V, ql = c["n_routed_experts"], c["moe_intermediate_size"], c["vocab_size"], c["q_lora_rank"]
+    og, ol, ih, ihd = c["o_groups"], c["o_lora_rank"], c["index_n_heads"], c["index_head_dim"]
+
+    def layer(ratio: int, hashed: bool) -> dict[str, tuple]:
+        out = {"pre_self_attention_layer_norm/scale": (emb,), "post_self_attention_layer_norm/scale": (emb,),
+               "self_attention/wq_a/kernel": (emb, ql), "self_attention/q_norm/scale": (ql,),
+               "self_attention/wq_b/kernel": (ql, heads, hd), "self_attention/wkv/kernel": (emb, 1, hd),
+               "self_attention/kv_norm/scale": (hd,), "self_attention/sinks": (heads,),
+               "self_attention/o_a_proj/kernel": (og, heads * hd // og, ol), "self_attention/o_b_proj/kernel": (og * ol, emb),
+               "mlp/MoeBlock_0/gate/kernel": (emb, E), "mlp/MoeBlock_0/wi_0": (E, emb, moe),
+               "mlp/MoeBlock_0/wi_1": (E, emb, moe), "mlp/MoeBlock_0/wo": (E, moe, emb),
+               "mlp/shared_experts/wi_0/kernel": (emb, moe), "mlp/shared_experts/wi_1/kernel": (emb, moe),
+               "mlp/shared_experts/wo/kernel": (moe, emb)}
+        for mod in ("mhc_attention", "mhc_mlp"):
+            out |= {f"{mod}/mhc_norm/scale": (k * emb,), f"{mod}/pre_alpha": (k * emb, k), f"{mod}/post_alpha": (k * emb, k),
+                    f"{mod}/res_alpha": (k * emb, k * k), f"{mod}/pre_beta": (k,), f"{mod}/post_beta": (k,),
+                    f"{mod}/res_beta": (k, k), **{f"{mod}/{p}_alpha_scale": (1,) for p in ("pre", "post", "res")}}
+        comp = {4: ("self_attention/csa_compressor", 2 * hd), 128: ("self_attention/hca_compressor", hd)}.get(ratio)
+        if comp:
+            out |= {f"{comp[0]}/gate_proj/kernel": (emb, comp[1]), f"{comp[0]}/kv_proj/kernel": (emb, comp[1]),
+                    f"{comp[0]}/kv_norm/scale": (hd,), f"{comp[0]}/position_bias": (ratio, comp[1])}
+        if ratio == 4:
+            i = "self_attention/csa_compressor/indexer"
+            out |= {f"{i}/gate_proj/kernel": (emb, 2 * ihd), f"{i}/kv_proj/kernel": (emb, 2 * ihd),
+                    f"{i}/kv_norm/scale": (ihd,), f"{i}/position_bias": (4, 2 * ihd),
+                    f"{i}/weights_proj/kernel": (emb, ih), f"{i}/q_proj/kernel": (ql, ih * ihd)}
+        return {f"params/params/{name}": shape for name, shape in out.items()} | (
+            {"params/Tid2EidVar/mlp/MoeBlock_0/tid2eid": (V, c["num_experts_per_tok"])} if hashed
+            else {"params/params/mlp/MoeBlock_0/gate/bias": (E,)})
+
+    def place(prefix: str, leaves: dict[str, tuple], count: int = 0) -> dict[str, tuple]:
+        out = {}
+        for name, shape in leaves.items():
+            collection, rest = name.split("/", 2)[1], name.split("/", 2)[2]
+            if count:
+                axis = 0 if rest.endswith(("gate/bias", "tid2eid")) else 1
+                shape = (*shape[:axis], count, *shape[axis:])
+            out[f"params/{collection}/decoder/{prefix}/{rest}"] = shape
+        return out
+
+    ratios, hashed = c["compress_ratios"], c["num_hash_layers"]
+    leaves = {"params/params/token_embedder/embedding": (V, emb), "params/params/decoder/decoder_norm/scale": (emb,),
+              "params/params/decoder/logits_dense/kernel": (emb, V), "params/params/decoder/hc_head/hc_fn": (k * emb, k),
+              "params/params/decoder/hc_head/hc_base": (k,), "params/params/decoder/hc_head/hc_scale": (1,)}
+    for i in range(len(ratios) if not scan else hashed):
+        leaves |= place(f"layers_{i}", layer(ratios[i], i < hashed))
+    if scan:
+        rest = len(ratios) - hashed
+        leaves |= place("scanned_blocks/layers_0", layer(128, False), rest // 2)
+        leaves |= place("scanned_blocks/layers_1", layer(4, False), rest // 2)
+    return leaves
+
+
 MAXTEXT_TREES: dict[str, Callable[[str, synth.SynthModel, bool], dict[str, tuple]]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3"), decoder_leaves),
     "deepseek": lambda mt, m, scan: deepseek_leaves(m, scan),
     "kimi_k25": lambda mt, m, scan: deepseek_leaves(m, scan),
     "gpt_oss": lambda mt, m, scan: gpt_oss_leaves(m, scan),
+    "deepseek_v4": lambda mt, m, scan: deepseek_v4_leaves(m, scan),
     "olmo3": lambda mt, m, scan: olmo3_leaves(m, scan),
     "qwen3_next": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
     "qwen3_5_moe": lambda mt, m, scan: hybrid_leaves(m.config(), scan),
@@ -385,6 +449,9 @@ def model_for(mt: str, tied: bool, layers: int = 3) -> synth.SynthModel:
     if mt == "deepseek_v2":  # no FP8 release: "tied" picks a model with a query LoRA (DeepSeek-V2's 236B)
         return synth.SynthModel(model_type=mt, num_layers=layers, num_experts=6, moe_intermediate_size=48,
                                 config_overrides={"q_lora_rank": 24} if tied else {})
+    if mt == "deepseek_v4":  # 3 hash layers, then an HCA and a CSA layer ("tied": 7 layers, two scanned pairs)
+        return synth.SynthModel(model_type=mt, num_layers=7 if tied else 5, hidden_size=128, num_heads=4, head_dim=64,
+                                num_experts=8, moe_intermediate_size=64, vocab_size=256)
     if mt == "gpt_oss":
         return synth.SynthModel(model_type=mt, num_layers=4, num_experts=6, quantization="mxfp4" if tied else None)
     if mt == "olmo3":  # ("tied" picks an Instruct release's YaRN; OLMo 3 is never tied)
@@ -464,7 +531,8 @@ def test_every_registered_family_is_complete():
                 missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
             if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
                 missing.append(f"{family.name}: no README row for {mt!r}")
-        if family.name not in SEMANTICS:
+        by_logits = any(example.reference == "transformers" for example in family.synthetic.logits)
+        if by_logits and family.name not in SEMANTICS:
             missing.append(f"{family.name}: no entry in tests/test_logits.py SEMANTICS")
         if family.name not in MAXTEXT_TREES:
             missing.append(f"{family.name}: no MaxText tree in tests/test_families.py MAXTEXT_TREES")
@@ -485,15 +553,21 @@ def test_gemma3_scan_with_fewer_layers_than_a_block(tmp_path):
 def test_registry_is_consistent():
     assert len(BY_MODEL_TYPE) == sum(len(f.model_types) for f in FAMILIES), "a model_type is claimed twice"
     for family in FAMILIES:
-        # one rule per name and per target in every layer kind (Gemma 4's q_proj is read by a local and a global
-        # rule, each in its own layers' shape: rules of disjoint kinds may share them)
+        # one active rule per name and per target in every layer kind, for every example the family declares (with
+        # and without its encoders): rules of disjoint kinds may share them (Gemma 4's q_proj, read by a local and
+        # a global rule, each in its own layers' shape), and so may rules never active together (Llama 4's fused
+        # bf16 experts and its FP8 release's per-expert ones both write wi_0)
         kinds = {kind for rule in family.rules for kind in (rule.kinds or ())} or {None}
-        for kind in kinds:
-            rules = [rule for rule in family.rules if rule.kinds is None or kind in rule.kinds]
-            hf_names = [rule.hf for rule in rules]
-            assert len(hf_names) == len(set(hf_names)), (family.name, kind)
-            targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]
-            assert len(targets) == len(set(targets)), (family.name, kind)
+        examples = [e.model for kind in ("round_trip", "logits", "memory") for e in getattr(family.synthetic, kind)]
+        for fields, encoders in itertools.product(examples, (False, True) if family.encoders else (False,)):
+            model = synth.for_family(family, fields)
+            spec = with_encoders("example", family, read_spec(family, model.config(), "example"), encoders)
+            for kind in kinds:
+                rules = [rule for rule in family.active_rules(spec) if rule.kinds is None or kind in rule.kinds]
+                hf_names = [rule.hf for rule in rules]
+                assert len(hf_names) == len(set(hf_names)), (family.name, kind, fields)
+                targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]
+                assert len(targets) == len(set(targets)), (family.name, kind, fields)
         for rule in family.rules:
             assert rule.outputs and rule.hf_shape and all(isinstance(d, str) for d in rule.hf_shape)
             assert rule.when is always or rule.note, f"{rule.hf}: a conditional rule must say why it may be skipped"

@@ -186,3 +186,94 @@ def test_configs_written_by_transformers_parse(release):
             "emb": 5120, "heads": 40, "kv_heads": 8, "hd": 128, "mlp": 16384, "moe_mlp": 8192,
             "experts": 16 if release == "scout" else 128, "vocab": 202048}
         assert len(spec.value("moe_layers")) == (48 if release == "scout" else 24)
+
+
+def _transformers_checkpoint(directory, num_layers: int = 4):
+    """A tiny random Llama4ForConditionalGeneration saved by transformers (the hub's names, vision model and
+    projector included), every weight perturbed and bfloat16-exact."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = synth.SynthModel(model_type="llama4", num_layers=num_layers,
+                             config_overrides={"interleave_moe_layer_step": 2}, **SMALL)
+    torch.manual_seed(1)
+    hf = transformers.Llama4ForConditionalGeneration(transformers.AutoConfig.for_model(**model.config()))
+    with torch.no_grad():
+        for tensor in hf.parameters():
+            tensor.copy_((torch.randn(tensor.shape) * 0.05).to(torch.bfloat16).to(torch.float32))
+    hf.to(torch.bfloat16).save_pretrained(str(directory))
+    return hf_tensors(directory)
+
+
+VISION_LEAVES = "params/params/vision_encoder/"
+
+
+@pytest.mark.parametrize("scan,devices", [(False, 1), (True, 16)], ids=["unscanned-1", "scanned-16"])
+def test_multimodal_converts_the_vision_model_as_maxtext(tmp_path, scan, devices):
+    """--multimodal: the vision model and projector as MaxText's llama4_ckpt_unscanned.py lays them out (its
+    vision layers unscanned even beside a scanned decoder): every linear (in, out), the attention kernels
+    (in, heads, head_dim) / (heads, head_dim, out) and biases (heads, head_dim), LayerNorms as scale and bias;
+    nothing reported as not converted; the decoder's leaves are those of a conversion without the flag."""
+    stored = _transformers_checkpoint(tmp_path / "hf")
+    flags = ("--devices", str(devices)) + (() if scan else ("--no-scan-layers",))
+    report = convert(tmp_path / "hf", tmp_path / "mm", *flags, "--multimodal")
+    assert report["not_converted"] == [] and report["multimodal"] is True
+    convert(tmp_path / "hf", tmp_path / "text", *flags)
+    leaves, text = restore(tmp_path / "mm"), restore(tmp_path / "text")
+    assert {n: v.tobytes() for n, v in leaves.items() if not n.startswith(VISION_LEAVES)} == \
+        {n: v.tobytes() for n, v in text.items()}
+    vision = {n.removeprefix(VISION_LEAVES): v for n, v in leaves.items() if n.startswith(VISION_LEAVES)}
+    assert len(vision) == 7 + 2 * 16 + 3  # the model's own, 16 per layer, adapter and projector
+    v = "vision_model."
+    layer = "Llama4VisionModel_0/Llama4VisionEncoder_0/layers_1/"
+    expected = {
+        "Llama4VisionModel_0/class_embedding": stored[v + "class_embedding"],
+        "Llama4VisionModel_0/positional_embedding_vlm": stored[v + "positional_embedding_vlm"],
+        "Llama4VisionModel_0/Llama4UnfoldConvolution_0/vit_unfold_linear/kernel":
+            stored[v + "patch_embedding.linear.weight"].T,
+        "Llama4VisionModel_0/layernorm_post/bias": stored[v + "layernorm_post.bias"],
+        layer + "self_attention_vision/query/kernel":
+            stored[v + "model.layers.1.self_attn.q_proj.weight"].T.reshape(32, 2, 16),
+        layer + "self_attention_vision/key/bias": stored[v + "model.layers.1.self_attn.k_proj.bias"].reshape(2, 16),
+        layer + "self_attention_vision/out/kernel":
+            stored[v + "model.layers.1.self_attn.o_proj.weight"].T.reshape(2, 16, 32),
+        layer + "self_attention_vision/out/bias": stored[v + "model.layers.1.self_attn.o_proj.bias"],
+        layer + "Llama4VisionMLP_0/vit_encoder_layer_mlp_fc1/kernel": stored[v + "model.layers.1.mlp.fc1.weight"].T,
+        layer + "Llama4VisionMLP_0/vit_encoder_layer_mlp_fc2/bias": stored[v + "model.layers.1.mlp.fc2.bias"],
+        layer + "post_attention_layer_norm/scale": stored[v + "model.layers.1.post_attention_layernorm.weight"],
+        "Llama4VisionModel_0/Llama4VisionPixelShuffleMLP_0/pixel_shuffle_mlp/vit_pixel_shuffle_mlp_fc1/kernel":
+            stored[v + "vision_adapter.mlp.fc1.weight"].T,
+        "Llama4MultiModalProjector_0/vit_multi_modal_projector/kernel": stored["multi_modal_projector.linear_1.weight"].T,
+    }
+    for name, value in expected.items():
+        assert vision[name].shape == value.shape and vision[name].tobytes() == np.ascontiguousarray(value).tobytes(), name
+
+
+def test_multimodal_exports_every_tensor_back(tmp_path):
+    """A --multimodal conversion exports back to every tensor transformers saved, bit for bit (vision included);
+    one without the flag to the text tensors only."""
+    stored = _transformers_checkpoint(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "mm", "--devices", "4", "--multimodal")
+    result = run_cli("export", str(tmp_path / "mm"), str(tmp_path / "back"), "--like", str(tmp_path / "hf"),
+                     "--progress", "none")
+    assert result.returncode == 0, result.stderr
+    exported = hf_tensors(tmp_path / "back")
+    assert sorted(exported) == sorted(stored) and any(n.startswith("vision_model.") for n in exported)
+    for name, tensor in stored.items():
+        assert exported[name].dtype == tensor.dtype and exported[name].tobytes() == tensor.tobytes(), name
+
+
+def test_multimodal_vision_config_errors_name_the_field():
+    config = synth.SynthModel(model_type="llama4", num_layers=4, **SMALL).config()
+    config["vision_config"]["hidden_act"] = "relu"
+    with pytest.raises(BadInputError, match=r"vision_config: field 'hidden_act' = 'relu' is not supported"):
+        read_spec(BY_MODEL_TYPE["llama4"], config, "config.json")
+    config["vision_config"] |= {"hidden_act": "gelu", "mystery": 1}
+    with pytest.raises(BadInputError, match=r"vision_config: unknown field\(s\) 'mystery'"):
+        read_spec(BY_MODEL_TYPE["llama4"], config, "config.json")
+
+
+def test_multimodal_of_the_text_model_alone_is_one_line_exit_2(tmp_path, synth_dir):
+    src = synth_dir(synth.SynthModel(model_type="llama4_text", num_layers=4, **SMALL))
+    result = run_cli("convert", str(src), str(tmp_path / "dst"), "--progress", "none", "--multimodal")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no vision model" in result.stderr and not (tmp_path / "dst").exists()

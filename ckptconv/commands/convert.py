@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 
 from ckptconv import __version__, layout, rssplot, settings, storage_failures
-from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, DestinationExistsError, stop_if_terminated
+from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import devices, estimate
@@ -186,6 +186,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan)
+    report["restore"] = restore_figures(request.destination)  # after the peak: its reads are not the conversion's
     rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
     dst.commit(report, request.report)
     if beside:
@@ -284,6 +285,20 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     end = timer.wall()
     timer.add("write", last_tile[0] - begin, begin)
     timer.add("commit", end - last_tile[0], last_tile[0])
+
+
+def restore_figures(dst: str) -> dict:
+    """What a TPU host pays to restore the checkpoint at ``dst``, from its stored layout (no data read):
+    chunks, OCDBT data files, and the storage reads a host restoring device 0's shard makes
+    (:mod:`ckptconv.read.restore_cost`); ``{"error": ...}`` if the layout cannot be read."""
+    from ckptconv.read import restore_cost, stored
+
+    items = str(layout.items_path(dst))
+    try:
+        leaves = stored.read_items_metadata(items)
+    except CkptConvError as err:
+        return {"error": str(err).splitlines()[0][:200]}
+    return restore_cost.figures_or_none(items, leaves)
 
 
 def _extra_items(request: ConvertRequest) -> dict:

@@ -396,6 +396,7 @@ def _config_text(plan: ExportPlan) -> str:
     config = dict(plan.config)
     if plan.spec.values.get("quantization") != FP8_KEPT:  # kept quantised: written back as the release stores it
         config.pop("quantization_config", None)
+        config.pop("expert_dtype", None)  # DeepSeek-V4's FP4 experts: dequantised now like every other weight
         if isinstance(config.get("text_config"), dict) and "quantization_config" in config["text_config"]:
             # a multimodal wrapper's (Kimi-K2.5's): the text decoder's quantization_config is in text_config
             config["text_config"] = {k: v for k, v in config["text_config"].items() if k != "quantization_config"}

@@ -18,7 +18,7 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import ml_dtypes
@@ -26,8 +26,8 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, Family, LayoutError
-from ckptconv.families.inputs import FP8_KEPT
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError, multimodal
+from ckptconv.families.inputs import FP8_CHANNEL, FP8_KEPT
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class SynthModel:
     seed: int = 0
     config_overrides: dict = field(default_factory=dict)
     extra_tensors: dict = field(default_factory=dict)  # name -> shape, e.g. a vision tower to be reported
+    encoders: bool = False  # also the encoders the config describes (the rules' names, as --multimodal reads them)
 
     def config(self) -> dict:
         """The ``config.json`` the family writes for these sizes (its ``synthetic.config``), plus the overrides."""
@@ -90,25 +91,40 @@ def tensor_shapes(model: SynthModel) -> dict[str, tuple[int, ...]]:
 
     family = BY_MODEL_TYPE[model.model_type]
     spec = read_spec(family, model.config(), "<synthetic config>")
-    try:
-        stacks = family.layout(spec, True)
-    except LayoutError:  # a model MaxText cannot scan: the unscanned layout names the same tensors
-        stacks = family.layout(spec, False)
+    stacks = None
+    if model.encoders and family.encoders:  # as the hub ships them, whether or not a conversion asks for them
+        with_encoders = replace(spec, values={**spec.values, MULTIMODAL: True})
+        stacks = _layout(family, with_encoders)
+        spec = spec if stacks is None else with_encoders  # None: this config has none (gemma3_text)
+    stacks = stacks or _layout(family, spec)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     stored, hub = family.synthetic.hub_prefixes.get(model.model_type, ("", ""))
     shapes = {}
-    for name, (_, shape) in expected.items():
+    for name, (rule, shape) in expected.items():
         join = family.join_for(name)
         if join is not None and join.in_parts(spec):  # stored in parts (Qwen3.5's in_proj_qkv, in_proj_z...)
             shapes.update(join.part_shapes(name, spec, shape))
             continue
-        shapes[hub + name[len(stored):] if hub and name.startswith(stored) else name] = shape
+        # the hub nests the decoder, not the encoders (Qwen3-VL: model.language_model.* beside model.visual.*)
+        nested = hub and name.startswith(stored) and rule.when is not multimodal
+        shapes[hub + name[len(stored):] if nested else name] = shape
     shapes.update({name: tuple(shape) for name, shape in model.extra_tensors.items()})
     return shapes
 
 
 # 1-D scales that multiply (norms; Gemma 4's layer_scalar and router scales), near 1 like trained models
 NEAR_ONE = ("norm.weight", "layer_scalar", "router.scale", "router.per_expert_scale")
+
+
+def _layout(family: Family, spec) -> tuple | None:
+    """The layer stacks the spec's tensors are named by: scanned, or unscanned for a model MaxText cannot scan
+    (the same tensors); None where neither exists (``--multimodal`` for a config without encoders)."""
+    for scan in (True, False):
+        try:
+            return family.layout(spec, scan)
+        except LayoutError:
+            continue
+    return None
 
 
 def random_tensor(rng: np.random.Generator, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -136,9 +152,19 @@ class _Stored:
 def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_name: str, itemsize: int) -> list[_Stored]:
     """The stored tensors of one logical tensor: itself, or its quantised parts as the hub ships them."""
     kind = _quantized(model, name, shape)
+    if kind == "fp8-v4":  # e4m3 weight + one ue8m0 scale per 128x128 block named <module>.scale (DeepSeek-V4)
+        scale = tuple(-(-d // 128) for d in shape)
+        return [_Stored(name, "F8_E4M3", shape, name, 1),
+                _Stored(name.removesuffix(".weight") + ".scale", "F8_E8M0", scale, name, 1)]
+    if kind == "fp4":  # two E2M1 codes per int8 + one ue8m0 scale per 32 values of a row (DeepSeek-V4's experts)
+        rows, cols = shape
+        return [_Stored(name, "I8", (rows, cols // 2), name, 1),
+                _Stored(name.removesuffix(".weight") + ".scale", "F8_E8M0", (rows, cols // 32), name, 1)]
     if kind == "fp8":  # e4m3 weight + one float32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)
         scale = tuple(-(-d // 128) for d in shape)
         return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale_inv", "F32", scale, name, 4)]
+    if kind == "fp8-channel":  # e4m3 weight + one bfloat16 scale per row (compressed-tensors: Llama 4 Maverick FP8)
+        return [_Stored(name, "F8_E4M3", shape, name, 1), _Stored(name + "_scale", "BF16", (shape[0], 1), name, 2)]
     if kind == "mxfp4":  # logical (experts, cols, rows) -> blocks (experts, rows, cols/32, 16) + scales (gpt-oss)
         experts, cols, rows = shape
         return [_Stored(name + "_blocks", "U8", (experts, rows, cols // 32, 16), name, 1),
@@ -149,6 +175,12 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
                 _Stored(name + "_scale", "BF16", (rows, cols // 32), name, 2),
                 _Stored(name + "_shape", "I32", (2,), name, 4)]
     return [_Stored(name, st_name, shape, name, itemsize)]
+
+
+def _scheme(model: SynthModel) -> str | None:
+    from ckptconv.plan.conversion import read_spec
+
+    return read_spec(BY_MODEL_TYPE[model.model_type], model.config(), "<synthetic config>").values.get("quantization")
 
 
 def _keeps_scales(model: SynthModel) -> bool:
@@ -163,8 +195,16 @@ def _keeps_scales(model: SynthModel) -> bool:
 def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
     Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
+    if model.quantization == "fp8" and model.model_type == "deepseek_v4":  # FP8 linear layers, FP4 routed experts
+        if ".ffn.experts." in name:
+            return "fp4"
+        return "fp8-v4" if name.endswith(_FP8_V4) else None
     if model.quantization == "fp8" and _keeps_scales(model):
         return None
+    if model.quantization == "fp8" and _scheme(model) == FP8_CHANNEL:  # the linears compressed-tensors quantised
+        quantised = (".layers." in name and name.endswith(".weight") and len(shape) == 2
+                     and not _ignored(name.removesuffix(".weight"), _quantization_config(model)["ignore"]))
+        return "fp8-channel" if quantised else None
     if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
             and not name.endswith(_FP8_KEPT)):
         return "fp8"
@@ -185,12 +225,24 @@ def _quantization_config(model: SynthModel) -> dict:
 # DeepSeek's FP8 releases: the linear layers of every layer, the indexer's two (V3.2); its weights_proj stays bf16
 _FP8_LINEAR = ("proj.weight", "proj_with_mqa.weight", "indexer.wq_b.weight", "indexer.wk.weight")
 _FP8_KEPT = ("indexer.weights_proj.weight",)
+# DeepSeek-V4's (as far as MaxText's deepseek4 config and transformers' quantizer tell: bench/hf_tiny_v4.py)
+_FP8_V4 = tuple(f"{m}.weight" for m in ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b",
+                                        "attn.indexer.wq_b", "shared_experts.w1", "shared_experts.w2",
+                                        "shared_experts.w3"))
 _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
 
 
 def _ignored(module: str, ignore: list[str]) -> bool:
     """compressed-tensors' ``ignore``: a name, or ``re:`` and a pattern matched at the name's start."""
     return any(re.match(entry[3:], module) if entry.startswith("re:") else entry == module for entry in ignore)
+
+
+def quantize_fp8_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 weight, bfloat16 (rows, 1) scales) for ``values``: each row scaled to use e4m3's range."""
+    amax = np.abs(values).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(448.0), np.float32(1.0)).astype(ml_dtypes.bfloat16)
+    codes = np.clip(values / scale.astype(np.float32), -448.0, 448.0)
+    return codes.astype(ml_dtypes.float8_e4m3fn), scale
 
 
 def quantize_fp8(values: np.ndarray, ue8m0: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -229,11 +281,14 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     entries = [_Stored(e.name, "F8_E4M3", e.shape, e.logical, 1) if e.name + "_scale_inv" in shapes else e
                for e in entries]
     groups = _group(entries, max_shard_bytes)
+    names = {e.name for e in entries}
     rng = np.random.default_rng(model.seed)
     pool = random_tensor(rng, "pool", (POOL_ELEMENTS, 1), dtype).reshape(-1) if fast else None
     quantization = _quantization_config(model)
     make = _Maker(rng, dtype, pool, frozenset(n for n in shapes if n.endswith("_scale_inv")),
-                  quantization.get("scale_fmt") == "ue8m0")
+                  quantization.get("scale_fmt") == "ue8m0",
+                  frozenset(e.name for e in entries if e.st_dtype == "F8_E4M3" and e.name + "_scale" in names))
+    make.v4_scales = frozenset(e.name for e in entries if e.st_dtype == "F8_E8M0")
     if len(groups) == 1:
         _write_file(os.path.join(directory, "model.safetensors"), groups[0], make, header_only)
     else:
@@ -266,9 +321,12 @@ class _Maker:
     """Bytes of each stored tensor: random bf16-exact values, or their quantised parts."""
 
     def __init__(self, rng: np.random.Generator, dtype: np.dtype, pool: np.ndarray | None,
-                 kept_scales: frozenset[str] = frozenset(), ue8m0: bool = False) -> None:
+                 kept_scales: frozenset[str] = frozenset(), ue8m0: bool = False,
+                 row_scaled: frozenset[str] = frozenset()) -> None:
         self.rng, self.dtype, self.pool, self.ue8m0 = rng, dtype, pool, ue8m0
+        self.row_scaled = row_scaled  # FP8 weights with one scale per row (compressed-tensors float-quantized)
         self.kept_scales = kept_scales  # block scales of a kept-FP8 release: their weights are bare e4m3
+        self.v4_scales: frozenset[str] = frozenset()  # DeepSeek-V4's <module>.scale block scales (ue8m0)
         self.pending: dict[str, np.ndarray] = {}  # second part of a quantised tensor, written next
 
     def chunks(self, entry: _Stored):
@@ -277,11 +335,27 @@ class _Maker:
         elif entry.st_dtype == "F8_E4M3" and entry.name + "_scale_inv" in self.kept_scales:
             codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # finite e4m3 (0x7F is NaN)
             yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled and self.pool is not None:
+            codes = self.rng.integers(0, 0x7F, entry.shape, dtype=np.uint8)  # fast: finite e4m3 codes, random
+            scale = np.abs(self.rng.standard_normal((entry.shape[0], 1), dtype=np.float32)) * np.float32(1e-4)
+            self.pending[entry.name + "_scale"] = (scale + np.float32(1e-5)).astype(ml_dtypes.bfloat16)
+            yield (codes | (self.rng.integers(0, 2, entry.shape, dtype=np.uint8) << 7)).tobytes()
+        elif entry.st_dtype == "F8_E4M3" and entry.name in self.row_scaled:
+            weight, scale = quantize_fp8_rows(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)))
+            self.pending[entry.name + "_scale"] = scale
+        elif entry.st_dtype == "F8_E4M3" and entry.name.removesuffix(".weight") + ".scale" in self.v4_scales:
+            weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)), True)
+            self.pending[entry.name.removesuffix(".weight") + ".scale"] = scale.astype(ml_dtypes.float8_e8m0fnu)
+            yield weight.tobytes()
         elif entry.st_dtype == "F8_E4M3":
             weight, scale = quantize_fp8(random_tensor(self.rng, entry.name, entry.shape, np.dtype(np.float32)),
                                          self.ue8m0)
             self.pending[entry.name + "_scale_inv"] = scale
             yield weight.tobytes()
+        elif entry.st_dtype == "I8":  # FP4 codes: any byte is two valid codes
+            self.pending[entry.name.removesuffix(".weight") + ".scale"] = self.rng.integers(
+                118, 124, (entry.shape[0], entry.shape[1] // 16), dtype=np.uint8)  # ue8m0 2^-9 .. 2^-4
+            yield self.rng.integers(0, 256, entry.shape, dtype=np.uint8).tobytes()
         elif entry.name.endswith("_packed"):
             rows, words = entry.shape
             base = entry.name.removesuffix("_packed")

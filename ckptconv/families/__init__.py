@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from ckptconv.errors import BadInputError
 from ckptconv.families import (
-    deepseek, gemma2, gemma3, gemma4, gpt_oss, kimi_k25, llama, llama4, mistral, mixtral, olmo3, qwen2, qwen3, qwen3_5_moe,
-    qwen3_moe, qwen3_next, qwen3_omni_moe, qwen3_vl, qwen3_vl_moe,
+    deepseek, deepseek_v4, gemma2, gemma3, gemma4, gpt_oss, kimi_k25, llama, llama4, mistral, mixtral, olmo3, qwen2,
+    qwen3, qwen3_5_moe, qwen3_moe, qwen3_next, qwen3_omni_moe, qwen3_vl, qwen3_vl_moe,
 )
 from ckptconv.families.base import Family
 
 FAMILIES: tuple[Family, ...] = (
     llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, qwen3_moe.FAMILY, mixtral.FAMILY, gemma2.FAMILY,
-    gemma3.FAMILY, gemma4.FAMILY, deepseek.FAMILY, gpt_oss.FAMILY, olmo3.FAMILY, qwen3_next.FAMILY, qwen3_5_moe.FAMILY,
-    kimi_k25.FAMILY, llama4.FAMILY, qwen3_vl.FAMILY, qwen3_vl_moe.FAMILY, qwen3_omni_moe.FAMILY,
+    gemma3.FAMILY, gemma4.FAMILY, deepseek.FAMILY, deepseek_v4.FAMILY, gpt_oss.FAMILY, olmo3.FAMILY, qwen3_next.FAMILY,
+    qwen3_5_moe.FAMILY, kimi_k25.FAMILY, llama4.FAMILY, qwen3_vl.FAMILY, qwen3_vl_moe.FAMILY, qwen3_omni_moe.FAMILY,
 )
 
 BY_MODEL_TYPE: dict[str, Family] = {mt: family for family in FAMILIES for mt in family.model_types}

@@ -75,6 +75,7 @@ class Output:
     steps: tuple[Step, ...] = ()
     collection: str = "params"
     layer_axis: int = 1
+    dtype: str | None = None  # the leaf's own dtype whatever --dtype (a constant MaxText writes in float32)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class Rule:
     ``hf`` may hold ``{layer}`` (a layer rule: paths are below the layer stack's prefix) and
     ``{expert}`` (one tensor per expert, stacked on a leading expert axis of each leaf).
     ``hf_shape`` names dimensions of the spec. ``kinds``: the layer kinds the rule applies to
-    (None: every layer), for models whose layers differ (DeepSeek's dense and MoE layers).
+    (None: every decoder layer), for models whose layers differ (DeepSeek's dense and MoE layers)
+    and for an encoder's layers (a vision tower's: see :attr:`LayerStack.encoder`).
     ``when`` false: the rule is inactive and its tensor, if present, is reported, not written
     (``lm_head.weight`` of a tied model).
     """
@@ -95,6 +97,7 @@ class Rule:
     when: Callable[[ModelSpec], bool] = always
     kinds: frozenset[str] | None = None
     note: str = ""  # why an inactive rule's tensor is not written (for the report)
+    integer: bool = False  # the tensor holds integers (DeepSeek-V4's token -> expert table), written as --dtype
 
     @property
     def per_layer(self) -> bool:
@@ -121,6 +124,11 @@ class LayerStack:
     ``kind`` selects the rules (see :attr:`Rule.kinds`). ``grid``: the layers fill several
     consecutive scan axes instead of one, row-major (MaxText's nested scans: Qwen3-Next's
     ``local_layers`` are (blocks, linear layers per block) on axes (1, 2)).
+
+    ``encoder``: the layers of an encoder beside the decoder (``--multimodal``: Gemma 3's SigLIP tower). Its
+    ``layers`` are the encoder's own indices (``{layer}`` in its rules counts the tower's layers, which the
+    decoder's ``num_layers`` says nothing about), and only rules naming its ``kind`` apply to it: the decoder's
+    kind-less rules (``kinds=None``) would otherwise be asked for in every vision layer.
     """
 
     prefix: tuple[str, ...]
@@ -129,6 +137,7 @@ class LayerStack:
     suffix: str = ""
     kind: str = "decoder"
     grid: tuple[int, ...] = ()
+    encoder: bool = False
 
     @property
     def stack_shape(self) -> tuple[int, ...]:
@@ -152,6 +161,12 @@ class LayerStack:
     def path(self, rule_path: tuple[str, ...]) -> tuple[str, ...]:
         head = rule_path[0] + self.suffix
         return (*self.prefix, head, *rule_path[1:])
+
+
+def applies(r: Rule, stack: LayerStack) -> bool:
+    """Whether layer rule ``r`` reads (and writes) the layers of ``stack``: the kinds it names, or, naming none,
+    every decoder stack (never an encoder's)."""
+    return stack.kind in r.kinds if r.kinds is not None else not stack.encoder
 
 
 def uniform_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
@@ -209,6 +224,11 @@ class Example:
     test's id, unique across families. ``scan``/``devices``: how the test converts it (a round trip
     converts both scanned and not, on ``devices``). ``rounded``: tensor name endings a bfloat16 round
     trip gives back within one bfloat16 step rather than bit for bit (Gemma's ``1 + w`` norms).
+    ``reference`` (logit examples): what the converted leaves are checked against. ``transformers``: its logits,
+    which MaxText's forward pass on the leaves must reproduce (tests/test_logits.py). ``maxtext``: MaxText 0.2.5's
+    own conversion of the same checkpoint, leaf by leaf (digests its bench driver recorded,
+    ``tests/data/maxtext_leaves/<name>.json``; tests/test_maxtext_leaves.py), for a family whose MaxText forward
+    pass does not reproduce transformers' logits even on MaxText's own conversion (DeepSeek-V4).
     """
 
     name: str
@@ -216,6 +236,7 @@ class Example:
     scan: bool = True
     devices: int = 1
     rounded: tuple[str, ...] = ()
+    reference: str = "transformers"
 
 
 MIB, GIB = 2**20, 2**30  # for the examples' byte counts

@@ -4,7 +4,9 @@ The hub ships the giants quantised: DeepSeek-V3 and Kimi-K2 as FP8 (e4m3) weight
 float32 scale per 128x128 block (``weight_scale_inv``), gpt-oss's experts as MXFP4 (two 4-bit
 E2M1 values per byte in ``*_blocks``, one power-of-two scale per 32 values in ``*_scales``),
 Kimi-K2-Thinking's experts as compressed-tensors ``pack-quantized`` INT4 (eight 4-bit integers
-per int32 in ``weight_packed``, one bfloat16 scale per 32 of them in ``weight_scale``).
+per int32 in ``weight_packed``, one bfloat16 scale per 32 of them in ``weight_scale``), Meta's
+Llama-4-Maverick-FP8 as compressed-tensors ``float-quantized`` FP8 (e4m3 weights with one scale per
+output row in ``weight_scale``).
 MaxText's own route dequantises them to a bfloat16 copy on disk first; here each read unit
 decodes just its rows, so the rules see the *logical* tensor (the one the bfloat16 copy holds)
 and never the format.
@@ -203,6 +205,57 @@ def _scales(source: Source, info: TensorInfo) -> np.ndarray:
     return read_box(source, info, tuple((0, dim) for dim in info.shape))
 
 
+@dataclass(frozen=True)
+class FP8Channel(_Decoded):
+    """An FP8 e4m3 matrix ``weight`` (rows, cols) with one scale per row, ``scale`` (rows, 1) bfloat16 or
+    float32 (``weight_scale``): value = weight * scale[row] (compressed-tensors ``float-quantized`` with the
+    ``channel`` strategy: Llama-4-Maverick-17B-128E-Instruct-FP8). transformers' decoder multiplies in
+    float32 and rounds once to the model's dtype; a bfloat16 scale times an e4m3 code is exact in float32,
+    so that is also the bfloat16 product compressed-tensors' own decompressor takes."""
+
+    weight: TensorInfo
+    scale: TensorInfo
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.weight.shape
+
+    @property
+    def decode_bytes(self) -> int:
+        """As :class:`FP8Blocks`: the e4m3 codes beside the result, decoded a band at a time through float32."""
+        return 1
+
+    def check(self, source: Source) -> None:
+        """Every row scale finite (a NaN or infinite scale makes its whole row NaN or inf), a band at a time."""
+        rows = self.scale.shape[0]
+        step = max(1, CHECK_BYTES // self.scale.dtype.itemsize)
+        for r0 in range(0, rows, step):
+            _check_row_scales(self.scale, read_box(source, self.scale, ((r0, min(rows, r0 + step)), (0, 1))), r0)
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), (c0, c1) = box
+        codes = read_box(source, self.weight, box)
+        scale = read_box(source, self.scale, ((r0, r1), (0, 1)))
+        _check_row_scales(self.scale, scale, r0)
+        scale = scale.astype(np.float32)
+        out = np.empty((r1 - r0, c1 - c0), BF16)
+        step = max(1, settings.IN_FLIGHT.decode_elements // max(1, c1 - c0))
+        for r in range(0, r1 - r0, step):  # a band of rows at a time: float32 never holds the whole read
+            values = codes[r:r + step].astype(np.float32)
+            values *= scale[r:r + step]
+            out[r:r + step] = values  # one rounding to bfloat16
+        return out
+
+
+def _check_row_scales(info: TensorInfo, scales: np.ndarray, row: int) -> None:
+    """Refuse a band of row scales (starting at ``row``) holding inf or NaN."""
+    bad = np.argwhere(~np.isfinite(scales.astype(np.float32)))
+    if len(bad):
+        r = int(bad[0][0])
+        raise BadInputError(f"{info.file}: {info.name!r} holds the row scale {scales[r, 0]} at row {row + r} "
+                            f"(and {len(bad) - 1} more); FP8 row scales must be finite")
+
+
 # E2M1 codes: bit 3 sign, bits 2-1 exponent, bit 0 mantissa. The sign of zero follows MaxText's
 # gpt-oss dequantiser, which decodes code 0b1000 to +0.0 (not -0.0).
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
@@ -274,6 +327,52 @@ class MXFP4(_Decoded):
         values = codes.reshape(e1 - e0, r1 - r0, -1).astype(BF16)
         del codes
         return np.ascontiguousarray(values.swapaxes(1, 2))
+
+
+# MaxText's DeepSeek dequantiser (deepseek_dequantize.py) decodes code 0b1000 to -0.0, its gpt-oss one to +0.0
+E2M1_SIGNED_ZERO = E2M1.copy()
+E2M1_SIGNED_ZERO[8] = -0.0
+FP4_GROUP = 32  # values of a row per ue8m0 scale (DeepSeek-V4's experts)
+
+
+@dataclass(frozen=True)
+class FP4Rows(_Decoded):
+    """DeepSeek-V4's routed experts: ``weight`` int8 (rows, cols / 2), two E2M1 codes per byte (low nibble first),
+    and ``scale`` (rows, cols / 32) ue8m0 (``float8_e8m0fnu``): value = code * scale[row, col // 32], the product in
+    float32 rounded once to bfloat16, as MaxText's ``deepseek_dequantize.py`` computes it. Reads take whole rows."""
+
+    weight: TensorInfo
+    scale: TensorInfo
+    whole_axes: ClassVar[tuple[int, ...]] = (1,)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.weight.shape[0], 2 * self.weight.shape[1])
+
+    @property
+    def decode_bytes(self) -> int:
+        return FLOAT32_BYTES + 1
+
+    def check(self, source: Source) -> None:
+        scale = _scales(source, self.scale).astype(np.float32)
+        bad = np.argwhere(~np.isfinite(scale))
+        if len(bad):
+            raise BadInputError(f"{self.scale.file}: {self.scale.name!r} holds a not-a-number scale at "
+                                f"{list(map(int, bad[0]))} (and {len(bad) - 1} more); FP4 scales must be finite")
+
+    def read(self, source: Source, box: Box) -> np.ndarray:
+        (r0, r1), (c0, c1) = box
+        if (c0, c1) != (0, self.shape[1]):
+            raise ValueError(f"{self.name}: FP4 reads take whole rows, not columns {c0}:{c1}")
+        packed = read_box(source, self.weight, ((r0, r1), (0, self.weight.shape[1]))).view(np.uint8)
+        scale = _scales(source, self.scale)[r0:r1].astype(np.float32)
+        out = np.empty((r1 - r0, c1), BF16)
+        for r in range(0, r1 - r0, DECODE_ROWS):
+            part = packed[r:r + DECODE_ROWS]
+            codes = np.stack([E2M1_SIGNED_ZERO[part & 0x0F], E2M1_SIGNED_ZERO[part >> 4]], axis=-1)
+            codes = codes.reshape(part.shape[0], -1, FP4_GROUP) * scale[r:r + DECODE_ROWS, :, None]
+            out[r:r + DECODE_ROWS] = codes.reshape(part.shape[0], -1)
+        return out
 
 
 INT4_GROUP = 32  # values per bfloat16 scale (Kimi-K2-Thinking's group_size; the config must say so)
@@ -485,26 +584,33 @@ class ExpertJoin:
     parts: tuple[str, ...]  # ("gate_proj.weight", "up_proj.weight")
     inner: str = "mlp.experts."  # what precedes the expert index in a part's name
     in_parts: Callable[..., bool] = lambda spec: True  # as Join's
+    # the fused tensor holds each expert (in, out) while its parts are nn.Linear weights (out, in): Llama 4's
+    # experts.gate_up_proj (experts, emb, 2 * mlp) from its FP8 release's experts.{e}.gate_proj.weight (mlp, emb)
+    transposed: bool = False
 
     def part_names(self, name: str, spec) -> tuple[str, ...]:
         base = name[:-len(self.fused)] + self.inner
         return tuple(f"{base}{e}.{part}" for e in range(spec.dim("experts")) for part in self.parts)
 
     def part_shapes(self, name: str, spec, shape: tuple[int, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        if self.transposed:
+            return tuple((part, (shape[2] // len(self.parts), shape[1])) for part in self.part_names(name, spec))
         rows = shape[1] // len(self.parts)
         return tuple((part, (rows, *shape[2:])) for part in self.part_names(name, spec))
 
     def compose(self, name: str, spec, parts: tuple) -> "StackedExperts":
-        return StackedExperts(name, parts, len(self.parts))
+        return StackedExperts(name, parts, len(self.parts), self.transposed)
 
 
 @dataclass(frozen=True)
 class StackedExperts:
-    """The fused tensor of an :class:`ExpertJoin`, read from its per-expert parts (expert-major)."""
+    """The fused tensor of an :class:`ExpertJoin`, read from its per-expert parts (expert-major); ``transposed``:
+    each part is (out, in) and the fused tensor (experts, in, out * per_expert), stored in order (0, 2, 1)."""
 
     fused_name: str
     parts: tuple[Input, ...]
     per_expert: int
+    transposed: bool = False
 
     @property
     def name(self) -> str:
@@ -517,6 +623,8 @@ class StackedExperts:
     @property
     def shape(self) -> tuple[int, ...]:
         rows, *rest = self.parts[0].shape
+        if self.transposed:
+            return (len(self.parts) // self.per_expert, *rest, rows * self.per_expert)
         return (len(self.parts) // self.per_expert, rows * self.per_expert, *rest)
 
     @property
@@ -525,10 +633,12 @@ class StackedExperts:
 
     @property
     def order(self) -> tuple[int, ...]:
-        return tuple(range(len(self.shape)))
+        return (0, 2, 1) if self.transposed else tuple(range(len(self.shape)))
 
     @property
     def whole_axes(self) -> tuple[int, ...]:
+        if self.transposed:  # a part's rows are the fused tensor's axis 2, its columns axis 1
+            return tuple(sorted({2 - a for p in self.parts for a in p.whole_axes}))
         return tuple(sorted({a + 1 for p in self.parts for a in p.whole_axes}))
 
     @property
@@ -540,6 +650,8 @@ class StackedExperts:
         return self.dtype.itemsize + max(p.decode_bytes for p in self.parts)
 
     def read(self, source: Source, box: Box) -> np.ndarray:
+        if self.transposed:
+            return self._read_transposed(source, box)
         (e0, e1), (r0, r1), rest = box[0], box[1], box[2:]
         rows = self.parts[0].shape[0]
         out = np.empty((e1 - e0, r1 - r0, *(stop - start for start, stop in rest)), self.dtype)
@@ -549,6 +661,25 @@ class StackedExperts:
                 if lo < hi:
                     part = self.parts[e * self.per_expert + k]
                     out[e - e0, lo - r0:hi - r0] = part.read(source, ((lo - k * rows, hi - k * rows), *rest))
+        return out
+
+    def check(self, source: Source) -> None:
+        """Each part's own check (an FP8 expert's scales), before anything is written."""
+        for part in self.parts:
+            check = getattr(part, "check", None)
+            if check is not None:
+                check(source)
+
+    def _read_transposed(self, source: Source, box: Box) -> np.ndarray:
+        (e0, e1), (c0, c1), (r0, r1) = box
+        rows = self.parts[0].shape[0]
+        out = np.empty((e1 - e0, c1 - c0, r1 - r0), self.dtype)
+        for e in range(e0, e1):
+            for k in range(self.per_expert):
+                lo, hi = max(r0, k * rows), min(r1, (k + 1) * rows)
+                if lo < hi:
+                    part = self.parts[e * self.per_expert + k]
+                    out[e - e0, :, lo - r0:hi - r0] = part.read(source, ((lo - k * rows, hi - k * rows), (c0, c1))).T
         return out
 
 
@@ -581,6 +712,7 @@ def join_input(name: str, join: Join | ExpertJoin, spec, shape: tuple[int, ...],
 
 # the quantisation schemes a spec may name
 FP8_BLOCK, MXFP4_SCHEME, INT4_SCHEME = "fp8-block-128", "mxfp4", "int4-group-32"
+FP8_CHANNEL = "fp8-channel"  # compressed-tensors float-quantized, one scale per output row (Llama 4 Maverick FP8)
 # FP8 releases MaxText keeps quantised (Qwen3.5's -fp8 models): the e4m3 weights read as stored, their
 # block scales (``weight_scale_inv``) by rules of their own into ``*_scale`` leaves; nothing decoded.
 FP8_KEPT = "fp8-block-128-kept"
@@ -593,12 +725,26 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
     decodes only when its companions are there.
     """
     info = tensors.get(name)
-    if scheme == FP8_BLOCK and info is not None and info.dtype == FP8:
-        scale = tensors.get(name + "_scale_inv")
+    if scheme == FP8_BLOCK and info is not None and info.dtype in (FP8, np.int8):
+        # DeepSeek-V3's releases name a block scale ``<weight>_scale_inv``; DeepSeek-V4's ``<module>.scale``
+        scale_name = name + "_scale_inv"
+        if scale_name not in tensors and name.endswith(".weight"):
+            scale_name = name.removesuffix(".weight") + ".scale"
+        scale = tensors.get(scale_name)
         if scale is None:
-            raise BadInputError(f"{info.file}: FP8 tensor {name!r} has no {name + '_scale_inv'!r}")
+            raise BadInputError(f"{info.file}: {'FP8' if info.dtype == FP8 else 'FP4'} tensor {name!r} has no "
+                                f"{scale_name!r}")
+        if info.dtype == np.int8:  # DeepSeek-V4's FP4 experts, two codes per byte
+            _check_fp4(info, scale)
+            return FP4Rows(info, scale), (name, scale.name)
         _check_fp8(info, scale)
         return FP8Blocks(info, scale), (name, scale.name)
+    if scheme == FP8_CHANNEL and info is not None and info.dtype == FP8:
+        scale = tensors.get(name + "_scale")
+        if scale is None:
+            raise BadInputError(f"{info.file}: FP8 tensor {name!r} has no {name + '_scale'!r}")
+        _check_fp8_channel(info, scale)
+        return FP8Channel(info, scale), (name, scale.name)
     if scheme == MXFP4_SCHEME and name + "_blocks" in tensors:
         blocks, scales = tensors[name + "_blocks"], tensors.get(name + "_scales")
         if scales is None:
@@ -618,11 +764,31 @@ def resolve(name: str, tensors: dict[str, TensorInfo], scheme: str | None) -> tu
     return Plain(info), (name,)
 
 
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)  # DeepSeek-V4's ue8m0 scales
+
+
 def _check_fp8(weight: TensorInfo, scale: TensorInfo) -> None:
     expected = tuple(math.ceil(d / 128) for d in weight.shape)
-    if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16):
+    if len(weight.shape) != 2 or scale.shape != expected or scale.dtype not in (np.float32, BF16, E8M0):
+        raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32, "
+                            f"bfloat16 or ue8m0 {list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+
+
+def _check_fp4(weight: TensorInfo, scale: TensorInfo) -> None:
+    rows, half = weight.shape if len(weight.shape) == 2 else (0, 0)
+    expected = (rows, 2 * half // FP4_GROUP)
+    if len(weight.shape) != 2 or 2 * half % FP4_GROUP or scale.shape != expected or scale.dtype != E8M0:
+        raise BadInputError(f"{weight.file}: FP4 {weight.name!r} int8{list(weight.shape)} with scale {scale.dtype}"
+                            f"{list(scale.shape)}: expected ue8m0 {list(expected)} (one scale per {FP4_GROUP} values "
+                            "of a row)")
+
+
+def _check_fp8_channel(weight: TensorInfo, scale: TensorInfo) -> None:
+    expected = (weight.shape[0], 1) if len(weight.shape) == 2 else None
+    if expected is None or scale.shape != expected or scale.dtype not in (np.float32, BF16):
         raise BadInputError(f"{weight.file}: {scale.name!r} is {scale.dtype}{list(scale.shape)}, expected float32 "
-                            f"or bfloat16 {list(expected)} (one scale per 128x128 block of {list(weight.shape)})")
+                            f"or bfloat16 {list(expected or ('rows', 1))} (one scale per row of "
+                            f"{list(weight.shape)})")
 
 
 def _check_mxfp4(blocks: TensorInfo, scales: TensorInfo) -> None:

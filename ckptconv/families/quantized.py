@@ -7,7 +7,7 @@ norms and routers in bfloat16; compressed-tensors lists them in ``ignore``).
 
 from __future__ import annotations
 
-from ckptconv.families.inputs import FP8_BLOCK, INT4_GROUP, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.families.inputs import FP8_BLOCK, FP8_CHANNEL, INT4_GROUP, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.read.spec import ConfigReader
 
 # quant_method -> (scheme, the fields that must hold for it, fields that change no weight)
@@ -31,9 +31,46 @@ def read_quantization(cfg: ConfigReader, methods: tuple[str, ...]) -> str | None
     for name, value in required.items():
         q.require(name, (value,), value)
     q.runtime(*runtime)
+    if method == "compressed-tensors" and q.raw("format") == "float-quantized":
+        _compressed_tensors_fp8(q)
+        return FP8_CHANNEL
     if method == "compressed-tensors":
         _compressed_tensors(q)
     return scheme
+
+
+# compressed-tensors' FP8 weight arguments (Llama-4-Maverick-17B-128E-Instruct-FP8's): e4m3 with one scale per
+# output row (strategy "channel"); the values decode as stored whatever observer chose the scales
+FP8_WEIGHTS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False,
+               "group_size": None, "actorder": None, "block_structure": None}
+
+
+def _compressed_tensors_fp8(q: ConfigReader) -> None:
+    """One group of ``float-quantized`` FP8 weights, one scale per output row (``weight_scale``); activations
+    quantised on the fly (``dynamic``: no ``input_scale`` tensors) change no stored weight. Which modules are
+    quantised (``ignore``) is read from the tensors: an e4m3 weight with a ``weight_scale`` beside it decodes."""
+    q.require("quantization_status", ("compressed",), "compressed")
+    q.require("kv_cache_scheme", (None,), None)  # would add k/v scales
+    q.require("sparsity_config", ({},), {})
+    q.require("transform_config", ({},), {})
+    groups = q.nested("config_groups")
+    if len(groups.config) != 1:
+        groups.fail(f"{len(groups.config)} groups: only one quantisation scheme for all quantised layers is supported")
+    group = groups.nested(next(iter(groups.config)))
+    group.require("format", (None, "float-quantized"), None)
+    group.require("targets", (["Linear"],), None)
+    group.require("output_activations", (None,), None)
+    if group.has("input_activations"):
+        inputs = group.nested("input_activations")
+        inputs.require("dynamic", (True,), None)  # static activation scales would be tensors of their own
+        inputs.runtime("num_bits", "type", "symmetric", "strategy", "group_size", "actorder", "block_structure",
+                       "observer", "observer_kwargs")
+    else:
+        group.require("input_activations", (None,), None)
+    weights = group.nested("weights")
+    for name, value in FP8_WEIGHTS.items():
+        weights.require(name, (value,), value if value is None or name == "dynamic" else None)
+    weights.runtime("observer", "observer_kwargs", "scale_dtype", "zp_dtype")
 
 
 def _compressed_tensors(q: ConfigReader) -> None:

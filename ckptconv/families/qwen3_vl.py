@@ -5,19 +5,30 @@ the head ``lm_head.weight`` at the top) is Qwen3's: q/k norms, run-time query sc
 so the rules are :mod:`ckptconv.families.qwen3`'s, read through an alias. mRoPE sections are recorded,
 not used (text positions make interleaved mRoPE plain RoPE). The wrapper's ``tie_word_embeddings``
 decides the head, as in transformers (the ``text_config`` copy transformers writes is recorded).
-The vision tower (``model.visual.*``, MaxText's ``use_multimodal``) is not converted: it is named in the report.
+The vision tower (``model.visual.*``) is named in the report; with ``--multimodal`` (MaxText's ``use_multimodal=true``)
+it is converted as MaxText 0.2.5 does under ``vision_encoder/``: ``Qwen3VLVisionEncoder_0`` (the 3-D patch
+convolution as a (t, kh, kw, in, out) kernel, the learned positions as stored, every ``blocks_{i}`` with the fused
+``qkv`` cut into query/key/value kernels and biases split per head, the deepstack mergers ``merger_{j}``) and
+``Qwen3VLVisionProjector_0`` (the final merger). MaxText's Qwen3-VL vision path (deepstack injection into the
+decoder) runs unscanned only, so with ``--multimodal`` the layout is unscanned (:class:`UnscannedOnly`: the default
+becomes unscanned and an explicit ``--scan-layers`` is refused).
 """
 
 from __future__ import annotations
 
 from ckptconv.families.qwen3 import FAMILY as QWEN3
-from ckptconv.families.base import MIB, Example, Family, MemoryExample, Sizes, Synthetic
-from ckptconv.families.decoder import decoder_config, make_spec, read_dense_dims
+from ckptconv.families.base import (
+    MIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, UnscannedOnly, multimodal, rule,
+    uniform_layout,
+)
+from ckptconv.families.decoder import KERNEL, decoder_config, make_spec, read_dense_dims
+from ckptconv.families.transforms import TRANSPOSE, Permute, TakeRanges, split_first, split_last
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
 TEXT = "model.language_model."  # where the hub and transformers store the decoder (the rules say ``model.``)
 ALIASES = ((TEXT, "model."),)
-VISION = (("model.visual.", "vision tower (MaxText use_multimodal; not converted yet)"),)
+VISION = (("model.visual.", "vision tower (MaxText use_multimodal; not converted yet)"),)  # Qwen3-VL-MoE's
+TOWER = (("model.visual.", "vision tower"),)  # Qwen3-VL's own: converted with --multimodal
 
 
 def read_text(cfg: ConfigReader, text_type: str) -> tuple[ConfigReader, bool]:
@@ -33,8 +44,106 @@ def read_text(cfg: ConfigReader, text_type: str) -> tuple[ConfigReader, bool]:
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     text, tied = read_text(cfg, "qwen3_vl_text")
-    return make_spec(cfg, "qwen3_vl", read_dense_dims(text), {"tie_word_embeddings": tied, "interleave_rope": False},
+    dims = read_dense_dims(text) | read_vision_dims(cfg.nested("vision_config"))
+    return make_spec(cfg, "qwen3_vl", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
+
+
+# transformers' Qwen3VLVisionConfig defaults (the releases give every field)
+VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
+                   "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": 3584,
+                   "num_position_embeddings": 2304}
+
+
+def read_vision_dims(vision: ConfigReader) -> dict[str, int]:
+    """The tower's sizes (``v_*`` dims), read whether or not ``--multimodal`` asks for it, so its tensors are
+    checked against them when it does."""
+    vision.require("model_type", ("qwen3_vl_vision", "qwen3_vl"), "qwen3_vl_vision")
+    vision.runtime("hidden_act", "rope_parameters")
+    dims = {f"v_{key}": vision.int(field, VISION_DEFAULTS[field]) for key, field in (
+        ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"), ("heads", "num_heads"),
+        ("channels", "in_channels"), ("patch", "patch_size"), ("tpatch", "temporal_patch_size"),
+        ("out", "out_hidden_size"), ("positions", "num_position_embeddings"))}
+    merge = vision.int("spatial_merge_size", VISION_DEFAULTS["spatial_merge_size"])
+    deepstack = vision.raw("deepstack_visual_indexes")
+    deepstack = [8, 16, 24] if deepstack is None else deepstack
+    if not (isinstance(deepstack, list) and all(isinstance(i, int) and 0 <= i < dims["v_layers"] for i in deepstack)):
+        vision.fail(f"deepstack_visual_indexes must be a list of layer indices below depth={dims['v_layers']}, "
+                    f"got {deepstack!r}")
+    if dims["v_emb"] % dims["v_heads"]:
+        vision.fail(f"hidden_size={dims['v_emb']} is not a multiple of num_heads={dims['v_heads']}")
+    return dims | {"v_merged": dims["v_emb"] * merge * merge, "v_deepstack": len(deepstack),
+                   "v_emb2": 2 * dims["v_emb"], "v_qkv": 3 * dims["v_emb"]}
+
+
+# --- the vision tower (--multimodal), as MaxText 0.2.5's QWEN3_VL mapping and hooks with use_multimodal
+ENCODER, PROJECTOR = ("vision_encoder", "Qwen3VLVisionEncoder_0"), ("vision_encoder", "Qwen3VLVisionProjector_0")
+BLOCK_KIND, DEEPSTACK_KIND = "vision", "deepstack"
+TOWER_NOTE = "vision tower (convert --multimodal: MaxText use_multimodal=true)"
+
+
+def _tower(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=(), kind: str | None = None) -> Rule:
+    return rule("model.visual." + hf, maxtext, hf_shape, steps, when=multimodal,
+                kinds=frozenset({kind}) if kind else None, note=TOWER_NOTE)
+
+
+def _qkv(part: str, start: str | int, bias: bool) -> Output:
+    """One of the fused ``qkv``'s thirds (rows ``[start, start + v_emb)``), heads on their own axis."""
+    take = TakeRanges(f"take_{part}", 0, "v_qkv", start, "v_emb")
+    steps = (take, split_last("v_heads")) if bias else (take, TRANSPOSE, split_last("v_heads"))
+    return Output(("attn", "attn", part, "bias" if bias else "kernel"), steps)
+
+
+def _merger(hf: str, maxtext: tuple[str, ...], norm: str, kind: str | None = None) -> tuple[Rule, ...]:
+    """A patch merger: LayerNorm (over ``norm``), fc1 (v_merged -> v_merged), GELU, fc2 (-> v_out)."""
+    return (_tower(hf + "norm.weight", (*maxtext, "ln_q", "scale"), (norm,), kind=kind),
+            _tower(hf + "norm.bias", (*maxtext, "ln_q", "bias"), (norm,), kind=kind),
+            _tower(hf + "linear_fc1.weight", (*maxtext, "mlp_0", "kernel"), ("v_merged", "v_merged"), KERNEL, kind),
+            _tower(hf + "linear_fc1.bias", (*maxtext, "mlp_0", "bias"), ("v_merged",), kind=kind),
+            _tower(hf + "linear_fc2.weight", (*maxtext, "mlp_2", "kernel"), ("v_out", "v_merged"), KERNEL, kind),
+            _tower(hf + "linear_fc2.bias", (*maxtext, "mlp_2", "bias"), ("v_out",), kind=kind))
+
+
+B = "blocks.{layer}."
+VISION_RULES = (
+    _tower("patch_embed.proj.weight", (*ENCODER, "patch_embed", "proj", "kernel"),
+           ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"), (Permute("conv3d_to_thwio", (2, 3, 4, 1, 0)),)),
+    _tower("patch_embed.proj.bias", (*ENCODER, "patch_embed", "proj", "bias"), ("v_emb",)),
+    _tower("pos_embed.weight", (*ENCODER, "pos_embed_interpolate", "pos_embed"), ("v_positions", "v_emb")),
+    *_merger("merger.", (*PROJECTOR, "merger"), "v_emb"),
+    *(_tower(B + f"{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
+      for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
+    Rule("model.visual." + B + "attn.qkv.weight", ("v_qkv", "v_emb"),
+         tuple(_qkv(part, start, False) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
+         multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
+    Rule("model.visual." + B + "attn.qkv.bias", ("v_qkv",),
+         tuple(_qkv(part, start, True) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
+         multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
+    _tower(B + "attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
+           (TRANSPOSE, split_first("v_heads")), BLOCK_KIND),
+    _tower(B + "attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+    _tower(B + "mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
+    _tower(B + "mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
+    _tower(B + "mlp.linear_fc2.weight", ("mlp_out", "kernel"), ("v_emb", "v_mlp"), KERNEL, BLOCK_KIND),
+    _tower(B + "mlp.linear_fc2.bias", ("mlp_out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+    # the deepstack mergers' norm spans the merged patches (use_postshuffle_norm)
+    *_merger("deepstack_merger_list.{layer}.", (), "v_merged", DEEPSTACK_KIND),
+)
+
+
+def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """The decoder's layers, and with ``--multimodal`` the tower's blocks and deepstack mergers, unscanned only."""
+    if not multimodal(spec):
+        return uniform_layout(spec, scan)
+    if scan:
+        raise UnscannedOnly("--multimodal: MaxText 0.2.5 runs Qwen3-VL's vision path (deepstack features injected "
+                            "into decoder layers) unscanned only (it refuses scan_layers with deepstack indexes); "
+                            "convert with --no-scan-layers")
+    return (uniform_layout(spec, False)
+            + tuple(LayerStack((*ENCODER, f"blocks_{i}"), (i,), False, kind=BLOCK_KIND, encoder=True)
+                    for i in range(spec.dim("v_layers")))
+            + tuple(LayerStack((*ENCODER, f"merger_{j}"), (j,), False, kind=DEEPSTACK_KIND, encoder=True)
+                    for j in range(spec.dim("v_deepstack"))))
 
 
 def mrope_scaling(head_dim: int) -> dict:
@@ -80,9 +189,11 @@ FAMILY = Family(
     name="qwen3_vl",
     model_types=("qwen3_vl",),
     decoder_block="qwen3",
-    rules=QWEN3.rules,
+    rules=QWEN3.rules + VISION_RULES,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
+    layout=layout,
     aliases=ALIASES,
-    not_converted=lambda spec: VISION,
+    not_converted=lambda spec: () if multimodal(spec) else TOWER,
+    encoders=("vision tower",),
 )

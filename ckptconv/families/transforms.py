@@ -394,6 +394,47 @@ def PutStrided(name: str, axis: int = -1, start: int = 0, step: int = 2) -> PutR
 
 
 @dataclass(frozen=True)
+class Fill(Step):
+    """A 1-D leaf of the spec dimension ``size`` holding ``value`` everywhere, whatever the tensor read: for a
+    leaf the release has no tensor for and MaxText's converter writes a constant into (DeepSeek-V4's
+    ``mhc_norm`` scales, ones). The tensor read is whole and only places the leaf in its layer. No inverse:
+    export writes nothing back for it."""
+
+    size: str = "emb"
+    value: float = 1.0
+
+    @property
+    def exact(self) -> bool:
+        return False
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        return (spec.dim(self.size),)
+
+    def forward(self, box: Box, shape: Shape, spec: ModelSpec) -> Box:
+        return ((0, spec.dim(self.size)),)
+
+    def quantum(self, axis: int, shape: Shape, spec: ModelSpec) -> int:
+        return WHOLE
+
+    def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        return np.full(box_shape(out_box), self.value, np.float32)
+
+    def inverse(self) -> Step:
+        return Discard(f"{self.name}_inverse")
+
+
+@dataclass(frozen=True)
+class Discard(PutRanges):
+    """The inverse of :class:`Fill`: the constant goes nowhere (the tensor read is the other outputs' to rebuild)."""
+
+    def shape(self, shape: Shape, spec: ModelSpec) -> Shape:
+        raise NotImplementedError(f"{self.name}: a constant leaf has no HF tensor")
+
+    def place(self, out: np.ndarray, x: np.ndarray, spec: ModelSpec) -> None:
+        return None
+
+
+@dataclass(frozen=True)
 class Resize(Step):
     """Pad with zero rows or drop rows along ``axis`` to the spec dimension ``size``.
 

@@ -20,9 +20,9 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, UnscannedOnly
+from ckptconv.families.base import MULTIMODAL, Family, LayerStack, LayoutError, Rule, UnscannedOnly, applies
 from ckptconv.families.inputs import (
-    FP8_BLOCK, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
+    FP8_BLOCK, FP8_CHANNEL, FP8_KEPT, INT4_SCHEME, MXFP4_SCHEME, Input, join_input, resolve,
 )
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, shard_shape
 from ckptconv.families.tiles import LeafShape, ReadUnit, Tiling, plan_tiling, read_units
@@ -182,7 +182,9 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
     _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
-    inactive = expected_tensors(tuple(r for r in family.rules if not r.when(spec)), stacks, spec)
+    # rules whose sizes config.json does not give (Gemma 3's vision rules for a gemma3_text config) name nothing
+    sized = tuple(r for r in family.rules if set(r.hf_shape) <= spec.dims.keys())
+    inactive = expected_tensors(tuple(r for r in sized if not r.when(spec)), stacks, spec)
     scheme = spec.values.get("quantization")
     inputs, consumed = _resolve(source, expected, tensors, scheme, family, spec)
     # an inactive rule's tensor that an active input reads (DeepSeek's block scales, decoded with their weights
@@ -206,6 +208,7 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
 NOT_KEEPABLE = {
     None: "has no FP8 weights to keep (no quantization_config): the scales would have to be guessed",
     FP8_BLOCK: "is an FP8 release, but ckptconv's {family} rules have no leaves for its block scales",
+    FP8_CHANNEL: "is an FP8 release with a scale per row, which MaxText's {family} model has no leaves for",
     MXFP4_SCHEME: "has no FP8 weights to keep (its experts are MXFP4)",
     INT4_SCHEME: "has no FP8 weights to keep (its experts are INT4)",
 }
@@ -291,7 +294,7 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
     """
     needed = 0
     for r in rules:
-        layers = sum(len(s.layers) for s in stacks if r.kinds is None or s.kind in r.kinds) if r.per_layer else 1
+        layers = sum(len(s.layers) for s in stacks if applies(r, s)) if r.per_layer else 1
         needed += (spec.dim("experts") if r.per_expert else 1) * layers
     if needed > 2 * stored + NAMED_MARGIN:
         experts = spec.dims.get("experts")
@@ -303,14 +306,22 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
 def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...],
                        tensors: dict[str, TensorInfo]) -> None:
     """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
-    linear one) is named as such, not as the tensors it then lacks."""
+    linear one) is named as such, not as the tensors it then lacks. An encoder numbers its layers apart from
+    the decoder's (Llama 4's vision layer 0 beside decoder layer 0): a layer index is another kind's only if no
+    stack of that kind holds the index."""
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
+    held = defaultdict(set)  # layer index -> the kinds of the stacks holding it
     for stack in stacks:
+        for layer in stack.layers:
+            held[layer].add(stack.kind)
+    encoder_kinds = {stack.kind for stack in stacks if stack.encoder}  # an encoder's names are its own
+    for stack in (s for s in stacks if not s.encoder):
         # a name both kinds hold, in their own shapes (Gemma 4's q_proj: global layers' heads are wider), is
         # checked by shape, not here
-        own = {r.hf for r in rules if r.per_layer and (r.kinds is None or stack.kind in r.kinds)}
-        for r in (r for r in kinded if stack.kind not in r.kinds and r.hf not in own):
-            for layer in stack.layers:
+        own = {r.hf for r in rules if r.per_layer and applies(r, stack)}
+        for r in (r for r in kinded
+                  if stack.kind not in r.kinds and r.hf not in own and not r.kinds <= encoder_kinds):
+            for layer in (i for i in stack.layers if not held[i] & r.kinds):
                 info = tensors.get(r.hf.format(layer=layer, expert=0))
                 if info is not None:
                     raise BadInputError(f"{source.uri}/{info.file}: layer {layer} holds {info.name!r}, a tensor of a "
@@ -369,7 +380,7 @@ def _instances(rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...], spec: Mo
             yield _instance(r, None, spec)
     for stack in stacks:
         for r in rules:
-            if r.per_layer and (r.kinds is None or stack.kind in r.kinds):
+            if r.per_layer and applies(r, stack):
                 yield _instance(r, stack, spec)
 
 
@@ -448,7 +459,7 @@ def _scaled(name: str, found: Input, expected: dict) -> bool:
 
 
 def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: str | None) -> None:
-    for name, (_, shape) in expected.items():
+    for name, (rule, shape) in expected.items():
         found = inputs[name]
         if found.shape != shape:
             raise BadInputError(
@@ -458,6 +469,8 @@ def _check_shapes_and_dtypes(expected: dict, inputs: dict[str, Input], scheme: s
             if found.dtype != dtypes.SAFETENSORS["F8_E4M3"]:
                 raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, but the FP8 "
                                     f"release stores it as float8_e4m3fn with {name + '_scale_inv'!r}")
+            continue
+        if rule.integer and found.dtype.kind in "iu":
             continue
         if found.dtype not in dtypes.FLOAT_SOURCES:
             raise BadInputError(f"{found.file}: tensor {found.name!r} has dtype {found.dtype}, expected a float dtype")
@@ -490,14 +503,15 @@ def _job(inst: _Instance, spec: ModelSpec, inputs: dict[str, Input], dtype: np.d
         path = ("params", output.collection) + (stack.path(output.path) if stack is not None else output.path)
         shapes.append((path, shape, stack_axes, output.steps))
     dtype = dtypes.leaf_dtype(dtype, pieces[0].dtype)
-    leaf_shapes = tuple(LeafShape(shape, axes, steps, dtype.itemsize) for _, shape, axes, steps in shapes)
+    leaf_dtypes = [np.dtype(o.dtype) if o.dtype else dtype for o in r.outputs]
+    leaf_shapes = tuple(LeafShape(shape, axes, steps, d.itemsize) for (_, shape, axes, steps), d in zip(shapes, leaf_dtypes))
     try:
         tiling = plan_tiling(source_shape, pieces[0].dtype.itemsize, leaf_shapes, stack_shape, spec, devices,
                              order=pieces[0].order, whole=pieces[0].whole_axes)
     except Misaligned as err:
         raise BadInputError(f"{pieces[0].file}: tensor {pieces[0].name!r}: {err}") from None
-    leaves = tuple(LeafPlan(path, shape, dtype, axes, steps, chunk)
-                   for (path, shape, axes, steps), chunk in zip(shapes, tiling.chunks))
+    leaves = tuple(LeafPlan(path, shape, d, axes, steps, chunk)
+                   for (path, shape, axes, steps), chunk, d in zip(shapes, tiling.chunks, leaf_dtypes))
     return Job(r, pieces, inst.positions, source_shape, leaves, tiling)
 
 

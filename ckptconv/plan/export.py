@@ -121,8 +121,12 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
     devices = _device_count(next(iter(params.values())))
     candidates = []
     # scanned or not, with the encoders or not (convert --multimodal): the layout whose leaves the checkpoint holds
+    # a quantised release read dequantised is exported as its bf16 release stores it (Llama 4 Maverick FP8's
+    # experts one by one become the fused tensors): its rules and joins are read without the quantisation
+    release = spec.values.get("quantization")
+    bf16 = {k: v for k, v in spec.values.items() if k != "quantization" or release == FP8_KEPT}
     for scan, encoders in itertools.product((True, False), (False, True) if family.encoders else (False,)):
-        layout_spec = replace(spec, values={**spec.values, MULTIMODAL: encoders})
+        layout_spec = replace(spec, values={**bf16, MULTIMODAL: encoders})
         try:
             stacks = family.layout(layout_spec, scan)
         except LayoutError:  # a model MaxText cannot scan: only the unscanned layout is a candidate
@@ -134,6 +138,8 @@ def make_export_plan(like: Source, stored: list[StoredLeaf], *, dtype: str = set
         candidates.append((scan, layout_spec, _where_stored(jobs, params)))
     scan, spec, jobs = max(candidates,
                            key=lambda c: len({leaf.path for job in c[2] for leaf in job.leaves} & params.keys()))
+    if release is not None:
+        spec = replace(spec, values={**spec.values, "quantization": release})  # the release's, for the report
     _check_leaves(where, like.uri, jobs, params)
     hf_names = _hf_names(like, family, [p.name for job in jobs for piece in job.pieces for p in written(piece)])
     tensors = tuple(TensorEntry(hf_names[p.name], p.dtype, p.shape)
@@ -252,6 +258,9 @@ def _hf_names(like: Source, family: Family, names: list[str]) -> dict[str, str]:
                 if any(name.startswith(alias) for name in stored)]
     renamed = {}
     for name in names:
+        if name in stored:  # stored under the rules' own name (Qwen3-VL's model.visual.* beside model.language_model.*)
+            renamed[name] = name
+            continue
         prefix = next(((c, a) for c, a in prefixes if name.startswith(c)), None)
         renamed[name] = prefix[1] + name[len(prefix[0]):] if prefix else name
     return renamed

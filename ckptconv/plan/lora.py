@@ -24,7 +24,7 @@ import numpy as np
 from ckptconv import dtypes, settings
 from ckptconv.errors import BadInputError
 from ckptconv.families import family_for
-from ckptconv.families.base import Family
+from ckptconv.families.base import Family, applies
 from ckptconv.families.inputs import LoraMerged, Plain
 from ckptconv.families.lora import ADAPTER_PREFIX, LEAF_A, LEAF_B, RANK, VALUE, Target, adapter_family, targets
 from ckptconv.plan.conversion import (
@@ -248,7 +248,7 @@ def _has_leaves(family: Family, target: Target, spec: ModelSpec, params: dict) -
     for scan in (True, False):
         for stack in family.layout(spec, scan):
             for r in lora_family.active_rules(spec):
-                if r.kinds is None or stack.kind in r.kinds:
+                if applies(r, stack):
                     if (*PARAMS_ROOT, *stack.path(r.outputs[0].path)) in params:
                         return True
     return False

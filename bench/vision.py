@@ -1,0 +1,436 @@
+"""Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
+``bench/VISION.md``.
+
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,memory] [--keep] [--no-logits]
+
+Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
+with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
+and ``--multimodal --scan-layers`` refused); ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
+For Gemma 3:
+
+1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
+   rounded to bfloat16, saved by ``save_pretrained`` and its tower renamed to the releases' names
+   (``vision_tower.vision_model.*``; transformers >= 5.8 writes ``vision_tower.*``). The tower is sized for
+   MaxText's Gemma 3 vision path, which hard-codes an 896x896 image and 256 soft tokens per image: patch 56 gives
+   16x16 = 256 patches (MaxText's ``VisionExit`` and HF's projector pool then leave them as they are).
+2. ``ckptconv convert --multimodal`` and MaxText's ``to_maxtext ... use_multimodal=true`` (its eager
+   ``transformers`` loader, the one its Gemma 3 mapping is written for), scanned on 16 devices and unscanned on 1;
+   the outputs compared leaf by leaf with ``bench/compare_outputs.py``.
+3. MaxText's own forward pass (``model_creation_utils.from_pretrained``, float32) on ckptconv's float32
+   checkpoint against transformers' float32 logits, on text alone and on text around one image (the image's
+   256 placeholder tokens bidirectional in both, as ``token_type_ids`` / MaxText's placeholder mask make them).
+
+The script runs itself in MaxText's venv for the steps that need MaxText or torch (``hf`` and ``forward``).
+Work files go to bench/work/vision/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+WORK = BENCH / "work" / "vision"
+MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
+TOLERANCE = 1e-4
+MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+PLACEHOLDER = 262144  # MaxText's GEMMA_TOKEN_PLACEHOLDER, and transformers' default image_token_index
+# hidden 64: sqrt(64) = 8 is exact in bfloat16. MaxText's converter (and ckptconv, as MaxText) store the embedding
+# times sqrt(hidden) rounded to bfloat16, transformers scales by the exact root: at hidden 48 (6.9375 vs 6.9282)
+# that alone moved the logits by 9e-4 on text and image alike, hiding what the comparison is for.
+TEXT = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 7,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 24, "query_pre_attn_scalar": 24,
+        "sliding_window": 512, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+          "image_size": 896, "patch_size": 56, "vision_use_head": False}
+TOP = {"mm_tokens_per_image": 256, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": PLACEHOLDER}
+TEXT_TOKENS = [2, 17, 41, 9, 33, 60, 5, 88, 12, 70, 21, 6]
+PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x image <eoi>
+
+# (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
+CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
+         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1)]
+# Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
+# after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
+QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
+
+
+# --- in MaxText's venv -----------------------------------------------------------------------
+
+def make_hf(out: Path) -> None:
+    """The tiny model, its hub-named files, and transformers' float32 logits on both inputs."""
+    import ml_dtypes  # noqa: F401  (safetensors' numpy reader needs bfloat16 known)
+    import numpy as np
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(Gemma3Config(text_config=TEXT, vision_config=VISION, **TOP))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32) + 0)
+            if p.ndim == 1:  # norms and biases: non-zero, so a missed (1 + w) or bias shows
+                p.add_(torch.randn_like(p).mul(0.1).to(torch.bfloat16).to(torch.float32))
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(str(out))
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    save_file({("vision_tower.vision_model." + k[len("vision_tower."):] if k.startswith("vision_tower.") else k): v
+               for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
+    model = Gemma3ForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).eval()  # reads them back
+    rng = np.random.default_rng(7)
+    pixels = rng.uniform(-1, 1, (1, 3, 896, 896)).astype(np.float32)
+    image_ids = PREFIX + [PLACEHOLDER] * 256 + SUFFIX
+    with torch.no_grad():
+        text = model(input_ids=torch.tensor([TEXT_TOKENS])).logits[0].numpy()
+        ids = torch.tensor([image_ids])
+        image = model(input_ids=ids, pixel_values=torch.from_numpy(pixels),
+                      token_type_ids=(ids == PLACEHOLDER).long()).logits[0].numpy()
+    np.save(out / "pixels.npy", pixels)
+    np.save(out / "image_ids.npy", np.array(image_ids))
+    np.save(out / "text_logits.npy", text)
+    np.save(out / "image_logits.npy", image)
+
+
+def qwen3_vl_sizes(config: dict) -> list[str]:
+    """MaxText's qwen3-vl-2b given the checkpoint's text and tower sizes, use_multimodal=true (unscanned)."""
+    text, vision = config["text_config"], config["vision_config"]
+    values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
+              "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
+              "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": text["num_hidden_layers"],
+              "vocab_size": text["vocab_size"], "scan_layers": "false", "use_multimodal": "true",
+              "mrope_section": json.dumps(text["rope_scaling"]["mrope_section"]).replace(" ", ""),
+              "hidden_size_for_vit": vision["hidden_size"], "intermediate_size_for_vit": vision["intermediate_size"],
+              "num_attention_heads_for_vit": vision["num_heads"], "num_hidden_layers_for_vit": vision["depth"],
+              "deepstack_visual_indexes_for_vit": json.dumps(vision["deepstack_visual_indexes"]).replace(" ", ""),
+              "out_hidden_size_for_vit": vision["out_hidden_size"],
+              "num_position_embeddings_for_vit": vision.get("num_position_embeddings", 2304),
+              "patch_size_for_vit": vision.get("patch_size", 16),
+              "temporal_patch_size_for_vit": vision.get("temporal_patch_size", 2),
+              "spatial_merge_size_for_vit": vision.get("spatial_merge_size", 2)}
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def maxtext_sizes(scan: bool) -> list[str]:
+    values = {"base_emb_dim": TEXT["hidden_size"], "base_num_query_heads": TEXT["num_attention_heads"],
+              "base_num_kv_heads": TEXT["num_key_value_heads"], "head_dim": TEXT["head_dim"],
+              "base_mlp_dim": TEXT["intermediate_size"], "base_num_decoder_layers": TEXT["num_hidden_layers"],
+              "scan_layers": str(scan).lower(), "use_multimodal": "true",
+              "hidden_size_for_vit": VISION["hidden_size"], "intermediate_size_for_vit": VISION["intermediate_size"],
+              "num_hidden_layers_for_vit": VISION["num_hidden_layers"],
+              "num_attention_heads_for_vit": VISION["num_attention_heads"], "image_size_for_vit": VISION["image_size"],
+              "patch_size_for_vit": VISION["patch_size"], "conv_stride_for_vit": VISION["patch_size"]}
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def forward(ckpt: str, hf_dir: str, work: str) -> dict:
+    """MaxText's model on ckptconv's checkpoint (scanned, float32): logits on text, and on text and an image."""
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+
+    hf = Path(hf_dir)
+    image_ids = np.load(hf / "image_ids.npy")
+    overrides = {
+        "model_name": "gemma3-4b", "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
+        "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": len(image_ids),
+        "max_prefill_predict_length": len(image_ids), "enable_checkpointing": False, "enable_dropout": False,
+        "sliding_window_size": TEXT["sliding_window"], "rope_max_timescale": 10000, "local_rope_max_timescale": 10000,
+        "rope_linear_scaling_factor": 1.0, "dtype_mm": "float32",
+    }
+    settings = [f"{k}={v}" for k, v in overrides.items()] + maxtext_sizes(True)
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    config = pyconfig.initialize(["logits", base, *settings])
+    model, _ = model_creation_utils.from_pretrained(config)
+    result = {}
+    for name, ids, images in (("text", np.array(TEXT_TOKENS), None),
+                              ("image", image_ids, np.load(hf / "pixels.npy").transpose(0, 2, 3, 1))):
+        tokens = jnp.asarray(ids[None], jnp.int32)
+        positions = jnp.arange(len(ids), dtype=jnp.int32)[None]
+        kwargs = {} if images is None else {"encoder_images": jnp.asarray(images, jnp.float32)}
+        logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False, **kwargs),
+                            np.float32)[0]
+        want = np.load(hf / f"{name}_logits.npy")
+        diff = float(np.abs(logits[:, : want.shape[-1]] - want).max())
+        result[name] = {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(want).max()),
+                        "tokens": int(len(ids)), "ok": diff <= TOLERANCE}
+    return result
+
+
+# --- in ckptconv's venv ----------------------------------------------------------------------
+
+def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})})
+    log.write_text(result.stdout + result.stderr)
+    return result
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1][:200] if lines else f"exit {result.returncode}"
+
+
+def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
+    from ckptconv.commands import synth
+
+    config = synth.SynthModel(model_type="qwen3_vl", num_layers=2, vocab_size=300).config()
+    config["vision_config"].update(QWEN3_VL_VISION)
+    path = WORK / "qwen3-vl-config.json"
+    path.write_text(json.dumps(config))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
+
+
+def refusal(hf: Path) -> dict:
+    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
+    dst = WORK / "qwen3-vl-scan-refused"
+    shutil.rmtree(dst, ignore_errors=True)
+    result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
+                  "--scan-layers"], WORK / "qwen3-vl-scan-refused.log")
+    return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
+
+
+def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> dict:
+    root = WORK / name
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    ours, theirs = root / "ckptconv", root / "maxtext"
+    layout = ["--devices", str(devices), "--scan-layers" if scan else "--no-scan-layers", "--multimodal"]
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", *layout],
+               root / "ckptconv.log")
+    if family == "gemma3":
+        model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
+    else:
+        model, loader = "qwen3-vl-2b", "safetensors"
+        sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
+    mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
+              "--lazy_load_tensors=false", f"--eager_load_method={loader}",
+              f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
+             root / "maxtext.log", env={**MT_ENV, "HF_HOME": str(WORK / "hf-home")})
+    row = {"case": name, "family": family, "scan": scan, "devices": devices, "ckptconv_exit": mine.returncode,
+           "maxtext_exit": mt.returncode}
+    if mine.returncode or mt.returncode:
+        return row | {"error": last_line(mine if mine.returncode else mt)}
+    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", root / "compare.json"],
+                   root / "compare.log", env=MT_ENV)
+    result = json.loads((root / "compare.json").read_text())
+    tower = [leaf for leaf in result.get("compared", result.get("leaves", [])) if "vision_encoder" in str(leaf)]
+    return row | {"identical": result["identical"], "leaves": result["leaves_compared"],
+                  "vision_leaves": len(tower) or None, "bytes": result["bytes_compared"],
+                  "value_mismatches": result["value_mismatches"][:3], "only_in_ckptconv": result["only_in_a"],
+                  "only_in_maxtext": result["only_in_b"], "compare_exit": compared.returncode,
+                  "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})}
+
+
+def logits_case(hf: Path) -> dict:
+    root = WORK / "logits"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    ours = root / "ckptconv-f32"
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
+                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    if mine.returncode:
+        return {"error": last_line(mine)}
+    fwd = run([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
+    if fwd.returncode:
+        return {"error": last_line(fwd)}
+    return json.loads(fwd.stdout.strip().splitlines()[-1])
+
+
+def memory_case() -> dict:
+    """Peak RSS of ``convert --multimodal`` at Gemma 3 4B's widths (2 decoder layers, the release's whole SigLIP
+    tower: 27 layers, hidden 1152, MLP 4304, 4096 positions; 0.83 GB of tower) against ``plan``'s prediction."""
+    from ckptconv.commands import synth
+
+    class WithTower(synth.SynthModel):
+        def config(self) -> dict:
+            config = super().config()
+            config["vision_config"] = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                       "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                                       "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+            return config
+
+    src = WORK / "memory-src"
+    shutil.rmtree(src, ignore_errors=True)
+    synth.write_checkpoint(WithTower(model_type="gemma3", vocab_size=262208, hidden_size=2560, num_layers=2,
+                                     num_heads=8, num_kv_heads=4, head_dim=256, intermediate_size=10240,
+                                     encoders=True), str(src))
+    rows = []
+    for devices in (16, 1):
+        dst = WORK / f"memory-dst{devices}"
+        shutil.rmtree(dst, ignore_errors=True)
+        flags = ["--multimodal", "--devices", str(devices)]
+        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "memory-plan.log")
+        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
+                   WORK / "memory-convert.log")
+        report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
+        rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
+                     "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
+                     "leaves": report.get("leaves"), "exit": done.returncode})
+        shutil.rmtree(dst, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    return {"rows": rows}
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | - | - | failed (ckptconv exit "
+                         f"{r['ckptconv_exit']}, MaxText exit {r['maxtext_exit']}: `{r['error']}`) | - |")
+            continue
+        result = "**identical**" if r["identical"] else (
+            f"DIFFERENT: {r['value_mismatches'] or r['only_in_ckptconv'] or r['only_in_maxtext']}")
+        lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | "
+                     f"{result} | {', '.join(r['metadata_differences']) or 'none'} |")
+    return lines
+
+
+def write(results: dict, path: Path) -> None:
+    lines = [
+        "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
+        "",
+        f"Written by `bench/vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(families run then: {', '.join(sorted(results.get('_ran', [])))}; others kept from earlier runs).",
+        "Each checkpoint: tiny, random, made by transformers' own class, weights rounded to bfloat16; converted by "
+        "`ckptconv convert --multimodal` and by MaxText's `to_maxtext` with `use_multimodal=true` (eager loader), "
+        "both bfloat16; restored with Orbax and compared bit for bit. Chunk shapes differ (ckptconv's are finer, "
+        "inside one device's shard); MaxText reads any. Leaf counts include MaxText's `step`.",
+        "",
+    ]
+    gemma = results.get("gemma3")
+    if gemma:
+        lines += [
+            "## Gemma 3 (SigLIP tower + multimodal projector)", "",
+            "7 decoder layers (hidden 64: sqrt(64) is exact in bfloat16, see the driver); tower: 2 layers, hidden 32, 2 heads, MLP 64, an 896x896 image in 56x56 "
+            "patches = 256 positions (MaxText's Gemma 3 vision path hard-codes 896x896 and 256 soft tokens). Stored "
+            "with the releases' names (`language_model.model.*`, `vision_tower.vision_model.*`, "
+            "`multi_modal_projector.*`); MaxText's `transformers` loader, as its Gemma 3 mapping expects.", "",
+            *table(gemma["rows"]), "",
+            "The tower and projector are 7 + 16 x 2 = 39 of the leaves; `encoderblock_{i}` are unscanned in both "
+            "layouts, as MaxText's vision encoder has no scan.", ""]
+        logits = gemma.get("logits")
+        if logits is not None:
+            lines += ["### MaxText's forward pass on ckptconv's checkpoint", "",
+                      "ckptconv `--multimodal --dtype float32 --devices 1` (scanned); MaxText 0.2.5's "
+                      "`model_creation_utils.from_pretrained` and one forward pass in float32 against transformers' "
+                      "float32 logits (tolerance 1e-4). The image input: random pixels, its 256 placeholder tokens "
+                      "between `<boi>` and `<eoi>`, bidirectional among themselves in both (`token_type_ids`; "
+                      "MaxText's placeholder mask).", ""]
+            if "error" in logits:
+                lines.append(f"failed: `{logits['error']}`")
+            else:
+                lines += ["| input | tokens | max abs logit | max abs diff | within 1e-4 |", "|---|---|---|---|---|"]
+                for name, r in logits.items():
+                    what = "text" if name == "text" else "text + one image (256 image tokens)"
+                    lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | "
+                                 f"{r['max_abs_logits_diff']:.2e} | {'yes' if r['ok'] else '**no**'} |")
+            lines.append("")
+    memory = results.get("memory")
+    if memory:
+        lines += ["### Memory at the release's tower widths", "",
+                  "`convert --multimodal` of Gemma 3 4B's widths (2 decoder layers) with the release's whole SigLIP "
+                  "tower (27 layers, hidden 1152, MLP 4304, 4096 positions: 0.83 GB of the checkpoint), peak RSS "
+                  "as the report measures it against `plan`'s prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in memory["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
+    qwen = results.get("qwen3_vl")
+    if qwen:
+        refused = qwen.get("refusal", {})
+        lines += [
+            "## Qwen3-VL (dense): vision tower, deepstack mergers, merger", "",
+            "2 decoder layers (hidden 64); tower: 2 blocks, hidden 32, 2 heads, MLP 64, a deepstack merger after "
+            "each (`deepstack_visual_indexes` [0, 1]), made by `Qwen3VLForConditionalGeneration` "
+            "(`model.language_model.*`, `model.visual.*`). MaxText's model `qwen3-vl-2b`, its `safetensors` "
+            "loader. MaxText runs this path unscanned only (its config check refuses `scan_layers` with deepstack "
+            "indexes), so both rows are unscanned: on 16 devices and on 1.", "",
+            *table(qwen["rows"]), "",
+            f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
+            f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
+            f"    {refused.get('stderr', '')}", "",
+            "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
+            "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["hf"]:
+        make_hf(Path(argv[1]))
+        return 0
+    if argv[:1] == ["forward"]:
+        print(json.dumps(forward(*argv[1:4])))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
+                        help="families to run, and memory (others kept from results.json)")
+    parser.add_argument("--keep", action="store_true", help="keep the work files")
+    parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
+    parser.add_argument("--out", default=str(BENCH / "VISION.md"))
+    args = parser.parse_args(argv)
+    WORK.mkdir(parents=True, exist_ok=True)
+    saved = WORK / "results.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
+    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "memory")}  # earlier formats dropped
+    wanted = args.only.split(",")
+    results["_ran"] = wanted
+    ok = True
+    for family in wanted:
+        if family == "memory":
+            results["memory"] = memory_case()
+            print(json.dumps(results["memory"]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["memory"]["rows"])
+            continue
+        hf = WORK / f"hf-{family}"
+        shutil.rmtree(hf, ignore_errors=True)
+        made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
+                else make_qwen3_vl(hf))
+        if made.returncode:
+            print(last_line(made), file=sys.stderr)
+            return 1
+        rows = []
+        for name, case_family, scan, devices in CASES:
+            if case_family == family:
+                rows.append(compare_case(name, family, scan, devices, hf))
+                print(json.dumps(rows[-1]), flush=True)
+        entry = {"rows": rows}
+        if family == "gemma3" and not args.no_logits:
+            entry["logits"] = logits_case(hf)
+            print(json.dumps(entry["logits"]), flush=True)
+            ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
+        if family == "qwen3_vl":
+            entry["refusal"] = refusal(hf)
+            ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
+        results[family] = entry
+        ok &= all(r.get("identical") for r in rows)
+        if not args.keep:
+            for name, case_family, _, _ in CASES:
+                if case_family == family:
+                    shutil.rmtree(WORK / name / "maxtext", ignore_errors=True)
+    saved.write_text(json.dumps(results, indent=2))
+    write(results, Path(args.out))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
