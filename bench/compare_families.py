@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
-from ckptconv.families import gemma4, olmo3  # noqa: E402
+from ckptconv.families import gemma4, gemma4_small, olmo3  # noqa: E402
 from tests import hub_checkpoints  # noqa: E402
 
 
@@ -121,7 +121,13 @@ def overrides(case: Case) -> list[str]:
     if model_type in ("qwen3_moe", "mixtral", "gpt_oss", "qwen3_vl_moe", "qwen3_omni_moe"):
         values |= {"num_experts": text.get("num_experts", text.get("num_local_experts")), "num_experts_per_tok": 2,
                    "base_moe_mlp_dim": text.get("moe_intermediate_size", text["intermediate_size"])}
-    if model_type == "gemma4":  # the global layers' sizes; 26B-A4B: routed experts beside the dense MLP (shared)
+    if model_type == "gemma4" and text.get("hidden_size_per_layer_input"):  # E2B / E4B: gemma4_small
+        values |= {"global_head_dim": text["global_head_dim"], "use_multimodal": "false",
+                   "hidden_size_per_layer_input": text["hidden_size_per_layer_input"],
+                   "vocab_size_per_layer_input": text["vocab_size_per_layer_input"],
+                   "num_kv_shared_layers": text["num_kv_shared_layers"],
+                   "use_double_wide_mlp": str(text["use_double_wide_mlp"]).lower()}
+    elif model_type == "gemma4":  # the global layers' sizes; 26B-A4B: routed experts beside the dense MLP (shared)
         values |= {"global_head_dim": text["global_head_dim"],
                    "global_num_kv_heads": text["num_global_key_value_heads"], "use_multimodal": "false"}
         if text.get("enable_moe_block"):
@@ -161,6 +167,14 @@ QWEN3_OMNI = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=4, num_exp
 GEMMA4_31B = synth.SynthModel(model_type="gemma4", **{**gemma4.DENSE_TINY, "vocab_size": 300, "hidden_size": 48})
 GEMMA4_26B = synth.SynthModel(model_type="gemma4", **{**gemma4.MOE_TINY, "vocab_size": 300, "hidden_size": 80,
                                                       "num_layers": 12})
+# Gemma 4 E2B (4 sliding + 1 full; the last 4 of 10 layers share keys and values, their MLPs twice as wide) and E4B
+# (5 + 1; 4 of 12 shared), per-layer inputs 16 wide; MaxText runs (and converts) them unscanned only
+GEMMA4_E2B = synth.SynthModel(model_type="gemma4", **{**gemma4.E2B_TINY, "vocab_size": 300, "hidden_size": 48,
+                                                      "config_overrides": gemma4_small.synthetic_fields(
+                                                          10, 5, shared=4, ple=16, wide=True, vocab=300)})
+GEMMA4_E4B = synth.SynthModel(model_type="gemma4", **{**gemma4.E4B_TINY, "vocab_size": 300, "hidden_size": 80,
+                                                      "config_overrides": gemma4_small.synthetic_fields(
+                                                          12, 6, shared=4, ple=16, wide=False, vocab=300)})
 # MaxText refuses its indexer with the default attention on the CPU ("only supported with dot_product attention")
 V32_ATTENTION = {"attention": "dot_product"}
 CASES = [
@@ -273,6 +287,12 @@ CASES = [
          maker="transformers"),
     Case("gemma4-26b-a4b", GEMMA4_26B, "gemma4-26b", maker="transformers"),
     Case("gemma4-26b-a4b-noscan-1dev", GEMMA4_26B, "gemma4-26b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    Case("gemma4-e2b-noscan", GEMMA4_E2B, "gemma4-e2b", scan=False, maker="transformers"),
+    Case("gemma4-e2b-noscan-1dev", GEMMA4_E2B, "gemma4-e2b", scan=False, devices=1, loader="safetensors",
+         maker="transformers"),
+    Case("gemma4-e4b-noscan", GEMMA4_E4B, "gemma4-e4b", scan=False, maker="transformers"),
+    Case("gemma4-e4b-noscan-1dev", GEMMA4_E4B, "gemma4-e4b", scan=False, devices=1, loader="safetensors",
          maker="transformers"),
     Case("olmo3-32b-yarn-hub", OLMO3_YARN, "olmo3-32b"),
     Case("olmo3-32b-yarn-hub-noscan-1dev", OLMO3_YARN, "olmo3-32b", scan=False, devices=1, loader="safetensors"),

@@ -74,6 +74,13 @@ CASES += [Case(f"{name}-{'scan' if scan else 'noscan'}", "gemma4", maxtext_model
           for name, maxtext_model, sizes in (("gemma4-31b", "gemma4-31b", GEMMA4),
                                              ("gemma4-26b-a4b", "gemma4-26b", GEMMA4_MOE))
           for scan in (True, False)]
+# Gemma 4 E2B (4 sliding + 1 full, the last 4 of 10 layers on shared keys and values with MLPs twice as wide) and
+# E4B (5 + 1, 4 of 12 shared), per-layer inputs 16 wide: MaxText's gemma4_small runs them unscanned only
+GEMMA4_SMALL = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 96,
+                "vocab_size": 300}
+CASES += [Case(f"{name}-noscan", "gemma4", name, False, GEMMA4_SMALL | {
+    "num_layers": layers, "config_overrides": {"sliding_window": 5}, "small": (period, wide)})
+    for name, layers, period, wide in (("gemma4-e2b", 10, 5, True), ("gemma4-e4b", 12, 6, False))]
 
 
 def hf_config(case: Case) -> dict:
@@ -82,6 +89,12 @@ def hf_config(case: Case) -> dict:
 
     sizes = dict(case.sizes)
     overrides = dict(sizes.pop("config_overrides", {}))
+    if "small" in sizes:  # Gemma 4 E2B / E4B: (period, wide MLPs), 4 shared layers, per-layer inputs 16 wide
+        from ckptconv.families import gemma4_small
+
+        period, wide = sizes.pop("small")
+        overrides |= gemma4_small.synthetic_fields(sizes["num_layers"], period, shared=4, ple=16, wide=wide,
+                                                   vocab=sizes["vocab_size"])
     if case.yarn:
         overrides |= {"rope_scaling": olmo3.YARN, "max_position_embeddings": 65536}
     return synth.SynthModel(model_type=case.model_type, config_overrides=overrides, **sizes).config()
@@ -146,13 +159,20 @@ def gemma4_overrides(text: dict) -> dict:
     rope = text["rope_parameters"]
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
               "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
-              "global_head_dim": text["global_head_dim"], "global_num_kv_heads": text["num_global_key_value_heads"],
+              "global_head_dim": text["global_head_dim"],
               "base_mlp_dim": text["intermediate_size"], "base_num_decoder_layers": text["num_hidden_layers"],
               "normalization_layer_epsilon": text["rms_norm_eps"], "sliding_window_size": text["sliding_window"],
               "local_rope_max_timescale": rope["sliding_attention"]["rope_theta"],
               "global_rope_max_timescale": rope["full_attention"]["rope_theta"],
               "global_rope_proportion": rope["full_attention"]["partial_rotary_factor"],
               "final_logits_soft_cap": text["final_logit_softcapping"], "use_multimodal": "false"}
+    if text.get("hidden_size_per_layer_input"):  # E2B / E4B (gemma4_small): their global layers keep the KV heads
+        values |= {"hidden_size_per_layer_input": text["hidden_size_per_layer_input"],
+                   "vocab_size_per_layer_input": text["vocab_size_per_layer_input"],
+                   "num_kv_shared_layers": text["num_kv_shared_layers"],
+                   "use_double_wide_mlp": str(text["use_double_wide_mlp"]).lower()}
+    else:
+        values["global_num_kv_heads"] = text["num_global_key_value_heads"]
     if text.get("enable_moe_block"):
         values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["top_k_experts"],
                    "base_moe_mlp_dim": text["moe_intermediate_size"], "shared_experts": 1}

@@ -523,20 +523,27 @@ def gemma4_layer_params(decoder: dict, i: int, scan: bool) -> dict:
     return _take(_take(decoder["scanned_blocks"]["local_layers"], block, 1), position, 1)
 
 
-def _gemma4_attention(h, att, positions, sem: Semantics, local: bool):
+def _gemma4_attention(h, att, positions, sem: Semantics, local: bool, shared_kv: dict | None = None):
     """q/k RMSNorm (scaled), v RMSNorm (unscaled); keys serve as values where no value kernel is stored; RoPE on
-    halves (local: all of head_dim; global: its first ``partial_rotary_factor``, "proportional"); no query scaling."""
+    halves (local: all of head_dim; global: its first ``partial_rotary_factor``, "proportional"); no query scaling.
+    ``shared_kv`` (E2B / E4B): a layer without a key kernel takes the last earlier layer of its kind's keys and
+    values (rotated and normed); a layer with one leaves them there."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
-    q = np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"]))
-    k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
-    v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"])) if "value" in att else k
-    q, k = rms_norm(q, att["query_norm"]["scale"], sem.eps), rms_norm(k, att["key_norm"]["scale"], sem.eps)
-    v = rms_norm(v, np.ones(v.shape[-1], np.float32), sem.eps)
+    q = rms_norm(np.einsum("te,ehd->thd", h, f32(att["query"]["kernel"])), att["query_norm"]["scale"], sem.eps)
     head_dim = q.shape[-1]
     inv_freq = rope_frequencies(head_dim, sem.extra["local_theta" if local else "global_theta"], None)
     if not local:
         inv_freq[int(sem.extra["partial_rotary_factor"] * head_dim // 2):] = 0.0
-    q, k = apply_rope(q, positions, inv_freq, False), apply_rope(k, positions, inv_freq, False)
+    q = apply_rope(q, positions, inv_freq, False)
+    if "key" in att:
+        k = np.einsum("te,ehd->thd", h, f32(att["key"]["kernel"]))
+        v = np.einsum("te,ehd->thd", h, f32(att["value"]["kernel"])) if "value" in att else k
+        k = apply_rope(rms_norm(k, att["key_norm"]["scale"], sem.eps), positions, inv_freq, False)
+        v = rms_norm(v, np.ones(v.shape[-1], np.float32), sem.eps)
+        if shared_kv is not None:
+            shared_kv[local] = k, v
+    else:
+        k, v = shared_kv[local]
     groups = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, groups, axis=1), np.repeat(v, groups, axis=1)
     scores = np.einsum("qhd,khd->hqk", q, k) + np.triu(np.full((q.shape[0],) * 2, -np.inf), 1)
@@ -572,21 +579,43 @@ def _gemma4_moe(x, h, mlp, sem: Semantics):
     return shared + rms_norm(out, mlp["post_feedforward_layernorm_2"]["scale"], sem.eps)
 
 
+def _gemma4_per_layer_inputs(embedder: dict, tokens: np.ndarray, x: np.ndarray, sem: Semantics) -> np.ndarray:
+    """E2B / E4B (MaxText's Gemma4SmallPLE): (tokens, layers, ple) = (the token's row of embed_tokens_per_layer
+    times sqrt(ple) + RMSNorm(x @ per_layer_model_projection / sqrt(hidden))) / sqrt(2)."""
+    f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
+    ple = embedder["per_layer_projection_norm"]["scale"].shape[0]
+    identity = f32(embedder["embed_tokens_per_layer"])[tokens] * np.float32(ple ** 0.5)
+    context = (x @ f32(embedder["per_layer_model_projection"]["kernel"])) * np.float32(x.shape[-1] ** -0.5)
+    context = rms_norm(context.reshape(len(tokens), sem.num_layers, ple),
+                       embedder["per_layer_projection_norm"]["scale"], sem.eps)
+    return (identity.reshape(len(tokens), sem.num_layers, ple) + context) * np.float32(2 ** -0.5)
+
+
 def gemma4_forward(params: dict, tokens: np.ndarray, sem: Semantics, *, scan: bool) -> np.ndarray:
-    """Gemma 4's text decoder: 5 sliding + 1 full layers, each ending in ``layer_scalar``; Gemma's embedding and
-    tied, soft-capped logits."""
+    """Gemma 4's text decoder: 5 sliding + 1 full layers (E2B: 4 + 1), each ending in ``layer_scalar``; Gemma's
+    embedding and tied, soft-capped logits. E2B / E4B: per-layer inputs added after the MLP through a gelu gate, and
+    layers without key kernels on the last earlier same-kind layer's keys and values."""
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     embedding = f32(params["token_embedder"]["embedding"])
     x = embedding[tokens]
     positions = np.arange(len(tokens), dtype=np.float64)
+    embedder = params["decoder"].get("per_layer_embedder")
+    per_layer = _gemma4_per_layer_inputs(embedder, tokens, x, sem) if embedder else None
+    period, shared_kv = sem.extra.get("period", 6), {}
     for i in range(sem.num_layers):
         p = gemma4_layer_params(params["decoder"], i, scan)
         h = rms_norm(x, p["pre_self_attention_norm"]["scale"], sem.eps)
-        h = _gemma4_attention(h, p["self_attention"], positions, sem, local=i % 6 != 5)
+        h = _gemma4_attention(h, p["self_attention"], positions, sem, local=i % period != period - 1,
+                              shared_kv=shared_kv)
         x = x + rms_norm(h, p["post_self_attention_norm"]["scale"], sem.eps)
         h = rms_norm(x, p["pre_ffw_norm"]["scale"], sem.eps)
         h = _gemma4_moe(x, h, p["mlp"], sem) if "moe_block" in p["mlp"] else _mlp(h, p["mlp"], _gelu_tanh)
-        x = (x + rms_norm(h, p["post_ffw_norm"]["scale"], sem.eps)) * f32(p["layer_scalar"])
+        x = x + rms_norm(h, p["post_ffw_norm"]["scale"], sem.eps)
+        if per_layer is not None:
+            gate = _gelu_tanh(x @ f32(p["per_layer_input_gate"]["kernel"])) * per_layer[:, i]
+            x = x + rms_norm(gate @ f32(p["per_layer_projection"]["kernel"]), p["post_per_layer_input_norm"]["scale"],
+                             sem.eps)
+        x = x * f32(p["layer_scalar"])
     x = rms_norm(x, params["decoder"]["decoder_norm"]["scale"], sem.eps)
     logits = x @ embedding.T / np.float32(math.sqrt(x.shape[-1]))
     return np.tanh(logits / sem.final_softcap) * sem.final_softcap if sem.final_softcap else logits

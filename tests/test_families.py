@@ -16,7 +16,7 @@ from ckptconv.commands import synth
 from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
-from ckptconv.families.base import MIB, always
+from ckptconv.families.base import MIB, UnscannedOnly, always
 from ckptconv.plan.conversion import make_plan, read_spec, with_encoders
 from ckptconv.read.sources import LocalSource
 
@@ -305,10 +305,12 @@ def gemma4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
         return tree | {f"mlp/{n}/scale": (emb,) for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
                                                             "post_feedforward_layernorm_2")}
 
-    local = layer(t["head_dim"], t["num_key_value_heads"], True)
-    full = layer(t["global_head_dim"], t["num_global_key_value_heads"], False)
     layers = t["num_hidden_layers"]
     tree = {"token_embedder/embedding": (262144, emb), "decoder/decoder_norm/scale": (emb,)}
+    if t.get("hidden_size_per_layer_input"):
+        return {f"params/params/{k}": v for k, v in (tree | gemma4_small_leaves(t, layer)).items()}
+    local = layer(t["head_dim"], t["num_key_value_heads"], True)
+    full = layer(t["global_head_dim"], t["num_global_key_value_heads"], False)
     if not scan:
         for i in range(layers):
             tree |= {f"decoder/layers_{i}/{k}": v for k, v in (full if i % 6 == 5 else local).items()}
@@ -317,6 +319,41 @@ def gemma4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
         tree |= {f"decoder/scanned_blocks/local_layers/{k}": (v[0], blocks, 5, *v[1:]) for k, v in local.items()}
         tree |= {f"decoder/scanned_blocks/global_layer/{k}": stacked(v, blocks) for k, v in full.items()}
     return {f"params/params/{k}": v for k, v in tree.items()}
+
+
+def gemma4_small_leaves(t: dict, layer: Callable) -> dict[str, tuple]:
+    """MaxText's gemma4_small tree (E2B / E4B; unscanned only): Gemma4SmallPLE under decoder/per_layer_embedder;
+    layers of 4 (E2B) or 5 sliding + 1 full, global ones with the local KV heads and a value kernel; the last
+    num_kv_shared_layers without key, value or key norm, their MLP doubled with use_double_wide_mlp; every layer
+    with its per-layer input gate, projection and norm."""
+    emb, ple, layers = t["hidden_size"], t["hidden_size_per_layer_input"], t["num_hidden_layers"]
+    period = t["layer_types"].index("full_attention") + 1
+    first_shared = layers - t["num_kv_shared_layers"]
+    tree = {"decoder/per_layer_embedder/embed_tokens_per_layer": (t["vocab_size_per_layer_input"], layers * ple),
+            "decoder/per_layer_embedder/per_layer_model_projection/kernel": (emb, layers * ple),
+            "decoder/per_layer_embedder/per_layer_projection_norm/scale": (ple,)}
+    for i in range(layers):
+        hd = t["global_head_dim"] if i % period == period - 1 else t["head_dim"]
+        leaves = layer(hd, t["num_key_value_heads"], True)
+        if i >= first_shared:
+            leaves = {k: v for k, v in leaves.items() if k.split("/")[1:2] not in (["key"], ["value"], ["key_norm"])}
+            if t["use_double_wide_mlp"]:
+                mlp = 2 * t["intermediate_size"]
+                leaves |= {"mlp/wi_0/kernel": (emb, mlp), "mlp/wi_1/kernel": (emb, mlp), "mlp/wo/kernel": (mlp, emb)}
+        leaves |= {"per_layer_input_gate/kernel": (emb, ple), "per_layer_projection/kernel": (ple, emb),
+                   "post_per_layer_input_norm/scale": (emb,)}
+        tree |= {f"decoder/layers_{i}/{k}": v for k, v in leaves.items()}
+    return tree
+
+
+def unscanned_only(model: synth.SynthModel) -> bool:
+    """A model MaxText's code runs unscanned only (Gemma 4 E2B / E4B): its scanned conversion is refused."""
+    family = BY_MODEL_TYPE[model.model_type]
+    try:
+        family.layout(read_spec(family, model.config(), "config.json"), True)
+    except UnscannedOnly:
+        return True
+    return False
 
 
 # MaxText's tree per family, restated: a family added to the registry needs its own here (the registry test checks).
@@ -466,6 +503,10 @@ def test_every_example_plans_maxtexts_tree(tmp_path, name, scan):
     family, fields = EXAMPLES[name]
     model = synth.for_family(family, fields)
     synth.write_checkpoint(model, str(tmp_path), max_shard_bytes=5 * 10**9, header_only=True)
+    if scan and unscanned_only(model):
+        with pytest.raises(BadInputError, match="unscanned only"):
+            make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=16)
+        return
     plan = make_plan(LocalSource(str(tmp_path)), scan_layers=scan, devices=16)
     assert {leaf.name: leaf.shape for leaf in plan.leaves} == maxtext_leaves(model.model_type, model, scan)
 

@@ -76,7 +76,8 @@ SEMANTICS: dict[str, Callable[[synth.SynthModel, dict], Semantics]] = {
         top_k=t.get("top_k_experts") or 0,
         extra={"local_theta": t["rope_parameters"]["sliding_attention"]["rope_theta"],
                "global_theta": t["rope_parameters"]["full_attention"]["rope_theta"],
-               "partial_rotary_factor": t["rope_parameters"]["full_attention"]["partial_rotary_factor"]}),
+               "partial_rotary_factor": t["rope_parameters"]["full_attention"]["partial_rotary_factor"],
+               "period": t["layer_types"].index("full_attention") + 1}),  # E2B: 4 sliding + 1 full
     "deepseek": lambda m, t: Semantics(**_base(m, t), moe="deepseek", top_k=t["num_experts_per_tok"],
                                        layout="deepseek", extra={
                                            "dense_layers": t["first_k_dense_replace"],

@@ -19,8 +19,13 @@ holds the local layers on axes (1, 2) as (blocks, 5), ``decoder/scanned_blocks/g
 on axis 1. MaxText runs layer ``i`` as global iff ``i % 6 == 5`` while transformers forces the last layer global,
 so a layer count that is not a multiple of 6 is refused. The vision (and audio) towers are not part of MaxText's
 text decoder and are named in the report.
+
+E2B / E4B (per-layer inputs, shared KV layers; MaxText's ``gemma4_small``, unscanned only) share the model type:
+their rows, config checks and layout are :mod:`ckptconv.families.gemma4_small`'s, their layer kinds join the sets
+below.
 """
 
+from ckptconv.families import gemma4_small as small
 from ckptconv.families.base import (
     GIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, never, rule,
 )
@@ -34,9 +39,12 @@ from ckptconv.read.spec import ConfigReader, ModelSpec
 MAXTEXT_VOCAB = 262144  # configs/models/gemma4-*.yml: vocab_size
 PERIOD = 6
 PATTERN = ("sliding_attention",) * 5 + ("full_attention",)
-# layer kinds: local or global attention, with a dense MLP (31B) or the MoE block (26B-A4B)
-LOCAL, GLOBAL = frozenset({"local", "local_moe"}), frozenset({"global", "global_moe"})
-DENSE, MOE_KINDS = frozenset({"local", "global"}), frozenset({"local_moe", "global_moe"})
+# layer kinds: local or global attention, with a dense MLP (31B) or the MoE block (26B-A4B); E2B / E4B's kinds
+# (per-layer inputs, own or shared keys and values, narrow or wide MLP) are gemma4_small's
+OWN_KV_LOCAL = frozenset({"local", "local_moe"}) | small.OWN_KV_LOCAL
+OWN_KV_GLOBAL = frozenset({"global", "global_moe"}) | small.OWN_KV_GLOBAL
+LOCAL, GLOBAL = OWN_KV_LOCAL | small.LOCAL, OWN_KV_GLOBAL | small.GLOBAL
+DENSE, MOE_KINDS = frozenset({"local", "global"}) | small.NARROW, frozenset({"local_moe", "global_moe"})
 # transformers' Gemma4TextConfig defaults (the releases' configs give every field)
 TEXT_DEFAULTS = {"vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
                  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256}
@@ -51,17 +59,19 @@ def _copy(hf: str, maxtext: tuple[str, ...], shape: tuple[str, ...], kinds: froz
 
 ATTENTION = (
     rule(P + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("q", "emb"), Q_KERNEL, kinds=LOCAL),
-    rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), KV_KERNEL, kinds=LOCAL),
-    rule(P + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL, kinds=LOCAL),
+    rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("kv", "emb"), KV_KERNEL,
+         kinds=OWN_KV_LOCAL),
+    rule(P + "self_attn.v_proj.weight", ("self_attention", "value", "kernel"), ("kv", "emb"), KV_KERNEL,
+         kinds=OWN_KV_LOCAL),
     rule(P + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "q"), OUT_KERNEL, kinds=LOCAL),
     _copy("self_attn.q_norm.weight", ("self_attention", "query_norm", "scale"), ("hd",), LOCAL),
-    _copy("self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("hd",), LOCAL),
+    _copy("self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("hd",), OWN_KV_LOCAL),
     rule(P + "self_attn.q_proj.weight", ("self_attention", "query", "kernel"), ("gq", "emb"), Q_KERNEL, kinds=GLOBAL),
     rule(P + "self_attn.k_proj.weight", ("self_attention", "key", "kernel"), ("gkv", "emb"), GLOBAL_KV_KERNEL,
-         kinds=GLOBAL),
+         kinds=OWN_KV_GLOBAL),
     rule(P + "self_attn.o_proj.weight", ("self_attention", "out", "kernel"), ("emb", "gq"), OUT_KERNEL, kinds=GLOBAL),
     _copy("self_attn.q_norm.weight", ("self_attention", "query_norm", "scale"), ("ghd",), GLOBAL),
-    _copy("self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("ghd",), GLOBAL),
+    _copy("self_attn.k_norm.weight", ("self_attention", "key_norm", "scale"), ("ghd",), OWN_KV_GLOBAL),
 )
 
 NORMS = tuple(_copy(hf + ".weight", (maxtext, "scale"), ("emb",)) for hf, maxtext in (
@@ -89,7 +99,7 @@ MOE = tuple(
 ) + tuple(_copy(f"{norm}.weight", ("mlp", norm, "scale"), ("emb",), kinds=MOE_KINDS)
           for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"))
 
-ROWS = ATTENTION + NORMS + DENSE_MLP + MOE + (_copy("layer_scalar", ("layer_scalar",), ("one",)),)
+ROWS = ATTENTION + NORMS + DENSE_MLP + MOE + (_copy("layer_scalar", ("layer_scalar",), ("one",)),) + small.ROWS
 
 GLOBAL_ROWS = (
     # MaxText pads to its vocabulary, then scales (zero rows stay zero: the same as scaling first)
@@ -97,7 +107,7 @@ GLOBAL_ROWS = (
     rule("model.norm.weight", ("decoder", "decoder_norm", "scale"), ("emb",)),
     rule("lm_head.weight", ("decoder", "logits_dense", "kernel"), ("vocab", "emb"), KERNEL, when=never,
          note=TIED_NOTE),
-)
+) + small.GLOBAL_ROWS
 
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
@@ -110,12 +120,12 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         text.require("model_type", ("gemma4_text",), "gemma4_text")
     else:
         text = cfg
-    if text.raw("hidden_size_per_layer_input") or text.raw("num_kv_shared_layers"):
-        text.fail(f"hidden_size_per_layer_input={text.raw('hidden_size_per_layer_input')!r}, num_kv_shared_layers="
-                  f"{text.raw('num_kv_shared_layers')!r}: Gemma 4 E2B / E4B (per-layer inputs, shared KV layers; "
-                  f"MaxText's gemma4_small, unscanned only) are not supported yet")
     dims = read_gemma_dims(text, TEXT_DEFAULTS)
     layers = text.int("num_hidden_layers", TEXT_DEFAULTS["num_hidden_layers"])
+    if small.is_small(text):  # E2B / E4B
+        values = small.read_small(text, dims, layers)
+        dims["ghd"] = _global_sizes(text, layers, values["small_period"], dims["kv_heads"])[0]
+        return _finish(cfg, text, dims, layers, values)
     if layers % PERIOD:
         text.fail(f"num_hidden_layers={layers} is not a multiple of {PERIOD}: MaxText's gemma4 decoder runs layer i "
                   f"as full attention iff i % 6 == 5, transformers runs the last layer as full attention")
@@ -125,12 +135,10 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("hidden_size_per_layer_input", (0,), 0)
     text.require("use_double_wide_mlp", (False,), False)
     text.runtime("vocab_size_per_layer_input")  # read only with per-layer inputs (E2B/E4B)
-    dims["ghd"], dims["global_kv_heads"] = _global_sizes(text, layers)
+    dims["ghd"], dims["global_kv_heads"] = _global_sizes(text, layers, PERIOD)
     if dims["heads"] % dims["global_kv_heads"]:
         text.fail(f"num_attention_heads={dims['heads']} is not a multiple of "
                   f"num_global_key_value_heads={dims['global_kv_heads']}")
-    dims["gq"], dims["gkv"] = dims["heads"] * dims["ghd"], dims["global_kv_heads"] * dims["ghd"]
-    dims["one"] = 1
     moe = text.bool("enable_moe_block", False)
     if moe:
         dims["experts"] = read_experts(text, ("num_experts",))
@@ -142,32 +150,43 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     else:  # transformers builds no MoE block without enable_moe_block, whatever these say (MaxText's copy of the
         # 31B config keeps 26B-A4B's moe_intermediate_size)
         text.runtime("num_experts", "top_k_experts", "moe_intermediate_size")
+    return _finish(cfg, text, dims, layers, {"moe": moe})
+
+
+def _finish(cfg: ConfigReader, text: ConfigReader, dims: dict[str, int], layers: int, values: dict) -> ModelSpec:
+    dims["gq"], dims["gkv"] = dims["heads"] * dims["ghd"], dims["global_kv_heads"] * dims["ghd"]
+    dims["one"] = 1
     dims["maxtext_vocab"] = MAXTEXT_VOCAB
+    for name in ("ple", "ple_all", "ple_vocab"):  # the per-layer embedder's rows, inactive without per-layer inputs
+        dims.setdefault(name, 0)
     # MaxText's hook: the bfloat16 weights times numpy float32 sqrt(hidden), rounded back
-    values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": moe}
+    values = {"tie_word_embeddings": True, "embed_scale": dims["emb"] ** 0.5, "moe": False, **values}
     return make_spec(cfg, "gemma4", dims, values, layers)
 
 
-def _global_sizes(text: ConfigReader, layers: int) -> tuple[int, int]:
+def _global_sizes(text: ConfigReader, layers: int, period: int, kv_heads: int | None = None) -> tuple[int, int]:
     """The global layers' head dim and KV heads: the releases' ``global_head_dim`` / ``num_global_key_value_heads``,
     or what transformers >= 5.24 saves instead, ``per_layer_config`` (layer index -> those two, for exactly the
-    full-attention layers); both may be present and must agree."""
+    full-attention layers); both may be present and must agree. E2B / E4B (``kv_heads`` given: their global layers
+    keep the local KV heads) hold the head dim alone."""
     sizes = set()
+    fields = {"head_dim", "num_key_value_heads"} if kv_heads is None else {"head_dim"}
     if text.has("global_head_dim") or text.has("num_global_key_value_heads") or not text.has("per_layer_config"):
-        sizes.add((text.int("global_head_dim", 512), text.int("num_global_key_value_heads")))
+        global_kv = text.int("num_global_key_value_heads") if kv_heads is None else kv_heads
+        sizes.add((text.int("global_head_dim", 512), global_kv))
     per_layer = text.raw("per_layer_config")
     if per_layer is not None:
         if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
             text.fail(f"field 'per_layer_config' = {repr(per_layer)[:80]} is not an object of objects")
-        globals_ = {str(i) for i in range(PERIOD - 1, layers, PERIOD)}
+        globals_ = {str(i) for i in range(period - 1, layers, period)}
         keys = {k.lstrip("0") or "0" for k in per_layer}
         if keys != globals_ or len(per_layer) != len(globals_):
             text.fail(f"field 'per_layer_config' names layers {sorted(per_layer)[:12]}, not the full-attention "
                       f"layers {sorted(globals_, key=int)[:12]}")
         for key, entry in per_layer.items():
-            if set(entry) != {"head_dim", "num_key_value_heads"}:
-                text.fail(f"field 'per_layer_config' [{key!r}] = {entry!r}: expected head_dim and num_key_value_heads")
-            sizes.add((entry["head_dim"], entry["num_key_value_heads"]))
+            if set(entry) != fields:
+                text.fail(f"field 'per_layer_config' [{key!r}] = {entry!r}: expected {' and '.join(sorted(fields))}")
+            sizes.add((entry["head_dim"], entry.get("num_key_value_heads", kv_heads)))
     if len(sizes) != 1 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in next(iter(sizes))):
         text.fail(f"the global layers' (head_dim, num_key_value_heads) disagree or are not positive integers: "
                   f"{sorted(map(repr, sizes))}")
@@ -175,7 +194,10 @@ def _global_sizes(text: ConfigReader, layers: int) -> tuple[int, int]:
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
-    """Unscanned ``decoder/layers_{i}``; scanned, the nested block scan (the layer count is whole blocks)."""
+    """Unscanned ``decoder/layers_{i}``; scanned, the nested block scan (the layer count is whole blocks). E2B / E4B:
+    unscanned only (gemma4_small)."""
+    if "small_period" in spec.values:
+        return small.layout(spec, scan)
     layers, moe = spec.num_layers, "_moe" if spec.value("moe") else ""
     kind = [("global" if i % PERIOD == PERIOD - 1 else "local") + moe for i in range(layers)]
     if not scan:
@@ -232,6 +254,17 @@ WIDTHS_26B = {"vocab_size": 262144, "hidden_size": 2816, "num_heads": 16, "num_k
               "intermediate_size": 2112, "moe_intermediate_size": 704,
               "config_overrides": {"num_global_key_value_heads": 2, "global_head_dim": 512, "top_k_experts": 8,
                                    "sliding_window": 1024}}
+# E2B's form (4 sliding + 1 full; the last 4 of 10 layers share keys and values, their MLPs twice as wide) and E4B's
+# (5 + 1; 4 of 12 shared, narrow); per-layer inputs 16 wide; 2 KV heads, so the kernels' head split is exercised
+E2B_TINY = {**DENSE_TINY, "num_layers": 10,
+            "config_overrides": small.synthetic_fields(10, 5, shared=4, ple=16, wide=True, vocab=96)}
+E4B_TINY = {**DENSE_TINY, "config_overrides": small.synthetic_fields(12, 6, shared=4, ple=16, wide=False, vocab=96)}
+# google/gemma-4-E4B-it's decoder: hidden 2560, 8 heads of 256 / 2 KV, global layers 512 wide, MLP 10240, per-layer
+# inputs 256 wide over 262144 tokens; 42 layers (7 blocks of 5 + 1), the last 18 sharing keys and values
+WIDTHS_E4B = {"vocab_size": 262144, "hidden_size": 2560, "num_heads": 8, "num_kv_heads": 2, "head_dim": 256,
+              "intermediate_size": 10240}
+E4B_BLOCK = small.synthetic_fields(6, 6, shared=0, ple=256, wide=False, vocab=262144)
+E4B_RELEASE = small.synthetic_fields(42, 6, shared=18, ple=256, wide=False, vocab=262144)
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     # the text model first (the LoRA test's adapter: PEFT cannot wrap the vision tower's Gemma4ClippableLinear)
@@ -240,16 +273,29 @@ SYNTHETIC = Synthetic(
                 # hidden 80: the embedding's float32 sqrt(80) scale, rounded to bfloat16 in the checkpoint, comes
                 # back within one bfloat16 step (through a float32 checkpoint, bit for bit)
                 Example("gemma4-26b-a4b-tiny", {**MOE_TINY, "hidden_size": 80}, devices=16,
-                        rounded=("embed_tokens.weight",))),
+                        rounded=("embed_tokens.weight",)),
+                # E2B / E4B: unscanned only (a scanned round trip is refused)
+                Example("gemma4-e2b-tiny", E2B_TINY, scan=False, devices=16),
+                Example("gemma4-e4b-tiny", E4B_TINY, scan=False, devices=1)),
     # a sliding window shorter than the tests' 12 tokens, so the sliding layers really mask
     logits=(Example("gemma4_text", {**DENSE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW}, devices=4),
             Example("gemma4_text-moe-noscan", {**MOE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW},
-                    scan=False, devices=4)),
+                    scan=False, devices=4),
+            Example("gemma4-e2b", {**E2B_TINY, "config_overrides": {**E2B_TINY["config_overrides"], **WINDOW}},
+                    scan=False, devices=4),
+            Example("gemma4-e4b", {**E4B_TINY, "config_overrides": {**E4B_TINY["config_overrides"], **WINDOW}},
+                    scan=False, devices=1)),
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
     memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
                           bound=GIB, source_bytes=2 * GIB,
-                          full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),),
+                          full={**WIDTHS_26B, "num_layers": 30, "num_experts": 128}, max_shard_bytes=5 * 10**9),
+            # E4B widths, one block of 6 with per-layer inputs (shared layers hold less); the release: 42 layers,
+            # the last 18 sharing keys and values
+            MemoryExample("gemma4-e4b-widths", {**WIDTHS_E4B, "num_layers": 6, "config_overrides": E4B_BLOCK},
+                          bound=GIB, source_bytes=2 * GIB,
+                          full={**WIDTHS_E4B, "num_layers": 42, "config_overrides": E4B_RELEASE},
+                          max_shard_bytes=5 * 10**9)),
     hub_prefixes={"gemma4": ("model.", "model.language_model.")},
 )
 
