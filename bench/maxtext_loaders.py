@@ -406,8 +406,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
     versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
                                "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
     lines = [
-        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 "
-        "checkpoints",
+        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 / "
+        "DeepSeek-V4 checkpoints",
         "",
         f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU)."
@@ -422,10 +422,18 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
         "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
         "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
         f"`legacy`: the earlier layout (router bias in `params/MoEBiasVar`), ckptconv at {legacy_rev}. "
+        "deepseek4: a tiny random DeepSeek-V4 release in the hub's layout (`bench/hf_tiny_v4.py --bf16`, loaded "
+        "without a missing or unexpected key by transformers' `DeepseekV4ForCausalLM`; 5 layers, compress ratios "
+        "[0, 0, 4, 128, 4], the first 3 routed by `tid2eid`, 8 experts), MaxText's `deepseek4-284b` with its sizes "
+        "and `attention=dot_product`; MaxText's own forward drifts from transformers' on V4 (issue 25), so its "
+        "`from_pretrained` logits are compared with MaxText's forward on MaxText's own `to_maxtext` conversion of the "
+        "same files (loaded by `load_params_from_path`: `from_pretrained` cannot load it, its bias and `tid2eid` "
+        "being in their own collections), tolerance 1e-4; "
+        f"deepseek4 `legacy`: `tid2eid` in `params/Tid2EidVar`, ckptconv at {FAMILIES['deepseek4']['legacy_rev']}. "
         "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it); "
         "`indexer`: when every token is chosen instead of the indexer's 4.",
         "",
-        "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
+        "| case | router bias (deepseek4: and `tid2eid`) written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
         "|---|---|---|---|---|",
     ]
     table = dict(kept or {})
