@@ -444,7 +444,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
         lp = r.get("load-params", {})
         where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
         indexer = (f" (indexer: {r['indexer_effect_on_logits']:.2f})" if "indexer_effect_on_logits" in r else "")
-        table[r["case"]] = (f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
+        effect = f"{r['bias_effect_on_logits']:.2f}" if "bias_effect_on_logits" in r else "not measured"
+        table[r["case"]] = (f"| {r['case']} | {'; '.join(where)} | {effect}{indexer} "
                             f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
     lines += [table[case.name] for case in CASES if case.name in table]
     lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
@@ -473,8 +474,9 @@ def main(argv: list[str]) -> int:
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
-    # without the last run's raw rows, --merge keeps the other cases' lines of the table as they are
-    kept_lines = kept_table_lines(Path(args.out)) if args.merge and not previous.exists() else {}
+    # cases in neither this run nor the last run's raw rows: --merge keeps their lines of the table as they are
+    kept_lines = ({k: v for k, v in kept_table_lines(Path(args.out)).items() if k not in {r["case"] for r in kept}}
+                  if args.merge else {})
     rows = []
     for case in CASES:
         if wanted and case.name not in wanted:
