@@ -22,7 +22,8 @@ reference names, checked by loading into transformers' own ``DeepseekV4ForCausal
 routed with ``tid2eid``), MaxText's ``deepseek4-284b`` with ``attention=dot_product``. MaxText's own forward drifts
 from transformers' on V4 (issue 25), so the forward check there is against MaxText itself: ``from_pretrained`` on
 ckptconv's checkpoint and one forward pass, logits against MaxText's forward on MaxText's own conversion of the same
-files (``to_maxtext`` via ``bench/maxtext_convert_tiny.py``, 16 simulated devices), which only
+files (``to_maxtext --save_dtype=float32`` via ``bench/maxtext_convert_tiny.py``, 16 simulated devices: float32
+as ckptconv's, the release's float32 norms, mHC and biases kept), which only
 ``load_params_from_path`` can load (its router bias and ``tid2eid`` are in their own collections).
 Work files go to bench/work/loaders/.
 """
@@ -357,7 +358,7 @@ def run_case(case: Case, legacy_rev: str) -> dict:
         config = json.loads((hf / "config.json").read_text())
         flags = [f"{k}={v}" for k, v in v4_overrides(config, case.scan).items()]
         converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", FAMILIES[case.family]["maxtext_model"], hf,
-                         theirs, *flags, "--", "--simulated_cpu_devices_count=16"], root / "maxtext_convert.log",
+                         theirs, *flags, "--", "--simulated_cpu_devices_count=16", "--save_dtype=float32"], root / "maxtext_convert.log",
                         env=mt_env)
         if converted.returncode:
             return row | {"error": "MaxText's to_maxtext: " + error_line(converted)}
@@ -427,7 +428,7 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
         "[0, 0, 4, 128, 4], the first 3 routed by `tid2eid`, 8 experts), MaxText's `deepseek4-284b` with its sizes "
         "and `attention=dot_product`; MaxText's own forward drifts from transformers' on V4 (issue 25), so its "
         "`from_pretrained` logits are compared with MaxText's forward on MaxText's own `to_maxtext` conversion of the "
-        "same files (loaded by `load_params_from_path`: `from_pretrained` cannot load it, its bias and `tid2eid` "
+        "same files (`--save_dtype=float32`; loaded by `load_params_from_path`: `from_pretrained` cannot load it, its bias and `tid2eid` "
         "being in their own collections), tolerance 1e-4; "
         f"deepseek4 `legacy`: `tid2eid` in `params/Tid2EidVar`, ckptconv at {FAMILIES['deepseek4']['legacy_rev']}. "
         "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it); "
