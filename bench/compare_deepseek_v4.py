@@ -15,7 +15,8 @@ Two checkpoints:
 Each is converted scanned on 16 simulated devices and unscanned on 1 by ckptconv, and by MaxText on 16 both times (for V4
 its ``to_maxtext`` fails to save from 1 simulated device, where it skips the JAX conversion: Orbax finds no handler
 for the TrainState; its qwen3_moe and gemma3 conversions do save from 1 device, bench/FAMILIES.md); MaxText's sizes come from the checkpoint (``bench/maxtext_convert_tiny.py``, eager loading). Compared with ``bench/compare_outputs.py`` with MaxText's
-``MoEBiasVar`` router bias read where ckptconv writes it (``params/params``): that is the only difference allowed.
+``MoEBiasVar`` router bias and ``Tid2EidVar`` table read where ckptconv writes them (``params/params``, where every
+MaxText 0.2.5 loader finds them: bench/LOADERS.md): that is the only difference allowed.
 Work files: bench/work/deepseek_v4/.
 """
 
@@ -38,7 +39,8 @@ from bench.compare_maxtext import setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
 from ckptconv.families import deepseek_v4  # noqa: E402
 
-MOVED = ["--moved-in-b", "params/MoEBiasVar=params/params"]
+# MaxText's router bias and tid2eid collections, read where ckptconv writes them (README; bench/LOADERS.md)
+MOVED = ["--moved-in-b", "params/MoEBiasVar=params/params", "--moved-in-b", "params/Tid2EidVar=params/params"]
 BEGIN, END = "<!-- deepseek_v4: begin (bench/compare_deepseek_v4.py) -->", "<!-- deepseek_v4: end -->"
 
 DIGESTS = """
@@ -52,7 +54,7 @@ for path, meta in leaf_metadata(items).items():
     if path == ("step",):
         continue
     value = np.ascontiguousarray(restore_leaf(items, path, meta))
-    if path[:2] == ("params", "MoEBiasVar"):
+    if path[:2] in (("params", "MoEBiasVar"), ("params", "Tid2EidVar")):
         path = ("params", "params") + path[2:]
     out["/".join(path)] = {"shape": list(value.shape), "dtype": str(value.dtype),
                            "sha256": hashlib.sha256(value.tobytes()).hexdigest()}
@@ -127,7 +129,7 @@ def case(ctx: dict, name: str, hf: Path, maxtext_input: Path, config: dict) -> l
                 if not code:
                     example = deepseek_v4.SYNTHETIC.logits[0]
                     data = {"example": example.name, "config": config, "maxtext": ctx["mt_versions"]["maxtext"],
-                            "moved": "params/MoEBiasVar -> params/params",
+                            "moved": "params/MoEBiasVar -> params/params, params/Tid2EidVar -> params/params",
                             "leaves": json.loads(record.read_text())}
                     (REPO / "tests" / "data" / "maxtext_leaves" / f"{example.name}.json").write_text(
                         json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -148,7 +150,8 @@ def write(rows: list[dict], ctx: dict) -> None:
              "after its own `deepseek_dequantize.py` and by ckptconv from the FP8/FP4 files. `synth`: the family's "
              "`deepseek_v4-maxtext` example (bfloat16, as `ckptconv.commands.synth` writes it), whose MaxText "
              "leaves tests/test_maxtext_leaves.py checks against. Compared bit for bit with MaxText's `MoEBiasVar` "
-             "router bias read where ckptconv writes it (`params/params`); nothing else differs. MaxText converts on 16 "
+             "router bias and `Tid2EidVar` tables read where ckptconv writes them (`params/params`, where both of "
+             "MaxText's loaders find them: bench/LOADERS.md); nothing else differs. MaxText converts on 16 "
              "simulated devices for both layouts: from 1 device (where it skips the JAX conversion) its V4 save fails "
              "(orbax `NoEntryError`: no handler for the `TrainState`), as it did twice here, eager and lazy loading; "
              "its qwen3_moe and gemma3 conversions save from 1 device (bench/FAMILIES.md).", "",

@@ -1,4 +1,4 @@
-"""ckptconv's DeepSeek checkpoints (V3, Kimi-K2, V2, V3.2) in both MaxText 0.2.5 loaders; writes bench/LOADERS.md.
+"""ckptconv's DeepSeek checkpoints (V3, Kimi-K2, V2, V3.2, V4) in both MaxText 0.2.5 loaders; writes bench/LOADERS.md.
 
     bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
     .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--merge]
@@ -16,6 +16,15 @@ transformers' zeros, so it steers routing), its logits in float32, then ``ckptco
 The same runs on a checkpoint in the earlier layout (the bias in the ``MoEBiasVar`` collection,
 written by ckptconv at ``--legacy-rev``) show what the move fixes. MaxText runs with its own
 ``deepseek3-671b`` / ``kimi-k2-1t`` configs, sizes overridden (``override_model_config``).
+
+DeepSeek-V4 (``deepseek4-*``): a tiny random release in the hub's layout (``bench/hf_tiny_v4.py --bf16``: the
+reference names, checked by loading into transformers' own ``DeepseekV4ForCausalLM``; 5 layers, the first 3 hash
+routed with ``tid2eid``), MaxText's ``deepseek4-284b`` with ``attention=dot_product``. MaxText's own forward drifts
+from transformers' on V4 (issue 25), so the forward check there is against MaxText itself: ``from_pretrained`` on
+ckptconv's checkpoint and one forward pass, logits against MaxText's forward on MaxText's own conversion of the same
+files (``to_maxtext --save_dtype=float32`` via ``bench/maxtext_convert_tiny.py``, 16 simulated devices: float32
+as ckptconv's, the release's float32 norms, mHC and biases kept), which only
+``load_params_from_path`` can load (its router bias and ``tid2eid`` are in their own collections).
 Work files go to bench/work/loaders/.
 """
 
@@ -77,7 +86,32 @@ FAMILIES = {
                     "routed_scaling_factor": 2.5, "max_position_embeddings": 163840, "rope": DEEPSEEK3_ROPE,
                     "hf": {"index_n_heads": 4, "index_head_dim": 16, "index_topk": 4},
                     "maxtext": {"indexer_n_heads": 4, "indexer_head_dim": 16, "indexer_topk": 4}},
+    # DeepSeek-V4-Flash: its own tiny release (bench/hf_tiny_v4.py), checked against MaxText's own forward
+    # legacy_rev: the ckptconv commit (integ) writing tid2eid in MaxText's Tid2EidVar collection
+    "deepseek4": {"maxtext_model": "deepseek4-284b", "v4": True, "legacy_rev": "5cb9dfa"},
 }
+
+
+def v4_overrides(c: dict, scan: bool) -> dict:
+    """MaxText config overrides giving deepseek4-284b the tiny release's sizes (as bench/compare_deepseek_v4.py)."""
+    return {"base_emb_dim": c["hidden_size"], "base_num_query_heads": c["num_attention_heads"],
+            "base_num_kv_heads": 1, "base_num_decoder_layers": c["num_hidden_layers"],
+            "base_moe_mlp_dim": c["moe_intermediate_size"], "base_mlp_dim": c["moe_intermediate_size"],
+            "vocab_size": c["vocab_size"], "head_dim": c["head_dim"], "qk_rope_head_dim": c["qk_rope_head_dim"],
+            "num_experts": c["n_routed_experts"], "num_experts_per_tok": c["num_experts_per_tok"],
+            "q_lora_rank": c["q_lora_rank"], "o_groups": c["o_groups"], "o_lora_rank": c["o_lora_rank"],
+            "indexer_head_dim": c["index_head_dim"], "indexer_n_heads": c["index_n_heads"],
+            "indexer_topk": c["index_topk"], "sliding_window_size": c["sliding_window"],
+            "compress_ratios": "[" + ",".join(map(str, c["compress_ratios"])) + "]",
+            "first_num_hash_layers": c["num_hash_layers"], "mhc_expansion_rate": c["hc_mult"],
+            "attention": "dot_product",  # MaxText refuses deepseek4 with its default attention on CPU
+            "scan_layers": str(scan).lower()}
+
+
+def v4_sizes() -> dict:
+    from hf_tiny_v4 import SIZES as V4  # bench/, the script's directory
+
+    return V4
 
 
 def sizes(family: str) -> dict:
@@ -96,7 +130,10 @@ class Case:
         return f"{self.family}-{'scan' if self.scan else 'noscan'}" + ("-legacy" if self.layout == "legacy" else "")
 
 
-CASES = [Case(f, s) for f in FAMILIES for s in (True, False)] + [Case("deepseek3", s, "legacy") for s in (True, False)]
+CASES = [Case(f, s) for f in FAMILIES for s in (True, False)] + [Case(f, s, "legacy") for f in ("deepseek3", "deepseek4")
+                                                                   for s in (True, False)]
+# the deepseek4 rows' reference: MaxText's forward on its own conversion, not transformers' logits
+REFERENCE_NPY = "reference_logits.npy"
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -166,6 +203,17 @@ def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
     import maxtext
     from maxtext.configs import pyconfig
 
+    common = {
+        "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "loaders",
+        **({"load_parameters_path": ckpt} if ckpt else {}), "scan_layers": scan, "dtype": "float32",
+        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
+        "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
+        "enable_dropout": False, "sparse_matmul": False, "capacity_factor": -1}
+    if FAMILIES[family].get("v4"):
+        base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+        overrides = {**common, **v4_overrides(v4_sizes(), scan)}
+        return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
     s = sizes(family)
     overrides = {
         "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
@@ -187,33 +235,76 @@ def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
     return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
 
 
-def run_from_pretrained(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+def forward(model):
     import jax.numpy as jnp
+    import numpy as np
+
+    tokens = jnp.asarray([TOKENS], jnp.int32)
+    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
+    return np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
+
+
+def run_from_pretrained(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    """``from_pretrained`` and one forward pass; logits against transformers' (V4: against MaxText's own forward
+    on its own conversion, written beside ``hf_dir`` by ``run_maxtext_own``)."""
     import numpy as np
     from maxtext.utils import model_creation_utils
 
     config = maxtext_config(family, ckpt, scan, work)
     model, _ = model_creation_utils.from_pretrained(config)
-    tokens = jnp.asarray([TOKENS], jnp.int32)
-    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
-    logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
-    hf = np.load(Path(hf_dir) / "hf_logits.npy")
+    logits = forward(model)
+    reference = Path(hf_dir).parent / REFERENCE_NPY if FAMILIES[family].get("v4") else Path(hf_dir) / "hf_logits.npy"
+    hf = np.load(reference)
     diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
-    return {"max_abs_logits_diff": diff, "ok": diff <= TOLERANCE}
+    return {"max_abs_logits_diff": diff, "ok": diff <= TOLERANCE, "reference": reference.name,
+            "top_token_agrees": bool((logits[:, : hf.shape[-1]].argmax(-1) == hf.argmax(-1)).all())}
+
+
+def abstract_state(abstract_model):
+    from flax import nnx
+    from maxtext.layers import moe
+
+    return nnx.state(abstract_model, (nnx.Param, moe.MoEBiasVar, moe.Tid2EidVar))
+
+
+def run_maxtext_own(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
+    """MaxText's forward on MaxText's own conversion: the model made (random) by ``from_pretrained`` without a
+    checkpoint, its weights replaced by what ``load_params_from_path`` restores (``from_pretrained`` cannot load
+    that conversion: it restores ``params/params`` only). The logits go beside ``hf_dir``."""
+    import numpy as np
+    from flax import nnx
+    from maxtext.common import checkpointing
+    from maxtext.utils import model_creation_utils
+
+    config = maxtext_config(family, ckpt, scan, work)
+    _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
+    loaded = checkpointing.load_params_from_path(ckpt, abstract_state(abstract_model),
+                                                 config.checkpoint_storage_concurrent_gb)
+    model, _ = model_creation_utils.from_pretrained(maxtext_config(family, "", scan, work))
+    before = abstract_state(model).to_pure_dict()
+    nnx.update(model, loaded)
+    import jax
+
+    after = abstract_state(model).to_pure_dict()
+    flat_before = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(before)[0]}
+    flat_after = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(after)[0]}
+    same = sorted(k for k in flat_after if np.array_equal(flat_before[k], flat_after[k]))  # init == loaded
+    logits = forward(model)
+    np.save(Path(hf_dir).parent / REFERENCE_NPY, logits)
+    return {"leaves": len(flat_after), "leaves_replaced": len(flat_after) - len(same), "same_as_init": same,
+            "ok": True}
 
 
 def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
-    from flax import nnx
     from maxtext.common import checkpointing
-    from maxtext.layers import moe
     from maxtext.utils import model_creation_utils
 
     config = maxtext_config(family, ckpt, scan, work)
     _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
-    abstract = nnx.state(abstract_model, (nnx.Param, moe.MoEBiasVar))
+    abstract = abstract_state(abstract_model)
     loaded = checkpointing.load_params_from_path(ckpt, abstract, config.checkpoint_storage_concurrent_gb)
     pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
     got = {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
@@ -229,7 +320,7 @@ def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
             want["/".join(str(k.key) for k in path)] = (collection, np.asarray(v))
     mismatched = sorted(k for k in want if k not in got or got[k].shape != want[k][1].shape
                         or got[k].tobytes() != want[k][1].astype(got[k].dtype).tobytes())
-    bias = sorted(k for k in want if k.endswith("gate/bias"))
+    bias = sorted(k for k in want if k.endswith(("gate/bias", "tid2eid")))
     return {"leaves_written": len(want), "leaves_loaded": len(got), "mismatched": mismatched[:5],
             "n_mismatched": len(mismatched), "bias_leaves": {k: [want[k][0], list(want[k][1].shape)] for k in bias},
             "ok": not mismatched and set(want) == set(got)}
@@ -253,10 +344,30 @@ def run_case(case: Case, legacy_rev: str) -> dict:
     root.mkdir(parents=True)
     hf, dst = root / "hf", root / "ckptconv"
     row = {"case": case.name, "family": case.family, "scan": case.scan, "layout": case.layout}
-    made = run([MT_PYTHON, __file__, "make-hf", case.family, hf], root / "make_hf.log")
+    v4 = FAMILIES[case.family].get("v4")
+    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if v4:
+        made = run([MT_PYTHON, BENCH / "hf_tiny_v4.py", hf, "--bf16"], root / "make_hf.log")
+    else:
+        made = run([MT_PYTHON, __file__, "make-hf", case.family, hf], root / "make_hf.log")
     if made.returncode:
         return row | {"error": "make-hf: " + error_line(made)}
     row |= last_json(made)
+    if v4:  # MaxText's own conversion and its forward on it: the reference for from_pretrained's logits
+        theirs = root / "maxtext"
+        config = json.loads((hf / "config.json").read_text())
+        flags = [f"{k}={v}" for k, v in v4_overrides(config, case.scan).items()]
+        converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", FAMILIES[case.family]["maxtext_model"], hf,
+                         theirs, *flags, "--", "--simulated_cpu_devices_count=16", "--save_dtype=float32"], root / "maxtext_convert.log",
+                        env=mt_env)
+        if converted.returncode:
+            return row | {"error": "MaxText's to_maxtext: " + error_line(converted)}
+        own = run([MT_PYTHON, __file__, "maxtext-own", case.family, theirs / "0" / "items", str(case.scan), hf,
+                   root / "mt-own"], root / "maxtext-own.log", env=mt_env)
+        if own.returncode:
+            return row | {"error": "MaxText's forward on its own conversion: " + error_line(own)}
+        row["maxtext-own"] = last_json(own)
+    legacy_rev = FAMILIES[case.family].get("legacy_rev", legacy_rev)
     env = {"PYTHONPATH": str(legacy_tree(legacy_rev))} if case.layout == "legacy" else None
     converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
                      "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"],
@@ -264,7 +375,6 @@ def run_case(case: Case, legacy_rev: str) -> dict:
     if converted.returncode:
         return row | {"error": "convert: " + error_line(converted)}
     items = dst / "0" / "items"
-    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for step in ("from-pretrained", "load-params"):
         args = [MT_PYTHON, __file__, step, case.family, items, str(case.scan), hf, root / f"mt-{step}"]
         result = run(args, root / f"{step}.log", env=mt_env)
@@ -279,7 +389,8 @@ def cell(result: dict | None, key: str) -> str:
     if "error" in result:
         return f"**fails**: `{result['error'].replace('|', '/')}`"
     if key == "from-pretrained":
-        return f"{'**ok**' if result['ok'] else 'DIFFERENT'}, max abs {result['max_abs_logits_diff']:.1e}"
+        vs = " vs MaxText on its own conversion" if result.get("reference") == REFERENCE_NPY else ""
+        return f"{'**ok**' if result['ok'] else 'DIFFERENT'}, max abs {result['max_abs_logits_diff']:.1e}{vs}"
     return (f"{'**ok**' if result['ok'] else 'DIFFERENT'}: {result['leaves_loaded']}/{result['leaves_written']} leaves"
             + (f", mismatched {result['mismatched']}" if result["n_mismatched"] else ", every one equal"))
 
@@ -296,8 +407,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
     versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
                                "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
     lines = [
-        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 "
-        "checkpoints",
+        "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 / "
+        "DeepSeek-V4 checkpoints",
         "",
         f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU)."
@@ -312,10 +423,18 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
         "then MaxText's `from_pretrained` and one forward pass (logits vs transformers', f32, tolerance 1e-4), and "
         "`checkpointing.load_params_from_path` into the model's abstract state (every leaf vs what was written). "
         f"`legacy`: the earlier layout (router bias in `params/MoEBiasVar`), ckptconv at {legacy_rev}. "
+        "deepseek4: a tiny random DeepSeek-V4 release in the hub's layout (`bench/hf_tiny_v4.py --bf16`, loaded "
+        "without a missing or unexpected key by transformers' `DeepseekV4ForCausalLM`; 5 layers, compress ratios "
+        "[0, 0, 4, 128, 4], the first 3 routed by `tid2eid`, 8 experts), MaxText's `deepseek4-284b` with its sizes "
+        "and `attention=dot_product`; MaxText's own forward drifts from transformers' on V4 (issue 25), so its "
+        "`from_pretrained` logits are compared with MaxText's forward on MaxText's own `to_maxtext` conversion of the "
+        "same files (`--save_dtype=float32`; loaded by `load_params_from_path`: `from_pretrained` cannot load it, its bias and `tid2eid` "
+        "being in their own collections), tolerance 1e-4; "
+        f"deepseek4 `legacy`: `tid2eid` in `params/Tid2EidVar`, ckptconv at {FAMILIES['deepseek4']['legacy_rev']}. "
         "`bias effect`: max abs change of transformers' logits when the router bias is zeroed (the test can see it); "
         "`indexer`: when every token is chosen instead of the indexer's 4.",
         "",
-        "| case | router bias written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
+        "| case | router bias (deepseek4: and `tid2eid`) written at | bias effect | `from_pretrained` + forward | `load_params_from_path` |",
         "|---|---|---|---|---|",
     ]
     table = dict(kept or {})
@@ -326,7 +445,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
         lp = r.get("load-params", {})
         where = sorted({f"params/{c}, shape {s}" for c, s in lp.get("bias_leaves", {}).values()}) or ["-"]
         indexer = (f" (indexer: {r['indexer_effect_on_logits']:.2f})" if "indexer_effect_on_logits" in r else "")
-        table[r["case"]] = (f"| {r['case']} | {'; '.join(where)} | {r.get('bias_effect_on_logits', 0):.2f}{indexer} "
+        effect = f"{r['bias_effect_on_logits']:.2f}" if "bias_effect_on_logits" in r else "not measured"
+        table[r["case"]] = (f"| {r['case']} | {'; '.join(where)} | {effect}{indexer} "
                             f"| {cell(r.get('from-pretrained'), 'from-pretrained')} | {cell(lp, 'load-params')} |")
     lines += [table[case.name] for case in CASES if case.name in table]
     lines += ["", "Raw rows: `bench/work/loaders/results.json`; logs beside them.", ""]
@@ -337,10 +457,11 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "make-hf":
         make_hf(argv[1], argv[2])
         return 0
-    if argv and argv[0] in ("from-pretrained", "load-params"):
+    if argv and argv[0] in ("from-pretrained", "load-params", "maxtext-own"):
         family, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
-        result = (run_from_pretrained(family, ckpt, scan, hf_dir, work) if argv[0] == "from-pretrained"
-                  else run_load_params(family, ckpt, scan, work))
+        step = {"from-pretrained": run_from_pretrained, "maxtext-own": run_maxtext_own,
+                "load-params": lambda f, c, s, h, w: run_load_params(f, c, s, w)}[argv[0]]
+        result = step(family, ckpt, scan, hf_dir, work)
         print(json.dumps(result), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -354,8 +475,9 @@ def main(argv: list[str]) -> int:
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
-    # without the last run's raw rows, --merge keeps the other cases' lines of the table as they are
-    kept_lines = kept_table_lines(Path(args.out)) if args.merge and not previous.exists() else {}
+    # cases in neither this run nor the last run's raw rows: --merge keeps their lines of the table as they are
+    kept_lines = ({k: v for k, v in kept_table_lines(Path(args.out)).items() if k not in {r["case"] for r in kept}}
+                  if args.merge else {})
     rows = []
     for case in CASES:
         if wanted and case.name not in wanted:

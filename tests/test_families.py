@@ -360,8 +360,8 @@ def unscanned_only(model: synth.SynthModel) -> bool:
 def deepseek_v4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
     """MaxText's deepseek4 tree, as its to_maxtext wrote it for a 5-layer model (bench/compare_deepseek_v4.py):
     every layer's attention, mHC (pre/post/res parts and a float32 mhc_norm of k * emb), shared expert and routed
-    MoE; CSA layers a csa_compressor with its indexer, HCA layers an hca_compressor; the hash layers' tid2eid in
-    Tid2EidVar, the others' router bias under params/params (MaxText's own converter: MoEBiasVar). Scanned: the
+    MoE; CSA layers a csa_compressor with its indexer, HCA layers an hca_compressor; the hash layers' tid2eid and
+    the others' router bias under params/params (MaxText's own converter: Tid2EidVar, MoEBiasVar). Scanned: the
     hash layers unscanned, scanned_blocks/layers_0 the HCA layers and layers_1 the CSA ones, on axis 1 (the bias
     and tid2eid on axis 0)."""
     c = m.config()
@@ -393,7 +393,7 @@ def deepseek_v4_leaves(m: synth.SynthModel, scan: bool) -> dict[str, tuple]:
                     f"{i}/kv_norm/scale": (ihd,), f"{i}/position_bias": (4, 2 * ihd),
                     f"{i}/weights_proj/kernel": (emb, ih), f"{i}/q_proj/kernel": (ql, ih * ihd)}
         return {f"params/params/{name}": shape for name, shape in out.items()} | (
-            {"params/Tid2EidVar/mlp/MoeBlock_0/tid2eid": (V, c["num_experts_per_tok"])} if hashed
+            {"params/params/mlp/MoeBlock_0/tid2eid": (V, c["num_experts_per_tok"])} if hashed
             else {"params/params/mlp/MoeBlock_0/gate/bias": (E,)})
 
     def place(prefix: str, leaves: dict[str, tuple], count: int = 0) -> dict[str, tuple]:

@@ -14,17 +14,20 @@ The release keeps the reference implementation's names (``embed.weight``, ``laye
   (k = ``hc_mult``), and one ``hc_head`` before the final norm. MaxText's ``mhc_norm`` scales have no tensor in
   the release: its converter writes them as float32 ones, and so does this family (``ONES``);
 - a routed MoE with one shared expert: the first ``num_hash_layers`` route by a fixed token -> experts table
-  (``ffn.gate.tid2eid``, MaxText's ``Tid2EidVar`` collection, float32 in its model, written in --dtype as its
-  converter does), the others by ``sqrtsoftplus`` scores with a correction bias (``ffn.gate.bias``).
+  (``ffn.gate.tid2eid``, a ``Tid2EidVar`` in MaxText's model, float32 there, written in --dtype as its converter
+  does), the others by ``sqrtsoftplus`` scores with a correction bias (``ffn.gate.bias``).
 
 Layout (MaxText 0.2.5's mapping): unscanned, ``decoder/layers_{i}``; scanned, the hash layers stay unscanned
 (``decoder/layers_{i}``) and the rest must alternate heavily compressed and compressed-sparse attention,
 HCA first (the release's ``[.., 128, 4, 128, 4]``): ``decoder/scanned_blocks/layers_0`` stacks the HCA layers,
 ``layers_1`` the CSA ones.
 
-The router bias: MaxText's model declares it a ``MoEBiasVar`` and MaxText's converter writes it in that collection
-(``items/params/MoEBiasVar/...``); here it goes under ``params/params`` as for DeepSeek-V3 (see deepseek.py), where
-every MaxText 0.2.5 loader finds it (its training loader looks a missing collection up there).
+The router bias and ``tid2eid``: MaxText's model declares them a ``MoEBiasVar`` and a ``Tid2EidVar`` and MaxText's
+converter writes them in those collections (``items/params/MoEBiasVar/...``, ``items/params/Tid2EidVar/...``),
+where its ``from_pretrained`` (which restores ``params/params`` only) leaves them deleted and the first forward pass
+crashes. Here both go under ``params/params`` (same shapes; see deepseek.py for DeepSeek-V3's bias), where every
+MaxText 0.2.5 loader finds them: its training loader looks a collection the checkpoint lacks up there
+(bench/LOADERS.md).
 
 The release is FP8 (e4m3, one ue8m0 scale per 128x128 block, stored as ``<module>.scale``) for its linear layers
 and FP4 (e2m1, two per byte, one ue8m0 scale per 32 values of a row) for its routed experts: decoded per read
@@ -115,9 +118,10 @@ ROWS = (
     rule(L + "attn.indexer.wq_b.weight", (*CSA_PATH, "indexer", "q_proj", "kernel"), ("index_q", "q_lora"), KERNEL,
          kinds=CSA),
     rule(L + "ffn.gate.weight", (*MOE, "gate", "kernel"), ("experts", "emb"), KERNEL),
-    Rule(L + "ffn.gate.tid2eid", ("vocab", "topk"), (Output((*MOE, "tid2eid"), collection="Tid2EidVar", layer_axis=0),),
-         kinds=HASH, integer=True),
-    # under params/params, not MaxText's MoEBiasVar collection (module docstring); layers on axis 0 as it stacks them
+    # these two under params/params, not MaxText's Tid2EidVar / MoEBiasVar collections (module docstring); layers on
+    # axis 0 as its model stacks them
+    Rule(L + "ffn.gate.tid2eid", ("vocab", "topk"), (Output((*MOE, "tid2eid"), layer_axis=0),), kinds=HASH,
+         integer=True),
     Rule(L + "ffn.gate.bias", ("experts",), (Output((*MOE, "gate", "bias"), layer_axis=0),), kinds=ROUTED),
     rule(L + "ffn.shared_experts.w1.weight", ("mlp", "shared_experts", "wi_0", "kernel"), ("moe_mlp", "emb"), KERNEL),
     rule(L + "ffn.shared_experts.w3.weight", ("mlp", "shared_experts", "wi_1", "kernel"), ("moe_mlp", "emb"), KERNEL),
