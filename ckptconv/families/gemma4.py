@@ -25,7 +25,7 @@ their rows, config checks and layout are :mod:`ckptconv.families.gemma4_small`'s
 below.
 """
 
-from ckptconv.families import gemma4_small as small
+import ckptconv.families.gemma4_small as small
 from ckptconv.families.base import (
     GIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, never, rule,
 )
