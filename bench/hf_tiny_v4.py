@@ -23,6 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.v4_formats import quantize_fp4, quantize_fp8  # noqa: E402  (the repository root, above)
+
 SIZES = {"vocab_size": 256, "hidden_size": 128, "num_attention_heads": 4, "head_dim": 64, "qk_rope_head_dim": 16,
          "q_lora_rank": 64, "o_groups": 2, "o_lora_rank": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
          "moe_intermediate_size": 64, "index_n_heads": 2, "index_head_dim": 32, "num_hidden_layers": 5,
@@ -30,7 +33,6 @@ SIZES = {"vocab_size": 256, "hidden_size": 128, "num_attention_heads": 4, "head_
          "index_topk": 4}
 FP8_MODULES = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_a", "attn.wo_b", "attn.indexer.wq_b",
                "ffn.shared_experts.w1", "ffn.shared_experts.w2", "ffn.shared_experts.w3")
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 def config(sizes: dict, quantized: bool) -> dict:
@@ -102,33 +104,6 @@ def random_tensors(c: dict, seed: int = 0) -> dict[str, torch.Tensor]:
         else:
             out[name] = (0.05 * torch.randn(shape, generator=g)).to(dtype)
     return out
-
-
-def _ue8m0(amax: torch.Tensor, top: float) -> torch.Tensor:
-    """The power-of-two scale that maps ``amax`` into the format's range (ue8m0: round the scale up)."""
-    scale = torch.where(amax > 0, amax / top, torch.ones_like(amax))
-    return torch.pow(2.0, torch.ceil(torch.log2(scale)))
-
-
-def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    br, bc = -(-rows // 128), -(-cols // 128)
-    padded = torch.zeros(br * 128, bc * 128)
-    padded[:rows, :cols] = w.float()
-    blocks = padded.reshape(br, 128, bc, 128)
-    scale = _ue8m0(blocks.abs().amax(dim=(1, 3)), 448.0)
-    q = (blocks / scale[:, None, :, None]).reshape(br * 128, bc * 128)[:rows, :cols]
-    return q.to(torch.float8_e4m3fn), scale.to(torch.float8_e8m0fnu)
-
-
-def quantize_fp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    groups = w.float().reshape(rows, cols // 32, 32)
-    scale = _ue8m0(groups.abs().amax(dim=2), 6.0)
-    values = (groups / scale[:, :, None]).reshape(rows, cols)
-    codes = (values[..., None] - E2M1).abs().argmin(dim=-1).to(torch.uint8)  # nearest e2m1 code
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return packed.view(torch.int8), scale.to(torch.float8_e8m0fnu)
 
 
 def quantize(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

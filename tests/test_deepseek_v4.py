@@ -8,6 +8,7 @@ must be refused in one line, exit 2, nothing written.
 """
 
 import json
+from functools import partial
 
 import ml_dtypes
 import numpy as np
@@ -21,36 +22,12 @@ from tests.test_convert import restore
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from tests.v4_formats import E2M1, quantize_fp4, quantize_fp8  # noqa: E402
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
 MODEL = synth.for_family(deepseek_v4.FAMILY, deepseek_v4.SMALL)
 FP8_WEIGHTS = ("layers.3.attn.wq_b.weight", "layers.3.attn.wo_a.weight", "layers.3.ffn.shared_experts.w2.weight")
 FP4_WEIGHTS = tuple(f"layers.3.ffn.experts.{e}.w{w}.weight" for e in range(8) for w in (1, 2, 3))
-
-
-def _ue8m0(amax: torch.Tensor, top: float) -> torch.Tensor:
-    return torch.pow(2.0, torch.ceil(torch.log2(torch.where(amax > 0, amax / top, torch.ones_like(amax)))))
-
-
-def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    br, bc = -(-rows // 128), -(-cols // 128)
-    padded = torch.zeros(br * 128, bc * 128)
-    padded[:rows, :cols] = w.float()
-    blocks = padded.reshape(br, 128, bc, 128)
-    scale = _ue8m0(blocks.abs().amax(dim=(1, 3)), 448.0)
-    codes = (blocks / scale[:, None, :, None]).reshape(br * 128, bc * 128)[:rows, :cols]
-    return codes.to(torch.float8_e4m3fn), scale.to(torch.float8_e8m0fnu)
-
-
-def quantize_fp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = w.shape
-    groups = w.float().reshape(rows, cols // 32, 32)
-    scale = _ue8m0(groups.abs().amax(dim=2), 6.0)
-    values = (groups / scale[:, :, None]).reshape(rows, cols)
-    codes = (values[..., None] - torch.from_numpy(E2M1)).abs().argmin(dim=-1).to(torch.uint8)
-    codes[:, 0] = 8  # -0.0, which MaxText's DeepSeek dequantiser keeps negative
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8), scale.to(torch.float8_e8m0fnu)
 
 
 def release(directory, damage: str | None = None) -> dict[str, np.ndarray]:
@@ -61,7 +38,7 @@ def release(directory, damage: str | None = None) -> dict[str, np.ndarray]:
     expected = {}
     for name in FP8_WEIGHTS + FP4_WEIGHTS:
         fp4 = name in FP4_WEIGHTS
-        codes, scale = (quantize_fp4 if fp4 else quantize_fp8)(tensors.pop(name))
+        codes, scale = (partial(quantize_fp4, negative_zero_column=True) if fp4 else quantize_fp8)(tensors.pop(name))
         module = name.removesuffix(".weight")
         s = scale.float().numpy()
         if fp4:
