@@ -45,10 +45,9 @@ FP8_WEIGHTS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "c
                "group_size": None, "actorder": None, "block_structure": None}
 
 
-def _compressed_tensors_fp8(q: ConfigReader) -> None:
-    """One group of ``float-quantized`` FP8 weights, one scale per output row (``weight_scale``); activations
-    quantised on the fly (``dynamic``: no ``input_scale`` tensors) change no stored weight. Which modules are
-    quantised (``ignore``) is read from the tensors: an e4m3 weight with a ``weight_scale`` beside it decodes."""
+def _single_group(q: ConfigReader) -> ConfigReader:
+    """A compressed-tensors config with one quantisation group, stored compressed, and nothing that would add
+    tensors (k/v cache scales, sparsity metadata, transforms): the group, to be read by its scheme."""
     q.require("quantization_status", ("compressed",), "compressed")
     q.require("kv_cache_scheme", (None,), None)  # would add k/v scales
     q.require("sparsity_config", ({},), {})
@@ -57,6 +56,14 @@ def _compressed_tensors_fp8(q: ConfigReader) -> None:
     if len(groups.config) != 1:
         groups.fail(f"{len(groups.config)} groups: only one quantisation scheme for all quantised layers is supported")
     group = groups.nested(next(iter(groups.config)))
+    return group
+
+
+def _compressed_tensors_fp8(q: ConfigReader) -> None:
+    """One group of ``float-quantized`` FP8 weights, one scale per output row (``weight_scale``); activations
+    quantised on the fly (``dynamic``: no ``input_scale`` tensors) change no stored weight. Which modules are
+    quantised (``ignore``) is read from the tensors: an e4m3 weight with a ``weight_scale`` beside it decodes."""
+    group = _single_group(q)
     group.require("format", (None, "float-quantized"), None)
     group.require("targets", (["Linear"],), None)
     group.require("output_activations", (None,), None)
@@ -77,14 +84,7 @@ def _compressed_tensors(q: ConfigReader) -> None:
     """One weight-only group of pack-quantized symmetric INT4 (no activation scales, no sparsity,
     no transforms: each would add tensors or change what the integers mean)."""
     q.require("format", ("pack-quantized",), None)
-    q.require("quantization_status", ("compressed",), "compressed")
-    q.require("kv_cache_scheme", (None,), None)  # would add k/v scales
-    q.require("sparsity_config", ({},), {})
-    q.require("transform_config", ({},), {})
-    groups = q.nested("config_groups")
-    if len(groups.config) != 1:
-        groups.fail(f"{len(groups.config)} groups: only one quantisation scheme for all quantised layers is supported")
-    group = groups.nested(next(iter(groups.config)))
+    group = _single_group(q)
     group.require("format", ("pack-quantized",), "pack-quantized")
     group.require("targets", (["Linear"],), None)
     group.require("input_activations", (None,), None)
