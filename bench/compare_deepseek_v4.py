@@ -62,21 +62,25 @@ json.dump(out, open(sys.argv[2], "w"), indent=1, sort_keys=True)
 """
 
 
+def v4_overrides(c: dict, scan: bool) -> dict:
+    """MaxText config overrides giving its deepseek4-284b model the checkpoint's sizes (also bench/maxtext_loaders.py)."""
+    return {"base_emb_dim": c["hidden_size"], "base_num_query_heads": c["num_attention_heads"],
+            "base_num_kv_heads": 1, "base_num_decoder_layers": c["num_hidden_layers"],
+            "base_moe_mlp_dim": c["moe_intermediate_size"], "base_mlp_dim": c["moe_intermediate_size"],
+            "vocab_size": c["vocab_size"], "head_dim": c["head_dim"], "qk_rope_head_dim": c["qk_rope_head_dim"],
+            "num_experts": c["n_routed_experts"], "num_experts_per_tok": c["num_experts_per_tok"],
+            "q_lora_rank": c["q_lora_rank"], "o_groups": c["o_groups"], "o_lora_rank": c["o_lora_rank"],
+            "indexer_head_dim": c["index_head_dim"], "indexer_n_heads": c["index_n_heads"],
+            "indexer_topk": c["index_topk"], "sliding_window_size": c["sliding_window"],
+            "compress_ratios": "[" + ",".join(map(str, c["compress_ratios"])) + "]",
+            "first_num_hash_layers": c["num_hash_layers"], "mhc_expansion_rate": c["hc_mult"],
+            "attention": "dot_product",  # MaxText refuses deepseek4 with its default attention on CPU
+            "scan_layers": str(scan).lower()}
+
+
 def overrides(c: dict, scan: bool) -> list[str]:
-    """MaxText config overrides giving its deepseek4-284b model the checkpoint's sizes."""
-    values = {"base_emb_dim": c["hidden_size"], "base_num_query_heads": c["num_attention_heads"],
-              "base_num_kv_heads": 1, "base_num_decoder_layers": c["num_hidden_layers"],
-              "base_moe_mlp_dim": c["moe_intermediate_size"], "base_mlp_dim": c["moe_intermediate_size"],
-              "vocab_size": c["vocab_size"], "head_dim": c["head_dim"], "qk_rope_head_dim": c["qk_rope_head_dim"],
-              "num_experts": c["n_routed_experts"], "num_experts_per_tok": c["num_experts_per_tok"],
-              "q_lora_rank": c["q_lora_rank"], "o_groups": c["o_groups"], "o_lora_rank": c["o_lora_rank"],
-              "indexer_head_dim": c["index_head_dim"], "indexer_n_heads": c["index_n_heads"],
-              "indexer_topk": c["index_topk"], "sliding_window_size": c["sliding_window"],
-              "compress_ratios": "[" + ",".join(map(str, c["compress_ratios"])) + "]",
-              "first_num_hash_layers": c["num_hash_layers"], "mhc_expansion_rate": c["hc_mult"],
-              "attention": "dot_product",  # MaxText refuses deepseek4 with its default attention on CPU
-              "scan_layers": str(scan).lower()}
-    return [f"{k}={v}" for k, v in values.items()]
+    """The same, as MaxText's command-line ``key=value`` arguments."""
+    return [f"{k}={v}" for k, v in v4_overrides(c, scan).items()]
 
 
 def run(cmd: list[str], log: Path, env: dict | None = None) -> tuple[int, float]:

@@ -40,7 +40,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
+from compare_deepseek_v4 import v4_overrides  # noqa: E402  (bench/, the script's directory)
+from driver import error_line, last_json, run  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -90,22 +91,6 @@ FAMILIES = {
     # legacy_rev: the ckptconv commit (integ) writing tid2eid in MaxText's Tid2EidVar collection
     "deepseek4": {"maxtext_model": "deepseek4-284b", "v4": True, "legacy_rev": "5cb9dfa"},
 }
-
-
-def v4_overrides(c: dict, scan: bool) -> dict:
-    """MaxText config overrides giving deepseek4-284b the tiny release's sizes (as bench/compare_deepseek_v4.py)."""
-    return {"base_emb_dim": c["hidden_size"], "base_num_query_heads": c["num_attention_heads"],
-            "base_num_kv_heads": 1, "base_num_decoder_layers": c["num_hidden_layers"],
-            "base_moe_mlp_dim": c["moe_intermediate_size"], "base_mlp_dim": c["moe_intermediate_size"],
-            "vocab_size": c["vocab_size"], "head_dim": c["head_dim"], "qk_rope_head_dim": c["qk_rope_head_dim"],
-            "num_experts": c["n_routed_experts"], "num_experts_per_tok": c["num_experts_per_tok"],
-            "q_lora_rank": c["q_lora_rank"], "o_groups": c["o_groups"], "o_lora_rank": c["o_lora_rank"],
-            "indexer_head_dim": c["index_head_dim"], "indexer_n_heads": c["index_n_heads"],
-            "indexer_topk": c["index_topk"], "sliding_window_size": c["sliding_window"],
-            "compress_ratios": "[" + ",".join(map(str, c["compress_ratios"])) + "]",
-            "first_num_hash_layers": c["num_hash_layers"], "mhc_expansion_rate": c["hc_mult"],
-            "attention": "dot_product",  # MaxText refuses deepseek4 with its default attention on CPU
-            "scan_layers": str(scan).lower()}
 
 
 def v4_sizes() -> dict:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -49,9 +50,15 @@ DYNAMIC = "hf-safetensors_dynamic"  # MaxText 0.2.5 loading the HF files at star
 # ---------------------------------------------------------------------------------------------
 # The child: one restore in a fresh process (ckptconv's venv)
 
+
+def _mark(mark_url: str | None, what: str) -> None:
+    """Tell the counting proxy (``mark_url``) where the child is, so requests are counted by phase."""
+    if mark_url:
+        urllib.request.urlopen(f"{mark_url}{MARK}{what}", timeout=30).read()
+
+
 def child(path: str, devices: int, mark_url: str | None) -> None:
     import math
-    import urllib.request
 
     import jax
     import numpy as np
@@ -90,17 +97,13 @@ def child(path: str, devices: int, mark_url: str | None) -> None:
     target = jax.tree.map(abstract, metadata, is_leaf=is_leaf)
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
 
-    def mark(what: str) -> None:
-        if mark_url:
-            urllib.request.urlopen(f"{mark_url}{MARK}{what}", timeout=30).read()
-
     rss_before = _status_kib("VmRSS:")
-    mark("begin-restore")
+    _mark(mark_url, "begin-restore")
     t0 = time.perf_counter()
     restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
     jax.block_until_ready(restored)
     restore_seconds = time.perf_counter() - t0
-    mark("end-restore")
+    _mark(mark_url, "end-restore")
     arrays = [x for x in jax.tree.leaves(restored) if isinstance(x, jax.Array)]
     wrong = [x.shape for x in arrays if len(x.sharding.device_set) != devices]
     print(json.dumps({
@@ -115,8 +118,6 @@ def child(path: str, devices: int, mark_url: str | None) -> None:
 def dynamic_child(src: str, config_dir: str, template: str, devices: int, mark_url: str | None, layers: int) -> None:
     """MaxText 0.2.5's ``safetensors_dynamic`` load (MaxText's venv): the HF files read, sharded and transformed on
     the devices, into the same target tree and shardings the Orbax restores use (those of MaxText's own checkpoint)."""
-    import urllib.request
-
     import jax
     import maxtext
     import orbax.checkpoint as ocp
@@ -149,17 +150,13 @@ def dynamic_child(src: str, config_dir: str, template: str, devices: int, mark_u
 
     target = jax.tree.map(abstract, metadata["params"], is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
 
-    def mark(what: str) -> None:
-        if mark_url:
-            urllib.request.urlopen(f"{mark_url}{MARK}{what}", timeout=30).read()
-
     rss_before = _status_kib("VmRSS:")
-    mark("begin-restore")
+    _mark(mark_url, "begin-restore")
     t0 = time.perf_counter()
     _, restored = load_dynamic.load_safetensors_dynamic_state(src, target, config)
     jax.block_until_ready(restored)
     restore_seconds = time.perf_counter() - t0
-    mark("end-restore")
+    _mark(mark_url, "end-restore")
     got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(restored)}
     want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(target)}
     print(json.dumps({

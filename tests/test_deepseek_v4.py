@@ -22,7 +22,7 @@ from tests.test_convert import restore
 torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from tests.v4_formats import E2M1, quantize_fp4, quantize_fp8  # noqa: E402
+from tests.v4_formats import dequantize, quantize_fp4, quantize_fp8  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 MODEL = synth.for_family(deepseek_v4.FAMILY, deepseek_v4.SMALL)
@@ -40,15 +40,7 @@ def release(directory, damage: str | None = None) -> dict[str, np.ndarray]:
         fp4 = name in FP4_WEIGHTS
         codes, scale = (partial(quantize_fp4, negative_zero_column=True) if fp4 else quantize_fp8)(tensors.pop(name))
         module = name.removesuffix(".weight")
-        s = scale.float().numpy()
-        if fp4:
-            u8 = codes.view(torch.uint8).numpy()
-            values = np.stack([E2M1[u8 & 15], E2M1[u8 >> 4]], axis=-1).reshape(u8.shape[0], -1)
-            expected[name] = (values * np.repeat(s, 32, axis=1)).astype(BF16)
-        else:
-            values = codes.float().numpy()
-            full = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:values.shape[0], :values.shape[1]]
-            expected[name] = (values * full).astype(BF16)
+        expected[name] = dequantize(codes, scale).astype(BF16)
         if damage == "grid" and name == FP8_WEIGHTS[0]:
             scale = torch.cat([scale, scale[:1]])  # one block row too many
         if damage == "nan" and name == FP4_WEIGHTS[0]:
@@ -101,15 +93,7 @@ def dequantized(path) -> dict[str, np.ndarray]:
         if scale is None:
             out[name] = tensor.to(torch.float32).numpy().astype(BF16)
             continue
-        s = scale.float().numpy()
-        if tensor.dtype == torch.int8:
-            u8 = tensor.view(torch.uint8).numpy()
-            values = np.stack([E2M1[u8 & 15], E2M1[u8 >> 4]], axis=-1).reshape(u8.shape[0], -1)
-            out[name] = (values * np.repeat(s, 32, axis=1)).astype(BF16)
-        else:
-            values = tensor.float().numpy()
-            full = np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:values.shape[0], :values.shape[1]]
-            out[name] = (values * full).astype(BF16)
+        out[name] = dequantize(tensor, scale).astype(BF16)
     return out
 
 

@@ -39,3 +39,15 @@ def quantize_fp4(w: torch.Tensor, negative_zero_column: bool = False) -> tuple[t
     if negative_zero_column:
         codes[:, 0] = 8
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8), scale.to(torch.float8_e8m0fnu)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> np.ndarray:
+    """The float32 values a release tensor stands for: FP4 (int8, two e2m1 codes a byte) times its scale per 32
+    values of a row, or FP8 times its scale per 128x128 block (the reference the tests hold a decode to)."""
+    s = scale.float().numpy()
+    if codes.dtype == torch.int8:
+        u8 = codes.view(torch.uint8).numpy()
+        values = np.stack([E2M1[u8 & 15], E2M1[u8 >> 4]], axis=-1).reshape(u8.shape[0], -1)
+        return values * np.repeat(s, 32, axis=1)
+    values = codes.float().numpy()
+    return values * np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:values.shape[0], :values.shape[1]]
