@@ -346,11 +346,13 @@ def gemma4_small_leaves(t: dict, layer: Callable) -> dict[str, tuple]:
     return tree
 
 
-def unscanned_only(model: synth.SynthModel) -> bool:
-    """A model MaxText's code runs unscanned only (Gemma 4 E2B / E4B): its scanned conversion is refused."""
+def unscanned_only(model: synth.SynthModel, multimodal: bool = False) -> bool:
+    """A model MaxText's code runs unscanned only (Gemma 4 E2B / E4B; Qwen3-VL with its vision tower): its
+    scanned conversion is refused."""
     family = BY_MODEL_TYPE[model.model_type]
     try:
-        family.layout(read_spec(family, model.config(), "config.json"), True)
+        family.layout(with_encoders("config.json", family, read_spec(family, model.config(), "config.json"),
+                                    multimodal), True)
     except UnscannedOnly:
         return True
     return False
@@ -513,7 +515,8 @@ def test_every_example_plans_maxtexts_tree(tmp_path, name, scan):
 
 def test_every_registered_family_is_complete():
     """What a family's tests are derived from is there for every registered family: its synthetic config.json
-    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind),
+    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind;
+    a family with encoders, a round trip with them: ``Example.multimodal``),
     MaxText's run-time semantics for the reference forward pass, MaxText's tree restated here, and a row in the
     README's table of supported families."""
     from tests.test_logits import SEMANTICS
@@ -531,6 +534,8 @@ def test_every_registered_family_is_complete():
                 missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
             if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
                 missing.append(f"{family.name}: no README row for {mt!r}")
+        if family.encoders and not any(example.multimodal for example in family.synthetic.round_trip):
+            missing.append(f"{family.name}: encoders {family.encoders} but no --multimodal round-trip example")
         by_logits = any(example.reference == "transformers" for example in family.synthetic.logits)
         if by_logits and family.name not in SEMANTICS:
             missing.append(f"{family.name}: no entry in tests/test_logits.py SEMANTICS")

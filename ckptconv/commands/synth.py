@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError, multimodal
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Example, Family, LayoutError, multimodal
 from ckptconv.families.inputs import FP8_CHANNEL, FP8_KEPT
 
 
@@ -66,6 +66,12 @@ def for_family(family: Family, fields: Mapping[str, Any]) -> SynthModel:
     """The synthetic model an :class:`~ckptconv.families.base.Example` of ``family`` describes
     (``model_type`` defaults to the family's first)."""
     return SynthModel(**{"model_type": family.model_types[0], **fields})
+
+
+def for_example(family: Family, example: Example) -> SynthModel:
+    """The synthetic model a test derived from ``example`` converts: with its encoders where the example
+    converts them (``Example.multimodal``)."""
+    return for_family(family, {**example.model, **({"encoders": True} if example.multimodal else {})})
 
 
 QWEN3_0_6B = SynthModel(
