@@ -59,7 +59,14 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 
 # (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
-         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1)]
+         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
+         ("gemma4-31b-vision", "gemma4_31b", True, 16), ("gemma4-31b-vision-noscan-1dev", "gemma4_31b", False, 1),
+         ("gemma4-26b-vision", "gemma4_26b", True, 16), ("gemma4-26b-vision-noscan-1dev", "gemma4_26b", False, 1)]
+# Gemma 4: bench/compare_families.py's 31B (dense, hidden 48) and 26B-A4B (MoE, hidden 80) tiny models, 12 layers,
+# made by transformers' Gemma4ForConditionalGeneration with the synthetic config's tower: 2 layers, hidden 32, 2 heads
+# of 16, MLP 64, patch 4, 64 positions per axis, standardize (std_scale / std_bias random, as bench/hf_tiny.py sets)
+GEMMA4 = {"gemma4_31b": ("GEMMA4_31B", "gemma4-31b"), "gemma4_26b": ("GEMMA4_26B", "gemma4-26b")}
+FAMILIES = ("gemma3", "qwen3_vl", *GEMMA4)
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
@@ -196,6 +203,39 @@ def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
     return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
 
 
+def gemma4_case(family: str, scan: bool) -> "compare_families.Case":  # noqa: F821
+    sys.path.insert(0, str(BENCH))
+    import compare_families
+
+    model, maxtext_model = GEMMA4[family]
+    return compare_families.Case(family, getattr(compare_families, model), maxtext_model, scan=scan,
+                                 maker="transformers")
+
+
+def make_gemma4(family: str, hf: Path) -> subprocess.CompletedProcess:
+    path = WORK / f"{family}-config.json"
+    path.write_text(json.dumps(gemma4_case(family, True).config()))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
+
+
+def gemma4_sizes(family: str, scan: bool) -> list[str]:
+    """compare_families' text sizes for MaxText's gemma4-31b / gemma4-26b, use_multimodal=true and the tower's."""
+    sys.path.insert(0, str(BENCH))
+    import compare_families
+
+    case = gemma4_case(family, scan)
+    vision = case.config()["vision_config"]
+    values = {"use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+              "intermediate_size_for_vit": vision["intermediate_size"],
+              "num_hidden_layers_for_vit": vision["num_hidden_layers"],
+              "num_attention_heads_for_vit": vision["num_attention_heads"], "patch_size_for_vit": vision["patch_size"],
+              "conv_stride_for_vit": vision["patch_size"],
+              "num_position_embeddings_for_vit": vision["position_embedding_size"],
+              "image_size_for_vit": "[16,16]"}
+    return [item for item in compare_families.overrides(case) if not item.startswith("use_multimodal=")] + [
+        f"{k}={v}" for k, v in values.items()]
+
+
 def refusal(hf: Path) -> dict:
     """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
     dst = WORK / "qwen3-vl-scan-refused"
@@ -215,6 +255,8 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                root / "ckptconv.log")
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
+    elif family in GEMMA4:
+        model, sizes, loader = GEMMA4[family][1], gemma4_sizes(family, scan), "safetensors"
     else:
         model, loader = "qwen3-vl-2b", "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
@@ -252,24 +294,36 @@ def logits_case(hf: Path) -> dict:
     return json.loads(fwd.stdout.strip().splitlines()[-1])
 
 
-def memory_case() -> dict:
-    """Peak RSS of ``convert --multimodal`` at Gemma 3 4B's widths (2 decoder layers, the release's whole SigLIP
-    tower: 27 layers, hidden 1152, MLP 4304, 4096 positions; 0.83 GB of tower) against ``plan``'s prediction."""
+# the releases' towers: Gemma 3's SigLIP (27 layers, hidden 1152, MLP 4304, 4096 positions) and Gemma 4's 26B-A4B / 31B
+# tower (27 layers, hidden 1152 = 16 heads of 72, MLP 4304, patch 16, 10240 positions per axis, standardize)
+RELEASE_TOWERS = {
+    "gemma3": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+               "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False},
+    "gemma4": {"hidden_size": 1152, "intermediate_size": 4304, "model_type": "gemma4_vision", "num_attention_heads": 16,
+               "num_key_value_heads": 16, "head_dim": 72, "global_head_dim": 72, "num_hidden_layers": 27,
+               "patch_size": 16, "position_embedding_size": 10240, "pooling_kernel_size": 3, "standardize": True,
+               "use_clipped_linears": False}}
+
+
+def memory_case(family: str = "gemma3") -> dict:
+    """Peak RSS of ``convert --multimodal`` against ``plan``'s prediction, with the release's whole tower: Gemma 3
+    4B's decoder widths (2 layers) beside the SigLIP tower (0.83 GB), or Gemma 4 26B-A4B's (one block of 6 layers,
+    8 experts) beside Gemma 4's tower (1.1 GB)."""
     from ckptconv.commands import synth
+    from ckptconv.families import gemma4
 
     class WithTower(synth.SynthModel):
         def config(self) -> dict:
             config = super().config()
-            config["vision_config"] = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
-                                       "model_type": "siglip_vision_model", "num_attention_heads": 16,
-                                       "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+            config["vision_config"] = RELEASE_TOWERS[family]
             return config
 
     src = WORK / "memory-src"
     shutil.rmtree(src, ignore_errors=True)
-    synth.write_checkpoint(WithTower(model_type="gemma3", vocab_size=262208, hidden_size=2560, num_layers=2,
-                                     num_heads=8, num_kv_heads=4, head_dim=256, intermediate_size=10240,
-                                     encoders=True), str(src))
+    sizes = ({"vocab_size": 262208, "hidden_size": 2560, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,
+              "head_dim": 256, "intermediate_size": 10240} if family == "gemma3"
+             else {**gemma4.WIDTHS_26B, "num_layers": 6, "num_experts": 8})
+    synth.write_checkpoint(WithTower(model_type=family, encoders=True, **sizes), str(src))
     rows = []
     for devices in (16, 1):
         dst = WORK / f"memory-dst{devices}"
@@ -391,20 +445,20 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "memory")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in (*FAMILIES, "memory", "memory_gemma4")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
     for family in wanted:
-        if family == "memory":
-            results["memory"] = memory_case()
-            print(json.dumps(results["memory"]), flush=True)
-            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["memory"]["rows"])
+        if family in ("memory", "memory_gemma4"):
+            results[family] = memory_case("gemma3" if family == "memory" else "gemma4")
+            print(json.dumps(results[family]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results[family]["rows"])
             continue
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_qwen3_vl(hf))
+                else make_gemma4(family, hf) if family in GEMMA4 else make_qwen3_vl(hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
