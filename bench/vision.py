@@ -1,11 +1,14 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,gemma4_31b,gemma4_26b,memory,memory_gemma4] [--keep]
+                                     [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
-and ``--multimodal --scan-layers`` refused); ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
+and ``--multimodal --scan-layers`` refused); Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by
+``Gemma4ForConditionalGeneration``, compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text
+and on an image); ``memory`` / ``memory_gemma4``: peak RSS against the prediction with the releases' whole towers.
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -108,6 +111,92 @@ def make_hf(out: Path) -> None:
     np.save(out / "image_ids.npy", np.array(image_ids))
     np.save(out / "text_logits.npy", text)
     np.save(out / "image_logits.npy", image)
+
+
+GEMMA4_PLACEHOLDER = 258880  # MaxText's GEMMA4_TOKEN_PLACEHOLDER and the releases' image_token_id
+GEMMA4_SIDE = 16  # a 16x16 image in 4x4 patches: 16 patches, pooled 2x2 into 4 soft tokens (the synthetic tower)
+GEMMA4_PREFIX, GEMMA4_SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5]  # around the soft tokens (3, 4: plain tokens here)
+
+
+def gemma4_image_logits(out: Path) -> None:
+    """transformers' float32 logits of the model bench/hf_tiny.py saved in ``out``: on text, and on text around
+    one image (pixel_values as patches flattened (row, column, channel), (x, y) positions row-major, the soft
+    tokens bidirectional among themselves in the sliding layers through ``mm_token_type_ids``)."""
+    import numpy as np
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
+    model = Gemma4ForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).eval()
+    vision = json.loads((out / "config.json").read_text())["vision_config"]
+    p, n = vision["patch_size"], GEMMA4_SIDE // vision["patch_size"]
+    image = np.random.default_rng(7).uniform(0, 1, (GEMMA4_SIDE, GEMMA4_SIDE, 3)).astype(np.float32)
+    patches = image.reshape(n, p, n, p, 3).transpose(0, 2, 1, 3, 4).reshape(n * n, p * p * 3)
+    xy = np.stack(np.meshgrid(np.arange(n), np.arange(n)), -1).reshape(-1, 2)  # patch i * n + j at (x=j, y=i)
+    soft = n * n // vision["pooling_kernel_size"] ** 2
+    ids = GEMMA4_PREFIX + [GEMMA4_PLACEHOLDER] * soft + GEMMA4_SUFFIX
+    with torch.no_grad():
+        text = model(input_ids=torch.tensor([TEXT_TOKENS])).logits[0].numpy()
+        tokens = torch.tensor([ids])
+        with_image = model(input_ids=tokens, pixel_values=torch.from_numpy(patches)[None],
+                           image_position_ids=torch.from_numpy(xy)[None],
+                           mm_token_type_ids=(tokens == GEMMA4_PLACEHOLDER).long()).logits[0].numpy()
+    np.save(out / "pixels.npy", image[None])
+    np.save(out / "image_ids.npy", np.array(ids))
+    np.save(out / "text_logits.npy", text)
+    np.save(out / "image_logits.npy", with_image)
+
+
+def gemma4_forward(ckpt: str, hf_dir: str, work: str, maxtext_model: str) -> dict:
+    """MaxText's gemma4-31b / gemma4-26b with use_multimodal=true on ckptconv's float32 checkpoint (scanned)."""
+    sys.path.insert(0, str(BENCH))
+    import maxtext_logits
+
+    hf = Path(hf_dir)
+    config = json.loads((hf / "config.json").read_text())
+    vision = config["vision_config"]
+    values = maxtext_logits.gemma4_overrides(config["text_config"]) | {
+        "use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+        "intermediate_size_for_vit": vision["intermediate_size"],
+        "num_hidden_layers_for_vit": vision["num_hidden_layers"],
+        "num_attention_heads_for_vit": vision["num_attention_heads"], "patch_size_for_vit": vision["patch_size"],
+        "conv_stride_for_vit": vision["patch_size"], "num_position_embeddings_for_vit": vision["position_embedding_size"],
+        "image_size_for_vit": f"[{GEMMA4_SIDE},{GEMMA4_SIDE}]",
+        "vision_output_length": (GEMMA4_SIDE // vision["patch_size"] // vision["pooling_kernel_size"]) ** 2,
+        "normalization_layer_epsilon": config["text_config"]["rms_norm_eps"]}
+    return run_maxtext(ckpt, hf, work, maxtext_model, values)
+
+
+def run_maxtext(ckpt: str, hf: Path, work: str, maxtext_model: str, values: dict) -> dict:
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+
+    image_ids = np.load(hf / "image_ids.npy")
+    length = max(len(image_ids), len(TEXT_TOKENS))
+    overrides = {
+        "model_name": maxtext_model, "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
+        "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": length,
+        "max_prefill_predict_length": length, "enable_checkpointing": False, "enable_dropout": False,
+        "dtype_mm": "float32", "scan_layers": "true", **values}
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    config = pyconfig.initialize(["logits", base, *[f"{k}={v}" for k, v in overrides.items()]])
+    model, _ = model_creation_utils.from_pretrained(config)
+    result = {}
+    for name, ids, images in (("text", np.array(TEXT_TOKENS), None), ("image", image_ids, np.load(hf / "pixels.npy"))):
+        tokens = jnp.asarray(ids[None], jnp.int32)
+        positions = jnp.arange(len(ids), dtype=jnp.int32)[None]
+        kwargs = {} if images is None else {"encoder_images": jnp.asarray(images, jnp.float32)}
+        logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False, **kwargs),
+                            np.float32)[0]
+        want = np.load(hf / f"{name}_logits.npy")
+        diff = float(np.abs(logits[:, : want.shape[-1]] - want).max())
+        result[name] = {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(want).max()),
+                        "tokens": int(len(ids)), "ok": diff <= TOLERANCE}
+    return result
 
 
 def qwen3_vl_sizes(config: dict) -> list[str]:
@@ -305,6 +394,36 @@ RELEASE_TOWERS = {
                "use_clipped_linears": False}}
 
 
+def gemma4_logits_case(family: str) -> dict:
+    """maxtext_logits.py's Gemma 4 tiny model (hidden 64, 12 layers, sliding window 5) with the synthetic tower, made
+    by transformers' class; ckptconv ``--multimodal --dtype float32 --devices 1`` (scanned); MaxText's forward on
+    text and on text around one image against transformers' float32 logits."""
+    sys.path.insert(0, str(BENCH))
+    import maxtext_logits
+    from ckptconv.commands import synth
+
+    root = WORK / f"logits-{family}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    sizes = dict(maxtext_logits.GEMMA4 if family == "gemma4_31b" else maxtext_logits.GEMMA4_MOE)
+    config = synth.SynthModel(model_type="gemma4", **sizes).config()
+    (root / "config.json").write_text(json.dumps(config))
+    hf, ours = root / "hf", root / "ckptconv-f32"
+    for step in ([MT_PYTHON, BENCH / "hf_tiny.py", root / "config.json", hf], [MT_PYTHON, __file__, "gemma4-hf", hf]):
+        made = run(step, root / "hf.log", env=MT_ENV)
+        if made.returncode:
+            return {"error": last_line(made)}
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
+                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    if mine.returncode:
+        return {"error": last_line(mine)}
+    fwd = run([MT_PYTHON, __file__, "gemma4-forward", ours / "0" / "items", hf, root, GEMMA4[family][1]],
+              root / "forward.log", env=MT_ENV)
+    if fwd.returncode:
+        return {"error": last_line(fwd)}
+    return json.loads(fwd.stdout.strip().splitlines()[-1])
+
+
 def memory_case(family: str = "gemma3") -> dict:
     """Peak RSS of ``convert --multimodal`` against ``plan``'s prediction, with the release's whole tower: Gemma 3
     4B's decoder widths (2 layers) beside the SigLIP tower (0.83 GB), or Gemma 4 26B-A4B's (one block of 6 layers,
@@ -423,6 +542,54 @@ def write(results: dict, path: Path) -> None:
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
             "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    gemma4_rows = [row for family in GEMMA4 for row in results.get(family, {}).get("rows", [])]
+    if gemma4_rows:
+        lines += [
+            "## Gemma 4 (26B-A4B, 31B): vision tower + projector", "",
+            "bench/compare_families.py's tiny 31B (dense, hidden 48) and 26B-A4B (4 experts, hidden 80), 12 decoder "
+            "layers, made by transformers' `Gemma4ForConditionalGeneration` (`bench/hf_tiny.py`; what "
+            "`save_pretrained` writes: `model.language_model.*`, `model.vision_tower.*`, `model.embed_vision.*`) "
+            "with the releases' `config.json` form; tower: 2 layers, hidden 32, 2 heads of 16 (as many KV heads), "
+            "MLP 64, patch 4, a 64-entry x / y position table, `standardize` (random `std_scale` / `std_bias`), "
+            "no clipped linears, as the 26B-A4B and 31B releases. MaxText's `gemma4-31b` / `gemma4-26b`, "
+            "`use_multimodal=true`, the tower's sizes as overrides, its `safetensors` loader.", "",
+            *table(gemma4_rows), "",
+            "The tower and projector are 5 + 13 x 2 = 31 of the leaves in every row; `layer_{i}` are unscanned in both "
+            "layouts (MaxText's tower is a plain loop).", ""]
+        for family in GEMMA4:
+            logits = results.get(family, {}).get("logits")
+            if not logits:
+                continue
+            lines += [f"### MaxText's forward pass on ckptconv's checkpoint ({GEMMA4[family][1]})", "",
+                      "bench/maxtext_logits.py's tiny Gemma 4 (hidden 64, 12 layers, sliding window 5) with the tower "
+                      "above, made by transformers' class; ckptconv `--multimodal --dtype float32 --devices 1` "
+                      "(scanned); MaxText 0.2.5's `from_pretrained` (`use_multimodal=true`, `vision_output_length` "
+                      "4) and one float32 forward pass against transformers' float32 logits. The image: a random "
+                      "16x16 picture, 16 patches pooled 2x2 into 4 soft tokens at MaxText's placeholder 258880 (the "
+                      "releases' `image_token_id`), bidirectional among themselves in the sliding layers in both "
+                      "(`mm_token_type_ids`; MaxText's placeholder mask).", ""]
+            if "error" in logits:
+                lines += [f"failed: `{logits['error']}`", ""]
+                continue
+            lines += ["| input | tokens | max abs logit | max abs diff | within 1e-4 |", "|---|---|---|---|---|"]
+            for name, r in logits.items():
+                what = "text" if name == "text" else "text + one image (4 soft tokens)"
+                lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | {r['max_abs_logits_diff']:.2e} | "
+                             f"{'yes' if r['ok'] else '**no**'} |")
+            lines.append("")
+    memory4 = results.get("memory_gemma4")
+    if memory4:
+        lines += ["### Memory at the release's tower widths (Gemma 4)", "",
+                  "`convert --multimodal` of 26B-A4B's decoder widths (one block of 6 layers, 8 experts, vocabulary "
+                  "262144) with the releases' whole tower (27 layers, hidden 1152 = 16 heads of 72, MLP 4304, patch "
+                  "16, 10240 positions per axis: 1.1 GB), peak RSS as the report measures it against `plan`'s "
+                  "prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in memory4["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -434,6 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["forward"]:
         print(json.dumps(forward(*argv[1:4])))
+        return 0
+    if argv[:1] == ["gemma4-hf"]:
+        gemma4_image_logits(Path(argv[1]))
+        return 0
+    if argv[:1] == ["gemma4-forward"]:
+        print(json.dumps(gemma4_forward(*argv[1:5])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
@@ -468,8 +641,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(compare_case(name, family, scan, devices, hf))
                 print(json.dumps(rows[-1]), flush=True)
         entry = {"rows": rows}
-        if family == "gemma3" and not args.no_logits:
-            entry["logits"] = logits_case(hf)
+        if family in ("gemma3", *GEMMA4) and not args.no_logits:
+            entry["logits"] = logits_case(hf) if family == "gemma3" else gemma4_logits_case(family)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
         if family == "qwen3_vl":
