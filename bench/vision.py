@@ -137,9 +137,12 @@ def gemma4_image_logits(out: Path) -> None:
     with torch.no_grad():
         text = model(input_ids=torch.tensor([TEXT_TOKENS])).logits[0].numpy()
         tokens = torch.tensor([ids])
-        with_image = model(input_ids=tokens, pixel_values=torch.from_numpy(patches)[None],
-                           image_position_ids=torch.from_numpy(xy)[None],
-                           mm_token_type_ids=(tokens == GEMMA4_PLACEHOLDER).long()).logits[0].numpy()
+        with_image, grey = (model(input_ids=tokens, pixel_values=torch.from_numpy(pixels)[None],
+                                  image_position_ids=torch.from_numpy(xy)[None],
+                                  mm_token_type_ids=(tokens == GEMMA4_PLACEHOLDER).long()).logits[0].numpy()
+                            for pixels in (patches, np.full_like(patches, 0.5)))
+    # how far the picture moves the logits (against a flat grey one): the comparison sees the vision path
+    (out / "image_effect.json").write_text(json.dumps(float(np.abs(with_image - grey).max())))
     np.save(out / "pixels.npy", image[None])
     np.save(out / "image_ids.npy", np.array(ids))
     np.save(out / "text_logits.npy", text)
@@ -196,6 +199,8 @@ def run_maxtext(ckpt: str, hf: Path, work: str, maxtext_model: str, values: dict
         diff = float(np.abs(logits[:, : want.shape[-1]] - want).max())
         result[name] = {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(want).max()),
                         "tokens": int(len(ids)), "ok": diff <= TOLERANCE}
+    if (hf / "image_effect.json").exists():
+        result["image"]["image_effect"] = json.loads((hf / "image_effect.json").read_text())
     return result
 
 
@@ -576,6 +581,10 @@ def write(results: dict, path: Path) -> None:
                 what = "text" if name == "text" else "text + one image (4 soft tokens)"
                 lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | {r['max_abs_logits_diff']:.2e} | "
                              f"{'yes' if r['ok'] else '**no**'} |")
+            effect = logits.get("image", {}).get("image_effect")
+            if effect is not None:
+                lines.append(f"\nThe picture moves transformers' logits by up to {effect:.2e} against a flat grey "
+                             "one, so the image row really goes through the tower.")
             lines.append("")
     memory4 = results.get("memory_gemma4")
     if memory4:
