@@ -566,7 +566,8 @@ def write(results: dict, path: Path) -> None:
             if not logits:
                 continue
             lines += [f"### MaxText's forward pass on ckptconv's checkpoint ({GEMMA4[family][1]})", "",
-                      "bench/maxtext_logits.py's tiny Gemma 4 (hidden 64, 12 layers, sliding window 5) with the tower "
+                      "bench/maxtext_logits.py's tiny Gemma 4 (hidden 64, 12 layers, sliding window 5"
+                      f"{'' if family == 'gemma4_31b' else '; 4 experts of 32 beside the dense MLP'}) with the tower "
                       "above, made by transformers' class; ckptconv `--multimodal --dtype float32 --devices 1` "
                       "(scanned); MaxText 0.2.5's `from_pretrained` (`use_multimodal=true`, `vision_output_length` "
                       "4) and one float32 forward pass against transformers' float32 logits. The image: a random "
