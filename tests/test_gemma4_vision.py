@@ -8,6 +8,7 @@ linears, no standardisation) is one line, exit 2, nothing written.
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 from safetensors.numpy import load_file
@@ -113,3 +114,32 @@ def test_a_tower_tensor_of_another_shape_is_one_line(tmp_path):
                                             r" has shape \[\d+, \d+\], config.json implies"):
         make_plan(LocalSource(str(source)), devices=1, multimodal=True)
     make_plan(LocalSource(str(source)), devices=1)  # the decoder alone still converts: the tower is not read
+
+
+@pytest.mark.parametrize("name", ["gemma-4-26B-A4B-it", "gemma-4-31B-it", "gemma-4-E2B-it"])
+def test_the_releases_towers(name):
+    """The releases' whole vision_config: 26B-A4B's and 31B's tower (16 heads of 72 over 1152, 27 layers, a 10240
+    x / y position table, standardize) is MaxText's; E2B's (clipped linears, no standardize) is refused."""
+    import copy
+
+    from ckptconv.families import gemma4_vision
+    from ckptconv.families.base import MULTIMODAL, LayoutError
+    from ckptconv.families.gemma4 import FAMILY
+    from ckptconv.plan.conversion import read_spec
+    from tests.published_configs import GEMMA4, GEMMA4_VISION
+
+    config = copy.deepcopy(GEMMA4[name]) | {"vision_config": GEMMA4_VISION[name]}
+    spec = read_spec(FAMILY, config, "config.json")
+    assert {k: spec.dims[k] for k in ("v_emb", "v_heads", "v_hd", "v_q", "v_mlp", "v_layers", "v_positions",
+                                      "v_patch_in")} == (
+        {"v_emb": 1152, "v_heads": 16, "v_hd": 72, "v_q": 1152, "v_mlp": 4304, "v_layers": 27, "v_positions": 10240,
+         "v_patch_in": 768} if name != "gemma-4-E2B-it" else
+        {"v_emb": 768, "v_heads": 12, "v_hd": 64, "v_q": 768, "v_mlp": 3072, "v_layers": 16, "v_positions": 10240,
+         "v_patch_in": 768})
+    spec = replace(spec, values={**spec.values, MULTIMODAL: True})
+    if name == "gemma-4-E2B-it":
+        with pytest.raises(LayoutError, match="does not convert Gemma 4 E2B / E4B's vision tower"):
+            FAMILY.layout(spec, False)
+        return
+    stacks = FAMILY.layout(spec, True)
+    assert [s.prefix for s in stacks if s.encoder] == [(*gemma4_vision.ENCODER, f"layer_{i}") for i in range(27)]
