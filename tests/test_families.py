@@ -16,7 +16,7 @@ from ckptconv.commands import synth
 from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
-from ckptconv.families.base import MIB, UnscannedOnly, always
+from ckptconv.families.base import MIB, LayoutError, UnscannedOnly, always, applies
 from ckptconv.plan.conversion import make_plan, read_spec, with_encoders
 from ckptconv.read.sources import LocalSource
 
@@ -562,13 +562,19 @@ def test_registry_is_consistent():
         # and without its encoders): rules of disjoint kinds may share them (Gemma 4's q_proj, read by a local and
         # a global rule, each in its own layers' shape), and so may rules never active together (Llama 4's fused
         # bf16 experts and its FP8 release's per-expert ones both write wi_0)
-        kinds = {kind for rule in family.rules for kind in (rule.kinds or ())} or {None}
         examples = [e.model for kind in ("round_trip", "logits", "memory") for e in getattr(family.synthetic, kind)]
         for fields, encoders in itertools.product(examples, (False, True) if family.encoders else (False,)):
             model = synth.for_family(family, fields)
             spec = with_encoders("example", family, read_spec(family, model.config(), "example"), encoders)
-            for kind in kinds:
-                rules = [rule for rule in family.active_rules(spec) if rule.kinds is None or kind in rule.kinds]
+            # each kind of stack the layout holds (a decoder's kinds, an encoder's), with the rules that read it
+            try:
+                layout = family.layout(spec, False)
+            except LayoutError:  # refused (--multimodal for a text-only checkpoint: gemma3_text)
+                continue
+            stacks = {(stack.kind, stack.encoder): stack for stack in layout}.values()
+            for stack in stacks:
+                kind = stack.kind
+                rules = [rule for rule in family.active_rules(spec) if not rule.per_layer or applies(rule, stack)]
                 hf_names = [rule.hf for rule in rules]
                 assert len(hf_names) == len(set(hf_names)), (family.name, kind, fields)
                 targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]

@@ -284,7 +284,8 @@ SYNTHETIC = Synthetic(
                         rounded=("embed_tokens.weight",)),
                 # E2B / E4B: unscanned only (a scanned round trip is refused)
                 Example("gemma4-e2b-tiny", E2B_TINY, scan=False, devices=16),
-                Example("gemma4-e4b-tiny", E4B_TINY, scan=False, devices=1)),
+                Example("gemma4-e4b-tiny", E4B_TINY, scan=False, devices=1),
+                Example("gemma4-26b-a4b-multimodal", MOE_TINY, devices=16, multimodal=True)),
     # a sliding window shorter than the tests' 12 tokens, so the sliding layers really mask
     logits=(Example("gemma4_text", {**DENSE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW}, devices=4),
             Example("gemma4_text-moe-noscan", {**MOE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW},
@@ -292,7 +293,8 @@ SYNTHETIC = Synthetic(
             Example("gemma4-e2b", {**E2B_TINY, "config_overrides": {**E2B_TINY["config_overrides"], **WINDOW}},
                     scan=False, devices=4),
             Example("gemma4-e4b", {**E4B_TINY, "config_overrides": {**E4B_TINY["config_overrides"], **WINDOW}},
-                    scan=False, devices=1)),
+                    scan=False, devices=1),
+            Example("gemma4-31b-multimodal", {**DENSE_TINY, "config_overrides": WINDOW}, devices=4, multimodal=True)),
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
     memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
