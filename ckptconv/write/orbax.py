@@ -207,6 +207,12 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             if metadatas[n] is not None:
                 raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
             stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
+            if batch.full(math.prod(value.shape) * value.dtype.itemsize):
+                # a leaf starts a data file of its own unless all of it fits in the one being filled: a restore
+                # makes a request per (leaf, data file) pair it reads, so a leaf is in as few files as it can be
+                while in_flight:
+                    await _settle(*in_flight.popleft(), on_tile)
+                await batch.commit()
         region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
         if batch.full(data.nbytes):  # this tile would overflow the data file: commit the one being filled
             while in_flight:
