@@ -115,6 +115,50 @@ def child(path: str, devices: int, mark_url: str | None) -> None:
     }), flush=True)
 
 
+def shard_child(path: str, device: int, devices: int, mark_url: str | None) -> None:
+    """What one TPU host holding device ``device`` of ``devices`` reads: that device's box of every leaf (the whole leaf
+    when replicated), every leaf opened and read concurrently with tensorstore through the kvstore spec and context
+    Orbax's restore uses (OCDBT, its read coalescing), no JAX devices needed. Counted like a restore."""
+    import asyncio
+    import math
+
+    import numpy as np
+    import tensorstore as ts
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    sys.path.insert(0, str(REPO))
+    from ckptconv.read.restore_cost import device_boxes
+    from ckptconv.read.stored import read_items_metadata
+
+    rss_start = _status_kib("VmRSS:")
+    leaves = [leaf for leaf in read_items_metadata(path) if leaf.chunk_shape is not None and leaf.shape]
+    context = ts_utils.get_ts_context(use_ocdbt=True)
+
+    async def read(leaf):
+        kvstore = ts_utils.build_kvstore_tspec(path, name=".".join(leaf.path), use_ocdbt=True)
+        array = await ts.open({"driver": "zarr3", "kvstore": kvstore}, context=context, open=True)
+        box = device_boxes(leaf, device)
+        data = await array[tuple(slice(lo, hi) for lo, hi in box)].read()
+        return data.nbytes
+
+    async def read_all():
+        return await asyncio.gather(*(read(leaf) for leaf in leaves))
+
+    rss_before = _status_kib("VmRSS:")
+    _mark(mark_url, "begin-restore")
+    t0 = time.perf_counter()
+    nbytes = asyncio.run(read_all())
+    restore_seconds = time.perf_counter() - t0
+    _mark(mark_url, "end-restore")
+    print(json.dumps({
+        "restore_seconds": round(restore_seconds, 4), "peak_rss_bytes": _status_kib("VmHWM:") * 1024,
+        "rss_after_imports_bytes": rss_start * 1024, "rss_before_restore_bytes": rss_before * 1024,
+        "devices": 1, "device": device, "leaves": len(leaves), "shard_bytes": sum(nbytes),
+        "chunks": sum(math.prod(-(-s // c) for s, c in zip(leaf.shape, leaf.chunk_shape)) for leaf in leaves),
+        "versions": {"tensorstore": _version("tensorstore"), "numpy": np.__version__},
+    }), flush=True)
+
+
 def dynamic_child(src: str, config_dir: str, template: str, devices: int, mark_url: str | None, layers: int) -> None:
     """MaxText 0.2.5's ``safetensors_dynamic`` load (MaxText's venv): the HF files read, sharded and transformed on
     the devices, into the same target tree and shardings the Orbax restores use (those of MaxText's own checkpoint)."""
@@ -361,7 +405,8 @@ def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool) ->
     return dst, {**facts, "reused": False}
 
 
-def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: dict | None = None) -> dict:
+def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: dict | None = None,
+                 shard_of: int | None = None) -> dict:
     """One restore in a fresh child; ``dynamic`` ({ctx, config_dir, template, layers}): MaxText's
     ``safetensors_dynamic`` load of the HF files at ``path`` instead of an Orbax restore."""
     from bench.driver import error_line, last_json, run
@@ -374,6 +419,8 @@ def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: d
     if dynamic:
         cmd = [dynamic["ctx"]["mt_python"], str(Path(__file__).resolve()), "_dynamic", path, dynamic["config_dir"],
                dynamic["template"], str(devices), gcs.url if gcs else "", str(dynamic["layers"])]
+    elif shard_of:  # one host's reads: device 0's shard of a checkpoint written for ``shard_of`` devices
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_shard", path, "0", str(shard_of), gcs.url if gcs else ""]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "_child", path, str(devices), gcs.url if gcs else ""]
     load = os.getloadavg()[0]
@@ -609,6 +656,8 @@ def _now() -> str:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         child(sys.argv[2], int(sys.argv[3]), sys.argv[4] or None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "_shard":
+        shard_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] or None)
     elif len(sys.argv) > 1 and sys.argv[1] == "_dynamic":
         dynamic_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_proxy":

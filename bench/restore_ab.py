@@ -41,23 +41,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="16,1")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--shard-of", type=int, default=0,
+                        help="instead of restores, one host's reads: device 0's shard of every leaf of a checkpoint "
+                             "written for this many devices (bench/restore.py's _shard child; --devices ignored)")
     args = parser.parse_args(argv)
     named = dict(item.split("=", 1) for item in args.checkpoints)
-    devices = [int(d) for d in args.devices.split(",")]
+    devices = [1] if args.shard_of else [int(d) for d in args.devices.split(",")]
     (WORK / "logs").mkdir(parents=True, exist_ok=True)
     results = {"command": "nice -n 10 .venv/bin/python bench/restore_ab.py " + " ".join(argv or sys.argv[1:]),
-               "started_at": _now(), "latency_ms": args.latency_ms, "runs": []}
+               "started_at": _now(), "latency_ms": args.latency_ms, "shard_of": args.shard_of, "runs": []}
     gcs = Gcs(WORK / "logs", args.latency_ms)
     try:
         uris = {name: gcs.upload_tree(Path(directory) / "0" / "items", "restore-ab", f"{name}/0/items")
                 for name, directory in named.items()}
         for name, uri in uris.items():
-            restore_once(f"ab-{name}-warmup", uri, max(devices), gcs)
+            restore_once(f"ab-{name}-warmup", uri, max(devices), gcs, shard_of=args.shard_of)
         for index in range(args.repeats):
             for n in devices:
                 for name, uri in uris.items():
                     start = gcs.proxy_log.stat().st_size
-                    row = restore_once(f"ab-{name}-{n}dev-{index}", uri, n, gcs)
+                    row = restore_once(f"ab-{name}-{n}dev-{index}", uri, n, gcs, shard_of=args.shard_of)
                     reads = data_reads(gcs.proxy_log, start)
                     results["runs"].append({"checkpoint": name, "devices": n, "index": index, **row,
                                             "data_reads": len(reads), "data_files_read": len({r.split()[0] for r in reads})})
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         results["finished_at"] = _now()
         out = WORK / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
         out.write_text(json.dumps(results, indent=1, default=str))
-    print(f"\n{results['command']}  (latency {args.latency_ms:g} ms per request; medians over {args.repeats} rounds)")
+    print(f"\n{results['command']}  (latency {args.latency_ms:g} ms per request; medians over {args.repeats} rounds"
+          + (f"; device 0's shard of {args.shard_of} read by one host" if args.shard_of else "") + ")")
     print("| checkpoint | devices | requests (each run) | data-file reads (each run) | restore wall median (s) | walls (s) | peak RSS median (GiB) |")
     print("|---|---|---|---|---|---|---|")
     for n in devices:

@@ -104,10 +104,6 @@ def test_report_restore_figures_match_the_layout(source, tmp_path):
     assert figures["device_chunks"] < figures["chunks"]  # a shard, not the whole checkpoint
     chunks, nodes, _ = stored_chunks(str(items))
     assert figures["all_devices_reads"] == 1 + nodes + requests(chunks)[0]
-    arrays = [chunk for chunk in chunks if chunk.leaf in {".".join(leaf.path) for leaf in leaves}]
-    assert figures["all_devices_reads_by_leaf"] == 1 + nodes + requests(arrays, by_leaf=True)[0]
-    assert figures["all_devices_reads_by_leaf"] >= figures["all_devices_reads"] - (len(chunks) - len(arrays))
-    assert figures["device_reads_by_leaf"] >= figures["device_reads"]
     assert 1 + nodes + figures["device_data_files"] <= figures["device_reads"] <= 1 + nodes + figures["device_chunks"]
     assert figures["coalescing_bytes"] == READ_COALESCING_BYTES
     assert figures["largest_data_file_bytes"] <= 4 * MIB + 4 * figures["chunks"]
@@ -121,9 +117,6 @@ def test_requests_merge_close_ranges_of_one_file():
 
     assert requests([chunk("a", 0, 10), chunk("a", 10, 10), chunk("a", 20 + READ_COALESCING_BYTES, 5),
                      chunk("b", 0, 1), chunk(None, 0, 3)]) == (3, 20 + 5 + 1)
-    # by leaf: two leaves' adjacent ranges in one file are two requests
-    two = [chunk("a", 0, 10), StoredChunk("y", (0,), "a", 10, 10)]
-    assert requests(two) == (1, 20) and requests(two, by_leaf=True) == (2, 20)
 
 
 def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):

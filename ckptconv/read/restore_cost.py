@@ -107,14 +107,12 @@ def _inside(chunk: StoredChunk, shape: tuple[int, ...], chunk_shape: tuple[int, 
     return True
 
 
-def requests(chunks: Iterable[StoredChunk], gap: int = READ_COALESCING_BYTES, by_leaf: bool = False) -> tuple[int, int]:
-    """(requests, bytes) to read ``chunks``: ranges of one data file closer than ``gap`` merged (``by_leaf``: only
-    ranges of one leaf in one data file; Orbax reads each leaf on its own, and on gs:// two leaves' reads of one
-    data file were mostly two requests, bench/RESTORE.md)."""
-    by_file: dict[Any, list[tuple[int, int]]] = defaultdict(list)
+def requests(chunks: Iterable[StoredChunk], gap: int = READ_COALESCING_BYTES) -> tuple[int, int]:
+    """(requests, bytes) to read ``chunks``: ranges of one data file closer than ``gap`` merged."""
+    by_file: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for chunk in chunks:
         if chunk.file is not None:
-            by_file[(chunk.leaf, chunk.file) if by_leaf else chunk.file].append((chunk.offset, chunk.offset + chunk.length))
+            by_file[chunk.file].append((chunk.offset, chunk.offset + chunk.length))
     count = nbytes = 0
     for ranges in by_file.values():
         ranges.sort()
@@ -151,7 +149,6 @@ def restore_figures(items: str, leaves: list[StoredLeaf], device: int = 0) -> di
     index_reads = 1 + nodes  # the manifest, then every b-tree node (a restore looks up every leaf)
     device_reads, device_bytes = requests(mine)
     all_reads, all_bytes = requests(chunks)
-    arrays_chunks = [chunk for chunk in chunks if chunk.leaf in by_name]
     devices = max((math.prod(leaf.mesh_shape or (1,)) for leaf in leaves), default=1)
     return {
         "chunks": arrays,
@@ -166,9 +163,6 @@ def restore_figures(items: str, leaves: list[StoredLeaf], device: int = 0) -> di
         "device_read_bytes": node_bytes + device_bytes,
         "all_devices_reads": index_reads + all_reads,
         "all_devices_read_bytes": node_bytes + all_bytes,
-        # the same, merging only ranges of one leaf: the (leaf, data file) pairs read, when ranges are close
-        "device_reads_by_leaf": index_reads + requests(mine, by_leaf=True)[0],
-        "all_devices_reads_by_leaf": index_reads + requests(arrays_chunks, by_leaf=True)[0],
         "coalescing_bytes": READ_COALESCING_BYTES,
     }
 
