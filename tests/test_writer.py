@@ -273,9 +273,9 @@ print(json.dumps(sorted([{leaf: round(n / 2**20, 1) for leaf, n in sorted(held.i
 def test_a_leaf_starts_a_data_file_unless_all_of_it_fits_in_the_one_being_filled(tmp_path):
     """Data files of 4 MiB, tiles of 1 MiB, leaves of 3, 2, 0.5, 6 and 1 MiB written in that order: b does not fit
     after a (3 + 2 > 4) and starts a data file, c fits whole after it, d (over the limit) starts one and fills it,
-    e fits whole after d's rest. Each leaf is in as few data files as it can be (a restore makes about a request
-    per (leaf, data file) pair it reads, bench/RESTORE.md); filling each file to the limit regardless of leaves
-    would have split b over two files and d over three."""
+    e fits whole after d's rest. Each leaf is in as few data files as it can be (a host restoring its shard makes a
+    request per (leaf, data file) pair it reads, bench/RESTORE.md); filling each file to the limit regardless of
+    leaves would have split b over two files and d over three."""
     files = last_json(run_child(PACKED, 4, tmp_path / "ckpt"))
     assert files == [{"a": 3.0}, {"b": 2.0, "c": 0.5}, {"d": 2.0, "e": 1.0}, {"d": 4.0}], files
 
