@@ -115,6 +115,50 @@ def child(path: str, devices: int, mark_url: str | None) -> None:
     }), flush=True)
 
 
+def shard_child(path: str, device: int, devices: int, mark_url: str | None) -> None:
+    """What one TPU host holding device ``device`` of ``devices`` reads: that device's box of every leaf (the whole leaf
+    when replicated), every leaf opened and read concurrently with tensorstore through the kvstore spec and context
+    Orbax's restore uses (OCDBT, its read coalescing), no JAX devices needed. Counted like a restore."""
+    import asyncio
+    import math
+
+    import numpy as np
+    import tensorstore as ts
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+    sys.path.insert(0, str(REPO))
+    from ckptconv.read.restore_cost import device_boxes
+    from ckptconv.read.stored import read_items_metadata
+
+    rss_start = _status_kib("VmRSS:")
+    leaves = [leaf for leaf in read_items_metadata(path) if leaf.chunk_shape is not None and leaf.shape]
+    context = ts_utils.get_ts_context(use_ocdbt=True)
+
+    async def read(leaf):
+        kvstore = ts_utils.build_kvstore_tspec(path, name=".".join(leaf.path), use_ocdbt=True)
+        array = await ts.open({"driver": "zarr3", "kvstore": kvstore}, context=context, open=True)
+        box = device_boxes(leaf, device)
+        data = await array[tuple(slice(lo, hi) for lo, hi in box)].read()
+        return data.nbytes
+
+    async def read_all():
+        return await asyncio.gather(*(read(leaf) for leaf in leaves))
+
+    rss_before = _status_kib("VmRSS:")
+    _mark(mark_url, "begin-restore")
+    t0 = time.perf_counter()
+    nbytes = asyncio.run(read_all())
+    restore_seconds = time.perf_counter() - t0
+    _mark(mark_url, "end-restore")
+    print(json.dumps({
+        "restore_seconds": round(restore_seconds, 4), "peak_rss_bytes": _status_kib("VmHWM:") * 1024,
+        "rss_after_imports_bytes": rss_start * 1024, "rss_before_restore_bytes": rss_before * 1024,
+        "devices": 1, "device": device, "leaves": len(leaves), "shard_bytes": sum(nbytes),
+        "chunks": sum(math.prod(-(-s // c) for s, c in zip(leaf.shape, leaf.chunk_shape)) for leaf in leaves),
+        "versions": {"tensorstore": _version("tensorstore"), "numpy": np.__version__},
+    }), flush=True)
+
+
 def dynamic_child(src: str, config_dir: str, template: str, devices: int, mark_url: str | None, layers: int) -> None:
     """MaxText 0.2.5's ``safetensors_dynamic`` load (MaxText's venv): the HF files read, sharded and transformed on
     the devices, into the same target tree and shardings the Orbax restores use (those of MaxText's own checkpoint)."""
@@ -180,7 +224,9 @@ def _version(package: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # The counting proxy: its own process, one log line per request with the bytes it returned
 
-def proxy(port: int, upstream: str, log_path: str) -> None:
+def proxy(port: int, upstream: str, log_path: str, latency_ms: float = 0.0) -> None:
+    """Forward to ``upstream``, logging each request; ``latency_ms`` > 0 holds every request that long before
+    forwarding it (each in its own thread, so concurrent requests wait together, as round trips to GCS do)."""
     import http.client
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import urlsplit
@@ -206,6 +252,8 @@ def proxy(port: int, upstream: str, log_path: str) -> None:
                 return
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
+            if latency_ms > 0:
+                time.sleep(latency_ms / 1000)
             headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
             for attempt in range(2):  # a kept-alive upstream connection may have been closed
                 conn = getattr(local, "conn", None)
@@ -234,7 +282,8 @@ def proxy(port: int, upstream: str, log_path: str) -> None:
             except OSError:  # the client hung up before taking the whole body: the server still sent it
                 aborted, self.close_connection = " aborted", True
             with lock:
-                log.write(f"REQ {self.command} {response.status} {len(data)} {length} {self.path}{aborted}\n")
+                log.write(f"REQ {self.command} {response.status} {len(data)} {length} {self.path}"
+                          f"{' ' + self.headers['Range'] if self.headers.get('Range') else ''}{aborted}\n")
 
         do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _forward
 
@@ -268,7 +317,7 @@ def requests_between(log_path: Path, start: int, tag: str | None) -> dict:
 class Gcs:
     """fake-gcs-server (memory backend) and the counting proxy in front of it, both this script's children."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, latency_ms: float = 0.0) -> None:
         from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
 
         self.server_port, self.proxy_port = _free_port(), _free_port()
@@ -284,7 +333,7 @@ class Gcs:
         if not _wait_ready(self.server_url, self.server):
             raise SystemExit(f"fake-gcs-server did not start; see {logs}")
         self.proxy = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_proxy", str(self.proxy_port),
-                                       self.server_url, str(self.proxy_log)], stdin=subprocess.DEVNULL,
+                                       self.server_url, str(self.proxy_log), str(latency_ms)], stdin=subprocess.DEVNULL,
                                       stdout=self._server_err, stderr=self._server_err)
         if not _wait_ready(self.url, self.proxy):
             raise SystemExit("the counting proxy did not start")
@@ -356,7 +405,8 @@ def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool) ->
     return dst, {**facts, "reused": False}
 
 
-def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: dict | None = None) -> dict:
+def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: dict | None = None,
+                 shard_of: int | None = None) -> dict:
     """One restore in a fresh child; ``dynamic`` ({ctx, config_dir, template, layers}): MaxText's
     ``safetensors_dynamic`` load of the HF files at ``path`` instead of an Orbax restore."""
     from bench.driver import error_line, last_json, run
@@ -369,6 +419,8 @@ def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: d
     if dynamic:
         cmd = [dynamic["ctx"]["mt_python"], str(Path(__file__).resolve()), "_dynamic", path, dynamic["config_dir"],
                dynamic["template"], str(devices), gcs.url if gcs else "", str(dynamic["layers"])]
+    elif shard_of:  # one host's reads: device 0's shard of a checkpoint written for ``shard_of`` devices
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_shard", path, "0", str(shard_of), gcs.url if gcs else ""]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "_child", path, str(devices), gcs.url if gcs else ""]
     load = os.getloadavg()[0]
@@ -401,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(BENCH / "RESTORE.md"))
     parser.add_argument("--dynamic", action="store_true",
                         help="also MaxText's safetensors_dynamic load of the HF files, third in each alternation")
+    parser.add_argument("--latency-ms", type=float, default=0.0,
+                        help="gs:// only: the counting proxy holds every request this long before forwarding it "
+                             "(a round trip to real GCS costs tens of ms; fake-gcs-server on loopback none)")
     parser.add_argument("--report-only", action="store_true", help="rewrite --results from bench/work/restore/results.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -422,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpts, results["conversions"] = {}, {}
     for tool in CHECKPOINTS:
         ckpts[tool], results["conversions"][tool] = convert(tool, src, args.layers, ctx, args.fresh)
-    gcs = Gcs(WORK / "logs") if "gcs" in locations else None
+    results["latency_ms"] = args.latency_ms
+    gcs = Gcs(WORK / "logs", args.latency_ms) if "gcs" in locations else None
     try:
         where = {tool: {"local": str(ckpts[tool] / "0" / "items")} for tool in CHECKPOINTS}
         tools = CHECKPOINTS + ((DYNAMIC,) if args.dynamic else ())
@@ -578,9 +634,14 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
               "checkpoints only through the alternating medians; absolute times are inflated by the other work.",
               "- Local restores read from the page cache (the checkpoints were written or read just before; "
               "24 GiB RAM holds both), so they measure Orbax/tensorstore work, not the disk.",
-              "- gs:// is fake-gcs-server (memory backend, loopback, no latency, no throttling) behind a single-process "
-              "Python counting proxy: the absolute gs:// times include the proxy's copying and say little about real "
-              "GCS, where each request costs a round trip of tens of ms; the request counts are what transfers.",
+              ("- gs:// is fake-gcs-server (memory backend, loopback, no throttling) behind a single-process Python "
+               f"counting proxy that holds every request {results['latency_ms']:g} ms before forwarding it (`--latency-ms`, "
+               "standing for a round trip to real GCS; concurrent requests wait together). Bandwidth is loopback's, not "
+               "GCS's; the request counts are what transfers."
+               if results.get("latency_ms") else
+               "- gs:// is fake-gcs-server (memory backend, loopback, no latency, no throttling) behind a single-process "
+               "Python counting proxy: the absolute gs:// times include the proxy's copying and say little about real "
+               "GCS, where each request costs a round trip of tens of ms; the request counts are what transfers."),
               f"- ckptconv {results['ckptconv_versions'].get('ckptconv')} (git {results['ckptconv_versions'].get('git')}); "
               f"MaxText venv: " + ", ".join(f"{k} {v}" for k, v in results["mt_versions"].items()
                                             if k in ("maxtext", "jax", "orbax-checkpoint", "tensorstore")), ""]
@@ -595,9 +656,11 @@ def _now() -> str:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
         child(sys.argv[2], int(sys.argv[3]), sys.argv[4] or None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "_shard":
+        shard_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] or None)
     elif len(sys.argv) > 1 and sys.argv[1] == "_dynamic":
         dynamic_child(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] or None, int(sys.argv[7]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_proxy":
-        proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        proxy(int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]) if len(sys.argv) > 5 else 0.0)
     else:
         sys.exit(main())

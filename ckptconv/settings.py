@@ -57,9 +57,10 @@ class InFlight:
     ocdbt_cache_bytes: int = 8_000_000
     # Tiles the writer gathers into one transaction, committed as one OCDBT data file (uncompressed
     # bytes, held until the commit). Each tile committing alone made one data file per tile (<= 16 MiB;
-    # 114 holding chunks for Qwen3-0.6B's shape on 16 devices), and a restore from gs:// makes about two
-    # requests per (leaf, data file) pair it reads (bench/RESTORE.md). 64 MiB: 45 data files, conversion
-    # peak 405 -> 464 MiB. 128 MiB would halve the files again (23; gs:// requests at MaxText's on 16
+    # 114 holding chunks for Qwen3-0.6B's shape on 16 devices), and a host restoring its shard from gs://
+    # makes one request per (leaf, data file) pair it reads (bench/RESTORE.md; a host reading every shard
+    # more, as its reads fall in different coalescing windows). 64 MiB: 20-22 data files, conversion
+    # peak 405 -> 425-464 MiB. 128 MiB would halve the files again (23; gs:// requests at MaxText's on 16
     # devices) but holds more than half of a 256 MiB leaf while writing it (tests/test_writer.py's bound).
     data_file_bytes: int = 64 * 1024 * 1024
 

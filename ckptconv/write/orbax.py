@@ -203,12 +203,18 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         if n is None:
             raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
         value = values[n]
-        if n not in stores:
+        starts = n not in stores
+        if starts:
             if metadatas[n] is not None:
                 raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
             stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
         region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
-        if batch.full(data.nbytes):  # this tile would overflow the data file: commit the one being filled
+        # Commit the data file being filled if this tile would overflow it, or if a leaf starts that does not fit
+        # whole in what is left of it: a host restoring its shard reads its chunks of one leaf in one data file in
+        # one request, but of two leaves in two (OCDBT stores a file's chunks in key order, leaf by leaf), so each
+        # leaf is in as few files as it can be (Qwen3-0.6B's shape on 16 devices: a host's reads from gs:// 26 -> 21,
+        # bench/RESTORE.md).
+        if batch.full(data.nbytes) or (starts and batch.full(math.prod(value.shape) * value.dtype.itemsize)):
             while in_flight:
                 await _settle(*in_flight.popleft(), on_tile)
             await batch.commit()
