@@ -27,8 +27,7 @@ from ckptconv.read.spec import ConfigReader, ModelSpec
 
 TEXT = "model.language_model."  # where the hub and transformers store the decoder (the rules say ``model.``)
 ALIASES = ((TEXT, "model."),)
-VISION = (("model.visual.", "vision tower (MaxText use_multimodal; not converted yet)"),)  # Qwen3-VL-MoE's
-TOWER = (("model.visual.", "vision tower"),)  # Qwen3-VL's own: converted with --multimodal
+TOWER = (("model.visual.", "vision tower"),)  # Qwen3-VL-MoE's too: converted with --multimodal
 
 
 def read_text(cfg: ConfigReader, text_type: str) -> tuple[ConfigReader, bool]:
@@ -55,10 +54,10 @@ VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, 
                    "num_position_embeddings": 2304}
 
 
-def read_vision_dims(vision: ConfigReader) -> dict[str, int]:
+def read_vision_dims(vision: ConfigReader, model_type: str = "qwen3_vl") -> dict[str, int]:
     """The tower's sizes (``v_*`` dims), read whether or not ``--multimodal`` asks for it, so its tensors are
-    checked against them when it does."""
-    vision.require("model_type", ("qwen3_vl_vision", "qwen3_vl"), "qwen3_vl_vision")
+    checked against them when it does (``model_type``: the wrapper's; its tower's is that + ``_vision``)."""
+    vision.require("model_type", (f"{model_type}_vision", model_type), f"{model_type}_vision")
     vision.runtime("hidden_act", "rope_parameters")
     dims = {f"v_{key}": vision.int(field, VISION_DEFAULTS[field]) for key, field in (
         ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"), ("heads", "num_heads"),
