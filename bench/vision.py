@@ -1,11 +1,12 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_vl_moe,memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
-and ``--multimodal --scan-layers`` refused); ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
+and ``--multimodal --scan-layers`` refused), Qwen3-VL-MoE (the same tower beside a MoE decoder, likewise);
+``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -59,10 +60,16 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 
 # (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
-         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1)]
+         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
+         ("qwen3-vl-moe-vision-noscan", "qwen3_vl_moe", False, 16),
+         ("qwen3-vl-moe-vision-noscan-1dev", "qwen3_vl_moe", False, 1)]
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
+# Qwen3-VL-MoE: the same tower beside a 2-layer MoE decoder (4 experts of width 48), made by
+# Qwen3VLMoeForConditionalGeneration, its fused experts written back in the releases' layout (bench/hf_tiny.py)
+QWEN3_VL_MOE = {"num_experts": 4, "moe_intermediate_size": 48, "tie_word_embeddings": False}
+MAXTEXT_MODEL = {"qwen3_vl": "qwen3-vl-2b", "qwen3_vl_moe": "qwen3-vl-30b-a3b"}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -104,7 +111,8 @@ def make_hf(out: Path) -> None:
 
 
 def qwen3_vl_sizes(config: dict) -> list[str]:
-    """MaxText's qwen3-vl-2b given the checkpoint's text and tower sizes, use_multimodal=true (unscanned)."""
+    """MaxText's qwen3-vl-2b (qwen3-vl-30b-a3b) given the checkpoint's text and tower sizes, use_multimodal=true
+    (unscanned)."""
     text, vision = config["text_config"], config["vision_config"]
     values = {"base_emb_dim": text["hidden_size"], "base_num_query_heads": text["num_attention_heads"],
               "base_num_kv_heads": text["num_key_value_heads"], "head_dim": text["head_dim"],
@@ -119,6 +127,9 @@ def qwen3_vl_sizes(config: dict) -> list[str]:
               "patch_size_for_vit": vision.get("patch_size", 16),
               "temporal_patch_size_for_vit": vision.get("temporal_patch_size", 2),
               "spatial_merge_size_for_vit": vision.get("spatial_merge_size", 2)}
+    if config["model_type"] == "qwen3_vl_moe":
+        values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["num_experts_per_tok"],
+                   "base_moe_mlp_dim": text["moe_intermediate_size"], "base_mlp_dim": text["moe_intermediate_size"]}
     return [f"{k}={v}" for k, v in values.items()]
 
 
@@ -186,22 +197,23 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return lines[-1][:200] if lines else f"exit {result.returncode}"
 
 
-def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
+def make_qwen3_vl(family: str, hf: Path) -> subprocess.CompletedProcess:
     from ckptconv.commands import synth
 
-    config = synth.SynthModel(model_type="qwen3_vl", num_layers=2, vocab_size=300).config()
+    fields = QWEN3_VL_MOE if family == "qwen3_vl_moe" else {}
+    config = synth.SynthModel(model_type=family, num_layers=2, vocab_size=300, **fields).config()
     config["vision_config"].update(QWEN3_VL_VISION)
-    path = WORK / "qwen3-vl-config.json"
+    path = WORK / f"{family}-config.json"
     path.write_text(json.dumps(config))
-    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
 
 
-def refusal(hf: Path) -> dict:
+def refusal(hf: Path, family: str) -> dict:
     """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
-    dst = WORK / "qwen3-vl-scan-refused"
+    dst = WORK / f"{family}-scan-refused"
     shutil.rmtree(dst, ignore_errors=True)
     result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
-                  "--scan-layers"], WORK / "qwen3-vl-scan-refused.log")
+                  "--scan-layers"], WORK / f"{family}-scan-refused.log")
     return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
 
 
@@ -216,8 +228,8 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
     else:
-        model, loader = "qwen3-vl-2b", "safetensors"
-        sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
+        model, loader = MAXTEXT_MODEL[family], "safetensors"
+        sizes = qwen3_vl_sizes(json.loads((WORK / f"{family}-config.json").read_text()))
     mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
               "--lazy_load_tensors=false", f"--eager_load_method={loader}",
               f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
@@ -369,6 +381,21 @@ def write(results: dict, path: Path) -> None:
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
             "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    moe = results.get("qwen3_vl_moe")
+    if moe:
+        refused = moe.get("refusal", {})
+        lines += [
+            "## Qwen3-VL-MoE: the same tower beside the MoE decoder", "",
+            "2 MoE decoder layers (hidden 64, 4 experts of width 48, the fused experts written back in the "
+            "releases' layout) and the same tower as above (2 blocks, hidden 32, deepstack [0, 1]), made by "
+            "`Qwen3VLMoeForConditionalGeneration`. MaxText's model `qwen3-vl-30b-a3b` (its converter takes "
+            "Qwen3-VL's mapping and hooks for it, tower included), its `safetensors` loader; unscanned only, as "
+            "for Qwen3-VL (deepstack), on 16 devices and on 1. ckptconv's `qwen3_vl_moe` takes the dense family's "
+            "tower rules as they are.", "",
+            *table(moe["rows"]), "",
+            f"`ckptconv convert --multimodal --scan-layers`: exit {refused.get('exit')}, "
+            f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
+            f"    {refused.get('stderr', '')}", ""]
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -382,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(forward(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
+    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_vl_moe,memory",
                         help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
@@ -391,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "memory")}  # earlier formats dropped
+    kept = ("gemma3", "qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe", "memory")
+    results = {k: v for k, v in results.items() if k in kept}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
@@ -404,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_qwen3_vl(hf))
+                else make_qwen3_vl(family, hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
@@ -418,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["logits"] = logits_case(hf)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
-        if family == "qwen3_vl":
-            entry["refusal"] = refusal(hf)
+        if family in ("qwen3_vl", "qwen3_vl_moe"):
+            entry["refusal"] = refusal(hf, family)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         results[family] = entry
         ok &= all(r.get("identical") for r in rows)
