@@ -62,14 +62,18 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
          ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
          ("qwen3-vl-moe-vision-noscan", "qwen3_vl_moe", False, 16),
-         ("qwen3-vl-moe-vision-noscan-1dev", "qwen3_vl_moe", False, 1)]
+         ("qwen3-vl-moe-vision-noscan-1dev", "qwen3_vl_moe", False, 1),
+         ("qwen3.5-vision", "qwen3_5_moe", True, 16), ("qwen3.5-vision-noscan-1dev", "qwen3_5_moe", False, 1)]
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
 # Qwen3-VL-MoE: the same tower beside a 2-layer MoE decoder (4 experts of width 48), made by
 # Qwen3VLMoeForConditionalGeneration, its fused experts written back in the releases' layout (bench/hf_tiny.py)
 QWEN3_VL_MOE = {"num_experts": 4, "moe_intermediate_size": 48, "tie_word_embeddings": False}
-MAXTEXT_MODEL = {"qwen3_vl": "qwen3-vl-2b", "qwen3_vl_moe": "qwen3-vl-30b-a3b"}
+MAXTEXT_MODEL = {"qwen3_vl": "qwen3-vl-2b", "qwen3_vl_moe": "qwen3-vl-30b-a3b", "qwen3_5_moe": "qwen3.5-35b-a3b"}
+# Qwen3.5: tests/hub_checkpoints.py's tiny 35B-A3B (made by Qwen3_5MoeForConditionalGeneration, stored as the hub
+# ships it: three files and an index, experts fused, linear-attention projections apart, mtp.*) with a 2-block tower
+QWEN3_5_VISION = {"depth": 2}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -131,6 +135,24 @@ def qwen3_vl_sizes(config: dict) -> list[str]:
         values |= {"num_experts": text["num_experts"], "num_experts_per_tok": text["num_experts_per_tok"],
                    "base_moe_mlp_dim": text["moe_intermediate_size"], "base_mlp_dim": text["moe_intermediate_size"]}
     return [f"{k}={v}" for k, v in values.items()]
+
+
+def qwen3_5_sizes(config: dict, scan: bool) -> list[str]:
+    """MaxText's qwen3.5-35b-a3b given the checkpoint's sizes (bench/compare_families.py's) and its tower's,
+    use_multimodal=true (no deepstack: MaxText runs it scanned too)."""
+    sys.path.insert(0, str(REPO))
+    from bench.compare_families import Case, overrides
+
+    vision = config["vision_config"]
+    values = {"use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+              "intermediate_size_for_vit": vision["intermediate_size"],
+              "num_attention_heads_for_vit": vision["num_heads"], "num_hidden_layers_for_vit": vision["depth"],
+              "out_hidden_size_for_vit": vision["out_hidden_size"],
+              "num_position_embeddings_for_vit": vision["num_position_embeddings"],
+              "patch_size_for_vit": vision["patch_size"], "temporal_patch_size_for_vit": vision["temporal_patch_size"],
+              "spatial_merge_size_for_vit": vision["spatial_merge_size"]}
+    return overrides(Case("qwen3.5-vision", None, "qwen3.5-35b-a3b", scan=scan, hub=config)) + [
+        f"{k}={v}" for k, v in values.items()]
 
 
 def maxtext_sizes(scan: bool) -> list[str]:
@@ -208,6 +230,20 @@ def make_qwen3_vl(family: str, hf: Path) -> subprocess.CompletedProcess:
     return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
 
 
+def make_qwen3_5(hf: Path) -> subprocess.CompletedProcess:
+    """The hub-format Qwen3.5 checkpoint (in MaxText's venv: torch, transformers 5.25)."""
+    sys.path.insert(0, str(REPO))
+    from tests import hub_checkpoints
+
+    config = hub_checkpoints.qwen3_5_moe_config()
+    config["vision_config"].update(QWEN3_5_VISION)
+    path = WORK / "qwen3_5_moe-config.json"
+    path.write_text(json.dumps(config))
+    code = ("import json, sys; sys.path.insert(0, sys.argv[3]); from tests import hub_checkpoints; "
+            "hub_checkpoints.make(sys.argv[2], json.load(open(sys.argv[1])))")
+    return run([MT_PYTHON, "-c", code, path, hf, REPO], WORK / "hf-qwen3_5_moe.log", env=MT_ENV)
+
+
 def refusal(hf: Path, family: str) -> dict:
     """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
     dst = WORK / f"{family}-scan-refused"
@@ -227,6 +263,9 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                root / "ckptconv.log")
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
+    elif family == "qwen3_5_moe":
+        model, loader = MAXTEXT_MODEL[family], "safetensors"
+        sizes = qwen3_5_sizes(json.loads((WORK / f"{family}-config.json").read_text()), scan)
     else:
         model, loader = MAXTEXT_MODEL[family], "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / f"{family}-config.json").read_text()))
@@ -432,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_qwen3_vl(family, hf))
+                else make_qwen3_5(hf) if family == "qwen3_5_moe" else make_qwen3_vl(family, hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
