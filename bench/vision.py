@@ -1,11 +1,12 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_vl_moe,memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_vl_moe,qwen3_5_moe,memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
-and ``--multimodal --scan-layers`` refused), Qwen3-VL-MoE (the same tower beside a MoE decoder, likewise);
+and ``--multimodal --scan-layers`` refused), Qwen3-VL-MoE (the same tower beside a MoE decoder, likewise),
+Qwen3.5 (``tests/hub_checkpoints.py``'s hub-format 35B-A3B with a 2-block tower: scanned on 16, unscanned on 1);
 ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
 For Gemma 3:
 
@@ -435,6 +436,19 @@ def write(results: dict, path: Path) -> None:
             f"`ckptconv convert --multimodal --scan-layers`: exit {refused.get('exit')}, "
             f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
             f"    {refused.get('stderr', '')}", ""]
+    qwen35 = results.get("qwen3_5_moe")
+    if qwen35:
+        lines += [
+            "## Qwen3.5-MoE: the tower without deepstack, scanned and unscanned", "",
+            "tests/hub_checkpoints.py's tiny Qwen3.5-35B-A3B (8 hybrid layers, hidden 64, 4 experts), made by "
+            "`Qwen3_5MoeForConditionalGeneration` and stored as the hub ships it (three files and an index, experts "
+            "fused, the linear-attention projections apart, `mtp.*` beside), with a 2-block tower (hidden 32, 2 "
+            "heads, MLP 64, patch 4, 64 positions, no deepstack). MaxText's model `qwen3.5-35b-a3b` "
+            "(`Qwen3_5MoeVisionEncoder_0`, `Qwen3_5MoeVisionProjector_0`), its `safetensors` loader. With no "
+            "deepstack MaxText runs this vision path scanned as well as unscanned: scanned on 16 devices, unscanned "
+            "on 1; the tower's `blocks_{i}` are unscanned in both. The `mtp.*` tensors are reported by ckptconv "
+            "and ignored by MaxText.", "",
+            *table(qwen35["rows"]), ""]
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -448,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(forward(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_vl_moe,memory",
+    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_vl_moe,qwen3_5_moe,memory",
                         help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
