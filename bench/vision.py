@@ -282,11 +282,36 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                    root / "compare.log", env=MT_ENV)
     result = json.loads((root / "compare.json").read_text())
     tower = [leaf for leaf in result.get("compared", result.get("leaves", [])) if "vision_encoder" in str(leaf)]
-    return row | {"identical": result["identical"], "leaves": result["leaves_compared"],
+    return row | export_back(ours, hf, root) | {"identical": result["identical"], "leaves": result["leaves_compared"],
                   "vision_leaves": len(tower) or None, "bytes": result["bytes_compared"],
                   "value_mismatches": result["value_mismatches"][:3], "only_in_ckptconv": result["only_in_a"],
                   "only_in_maxtext": result["only_in_b"], "compare_exit": compared.returncode,
                   "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})}
+
+
+def export_back(ours: Path, hf: Path, root: Path) -> dict:
+    """``ckptconv export`` of ckptconv's checkpoint, ``--like`` the source: every tensor it writes against the
+    source's, byte for byte, and the source's tensors it does not write (those the conversion reported)."""
+    import ml_dtypes  # noqa: F401  (bfloat16 known to numpy)
+    from safetensors.numpy import load_file
+
+    dst = root / "exported"
+    shutil.rmtree(dst, ignore_errors=True)
+    done = run([sys.executable, "-m", "ckptconv", "export", ours, dst, "--like", hf, "--progress", "none"],
+               root / "export.log")
+    if done.returncode:
+        return {"export": f"failed: `{last_line(done)}`"}
+
+    def tensors(directory: Path) -> dict:
+        return {k: v for f in sorted(directory.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+    source, back = tensors(hf), tensors(dst)
+    same = [k for k in back if k in source and source[k].dtype == back[k].dtype and
+            source[k].shape == back[k].shape and source[k].tobytes() == back[k].tobytes()]
+    shutil.rmtree(dst, ignore_errors=True)
+    left = sorted({k.split(".")[0] for k in set(source) - set(back)})
+    unwritten = f", not written: {', '.join(left)}.*" if left else ""
+    return {"export": f"{len(same)}/{len(back)} tensors identical{unwritten}", "export_ok": len(same) == len(back)}
 
 
 def logits_case(hf: Path) -> dict:
@@ -340,16 +365,17 @@ def memory_case() -> dict:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs |", "|---|---|---|---|---|---|---|"]
+    lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs | export back |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | - | - | failed (ckptconv exit "
-                         f"{r['ckptconv_exit']}, MaxText exit {r['maxtext_exit']}: `{r['error']}`) | - |")
+                         f"{r['ckptconv_exit']}, MaxText exit {r['maxtext_exit']}: `{r['error']}`) | - | - |")
             continue
         result = "**identical**" if r["identical"] else (
             f"DIFFERENT: {r['value_mismatches'] or r['only_in_ckptconv'] or r['only_in_maxtext']}")
         lines.append(f"| {r['case']} | {r['scan']} | {r['devices']} | {r['leaves']} | {r['bytes'] / 2**20:.1f} | "
-                     f"{result} | {', '.join(r['metadata_differences']) or 'none'} |")
+                     f"{result} | {', '.join(r['metadata_differences']) or 'none'} | {r.get('export', 'not run')} |")
     return lines
 
 
@@ -503,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["refusal"] = refusal(hf, family)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         results[family] = entry
-        ok &= all(r.get("identical") for r in rows)
+        ok &= all(r.get("identical") and r.get("export_ok") for r in rows)
         if not args.keep:
             for name, case_family, _, _ in CASES:
                 if case_family == family:

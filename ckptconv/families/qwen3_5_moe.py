@@ -61,6 +61,7 @@ BLOCK = 128  # the FP8 releases' weight_block_size, both axes
 ENCODER = ("vision_encoder", "Qwen3_5MoeVisionEncoder_0")
 PROJECTOR = ("vision_encoder", "Qwen3_5MoeVisionProjector_0")
 TOWER = ("model.visual.", "vision tower")
+VISION_HEADS = "v_attn_heads"  # the tower's heads (v_heads: the linear attention's value heads)
 
 
 def fp8(spec: ModelSpec) -> bool:
@@ -131,7 +132,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     dims, layers, period = read_hybrid(text)
     if cfg.has("vision_config"):  # the tower's sizes, checked against its tensors under --multimodal
         vision = cfg.nested("vision_config")
-        dims |= read_vision_dims(vision, "qwen3_5_moe", deepstack_default=())
+        dims |= read_vision_dims(vision, "qwen3_5_moe", deepstack_default=(), heads=VISION_HEADS)
         if dims["v_deepstack"]:
             vision.fail("deepstack_visual_indexes must be empty: Qwen3.5's tower has no deepstack mergers "
                         "(MaxText 0.2.5 maps none)")
@@ -229,7 +230,7 @@ FAMILY = Family(
     model_types=("qwen3_5_moe",),
     decoder_block="qwen3_5",
     rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model.")
-    + vision_rules(ENCODER, PROJECTOR, deepstack=False),
+    + vision_rules(ENCODER, PROJECTOR, deepstack=False, heads=VISION_HEADS),
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,

@@ -55,24 +55,26 @@ VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, 
 
 
 def read_vision_dims(vision: ConfigReader, model_type: str = "qwen3_vl",
-                     deepstack_default: tuple[int, ...] = (8, 16, 24)) -> dict[str, int]:
+                     deepstack_default: tuple[int, ...] = (8, 16, 24), heads: str = "v_heads") -> dict[str, int]:
     """The tower's sizes (``v_*`` dims), read whether or not ``--multimodal`` asks for it, so its tensors are
     checked against them when it does (``model_type``: the wrapper's; its tower's is that + ``_vision``;
-    ``deepstack_default``: the deepstack indexes without the field, transformers' default)."""
+    ``deepstack_default``: the deepstack indexes without the field, transformers' default; ``heads``: the name of
+    its heads dim, another where the decoder's dims hold a ``v_heads`` already: Qwen3.5's linear attention)."""
     vision.require("model_type", (f"{model_type}_vision", model_type), f"{model_type}_vision")
     vision.runtime("hidden_act", "rope_parameters")
     dims = {f"v_{key}": vision.int(field, VISION_DEFAULTS[field]) for key, field in (
-        ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"), ("attn_heads", "num_heads"),
+        ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"),
         ("channels", "in_channels"), ("patch", "patch_size"), ("tpatch", "temporal_patch_size"),
         ("out", "out_hidden_size"), ("positions", "num_position_embeddings"))}
+    dims[heads] = vision.int("num_heads", VISION_DEFAULTS["num_heads"])
     merge = vision.int("spatial_merge_size", VISION_DEFAULTS["spatial_merge_size"])
     deepstack = vision.raw("deepstack_visual_indexes")
     deepstack = list(deepstack_default) if deepstack is None else deepstack
     if not (isinstance(deepstack, list) and all(isinstance(i, int) and 0 <= i < dims["v_layers"] for i in deepstack)):
         vision.fail(f"deepstack_visual_indexes must be a list of layer indices below depth={dims['v_layers']}, "
                     f"got {deepstack!r}")
-    if dims["v_emb"] % dims["v_attn_heads"]:
-        vision.fail(f"hidden_size={dims['v_emb']} is not a multiple of num_heads={dims['v_attn_heads']}")
+    if dims["v_emb"] % dims[heads]:
+        vision.fail(f"hidden_size={dims['v_emb']} is not a multiple of num_heads={dims[heads]}")
     return dims | {"v_merged": dims["v_emb"] * merge * merge, "v_deepstack": len(deepstack),
                    "v_emb2": 2 * dims["v_emb"], "v_qkv": 3 * dims["v_emb"]}
 
@@ -88,10 +90,10 @@ def _tower(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=(
                 kinds=frozenset({kind}) if kind else None, note=TOWER_NOTE)
 
 
-def _qkv(part: str, start: str | int, bias: bool) -> Output:
+def _qkv(part: str, start: str | int, bias: bool, heads: str) -> Output:
     """One of the fused ``qkv``'s thirds (rows ``[start, start + v_emb)``), heads on their own axis."""
     take = TakeRanges(f"take_{part}", 0, "v_qkv", start, "v_emb")
-    steps = (take, split_last("v_attn_heads")) if bias else (take, TRANSPOSE, split_last("v_attn_heads"))
+    steps = (take, split_last(heads)) if bias else (take, TRANSPOSE, split_last(heads))
     return Output(("attn", "attn", part, "bias" if bias else "kernel"), steps)
 
 
@@ -106,11 +108,14 @@ def _merger(hf: str, maxtext: tuple[str, ...], norm: str, kind: str | None = Non
 
 
 B = "blocks.{layer}."
+THIRDS = (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))  # the fused qkv's parts and their first rows
 
 
-def vision_rules(encoder: tuple[str, ...], projector: tuple[str, ...], deepstack: bool = True) -> tuple[Rule, ...]:
+def vision_rules(encoder: tuple[str, ...], projector: tuple[str, ...], deepstack: bool = True,
+                 heads: str = "v_heads") -> tuple[Rule, ...]:
     """The tower's rules, its leaves under ``encoder`` and ``projector`` (MaxText names the modules per model:
-    Qwen3.5's are ``Qwen3_5MoeVision*``); ``deepstack``: with the deepstack mergers (Qwen3.5 has none)."""
+    Qwen3.5's are ``Qwen3_5MoeVision*``); ``deepstack``: with the deepstack mergers (Qwen3.5 has none);
+    ``heads``: its heads dim, as :func:`read_vision_dims` names it."""
     tower = (
         _tower("patch_embed.proj.weight", (*encoder, "patch_embed", "proj", "kernel"),
                ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"),
@@ -121,13 +126,13 @@ def vision_rules(encoder: tuple[str, ...], projector: tuple[str, ...], deepstack
         *(_tower(B + f"{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
           for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
         Rule("model.visual." + B + "attn.qkv.weight", ("v_qkv", "v_emb"),
-             tuple(_qkv(part, start, False) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
-             multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
+             tuple(_qkv(part, start, False, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
+             TOWER_NOTE),
         Rule("model.visual." + B + "attn.qkv.bias", ("v_qkv",),
-             tuple(_qkv(part, start, True) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
-             multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
+             tuple(_qkv(part, start, True, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
+             TOWER_NOTE),
         _tower(B + "attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
-               (TRANSPOSE, split_first("v_attn_heads")), BLOCK_KIND),
+               (TRANSPOSE, split_first(heads)), BLOCK_KIND),
         _tower(B + "attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
         _tower(B + "mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
         _tower(B + "mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
