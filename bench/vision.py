@@ -407,7 +407,9 @@ def write(results: dict, path: Path) -> None:
         "Each checkpoint: tiny, random, made by transformers' own class, weights rounded to bfloat16; converted by "
         "`ckptconv convert --multimodal` and by MaxText's `to_maxtext` with `use_multimodal=true` (eager loader), "
         "both bfloat16; restored with Orbax and compared bit for bit. Chunk shapes differ (ckptconv's are finer, "
-        "inside one device's shard); MaxText reads any. Leaf counts include MaxText's `step`.",
+        "inside one device's shard); MaxText reads any. Leaf counts include MaxText's `step`. Export back (where "
+        "shown): `ckptconv export` of ckptconv's checkpoint `--like` the source, every tensor written compared byte "
+        "for byte with the source's.",
         "",
     ]
     gemma = results.get("gemma3")
