@@ -339,7 +339,7 @@ def memory_case(family: str = "gemma3") -> dict:
     """Peak RSS of ``convert --multimodal`` against ``plan``'s prediction. ``gemma3``: Gemma 3 4B's widths (2
     decoder layers, the release's whole SigLIP tower: 27 layers, hidden 1152, MLP 4304, 4096 positions; 0.83 GB of
     tower); ``qwen3_5_moe``: one period of Qwen3.5-35B-A3B's widths (16 of its 256 experts, a vocabulary of 8192)
-    with the release's whole tower (0.83 GB)."""
+    with the release's whole tower (0.89 GB)."""
     from ckptconv.commands import synth
 
     class WithTower(synth.SynthModel):
@@ -501,7 +501,7 @@ def write(results: dict, path: Path) -> None:
         lines += ["### Memory at the release's tower widths", "",
                   "`convert --multimodal` of one period of Qwen3.5-35B-A3B's widths (4 layers, hidden 2048, 16 of "
                   "its 256 experts, a vocabulary of 8192) with the release's whole tower (27 blocks, hidden 1152, MLP "
-                  "4304, 2304 positions: 0.83 GB of the checkpoint), the default layout (scanned), peak RSS as the "
+                  "4304, 2304 positions: 0.89 GB of the checkpoint), the default layout (scanned), peak RSS as the "
                   "report measures it against `plan`'s prediction:", "",
                   "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
         for r in memory35["rows"]:
