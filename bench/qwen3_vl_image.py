@@ -17,6 +17,10 @@ transformers' logits (float32, tolerance 1e-4).
    sizes, ``use_multimodal=true use_mrope=true scan_layers=false``, float32; the patches given as MaxText's tower
    reads them (``(batch, channels, T * t_patch, H * patch, W * patch)``, which it reshapes back into the same
    patches in the same order), the positions as (batch, tokens, 3); its logits against transformers'.
+4. MaxText's own float32 conversion of the same checkpoint (``to_maxtext``, ``logits_via_embedding=false``: the
+   model is untied) and its forward on it; its leaves against ckptconv's, bit for bit.
+5. ``imitate`` (in MaxText's venv): transformers' image logits again, with two of MaxText's run-time choices
+   imitated (:func:`imitate`), against MaxText's: where the image difference comes from.
 
 Work files under bench/work/qwen3-vl-image/; the result as JSON on the last line and in ``result.json`` there.
 """
@@ -96,6 +100,44 @@ def make_hf(out: Path) -> None:
     np.save(out / "pixels.npy", pixels)
 
 
+def imitate(hf_dir: str, work: str) -> dict:
+    """transformers' image logits with two of MaxText's run-time choices imitated, against MaxText's logits on
+    ckptconv's checkpoint: its patch mergers' GELU (tanh-approximated, ``jax.nn.gelu``; transformers' mergers use
+    the exact one, ``nn.GELU()``), then its interpolated position embeddings rounded to bfloat16 (MaxText's
+    ``Qwen3OmniMoeVisionPosEmbedInterpolate`` casts its output to its default ``fprop_dtype``, bfloat16, in a
+    float32 run too)."""
+    import numpy as np
+    import torch
+    import transformers
+
+    hf = Path(hf_dir)
+    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(hf), dtype=torch.float32).eval()
+    visual = model.model.visual
+    ids = torch.tensor([image_tokens()])
+    inputs = {"input_ids": ids, "pixel_values": torch.from_numpy(np.load(hf / "pixels.npy")),
+              "image_grid_thw": torch.tensor([GRID]), "mm_token_type_ids": (ids == IMAGE_PAD).int()}
+    theirs = np.load(Path(work) / "maxtext_image_logits.npy")
+    patches = {}
+
+    def diff() -> float:
+        with torch.no_grad():
+            logits = model(**inputs).logits[0].numpy()
+        return float(np.abs(theirs[:, : logits.shape[-1]] - logits).max())
+
+    def bf16_positions(module, args, kwargs):  # the first block's input is patches + positions
+        positions = (args[0] - patches["embedded"]).to(torch.bfloat16).to(torch.float32)
+        return (patches["embedded"] + positions, *args[1:]), kwargs
+
+    visual.patch_embed.register_forward_hook(lambda module, inputs, out: patches.__setitem__("embedded", out))
+    result = {"as is": diff()}
+    for merger in (visual.merger, *visual.deepstack_merger_list):
+        merger.act_fn = torch.nn.GELU(approximate="tanh")
+    result["mergers' GELU tanh-approximated"] = diff()
+    visual.blocks[0].register_forward_pre_hook(bf16_positions, with_kwargs=True)
+    result["and position embeddings rounded to bfloat16"] = diff()
+    return result
+
+
 def forward(ckpt: str, hf_dir: str, work: str) -> dict:
     import jax.numpy as jnp
     import maxtext
@@ -159,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["forward"]:
         print(json.dumps(forward(*argv[1:4])))
         return 0
+    if argv[:1] == ["imitate"]:
+        print(json.dumps(imitate(*argv[1:3])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     args = parser.parse_args(argv)
@@ -176,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
              ([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, WORK], "forward.log", MT_ENV),
              # MaxText's own conversion of the same checkpoint, and its forward on it: the comparison's floor
              ([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", "qwen3-vl-2b", hf, theirs, *qwen3_vl_sizes(config()),
-               "--", "--lazy_load_tensors=false", "--eager_load_method=safetensors",
+               "logits_via_embedding=false", "--", "--lazy_load_tensors=false", "--eager_load_method=safetensors",
                "--simulated_cpu_devices_count=1", "--save_dtype=float32"], "maxtext-convert.log",
               {**MT_ENV, "HF_HOME": str(WORK / "hf-home")}),
              ([MT_PYTHON, __file__, "forward", theirs / "0" / "items", hf, WORK / "own"], "forward-own.log", MT_ENV)]
@@ -190,12 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         outputs.append(done.stdout)
     result = json.loads(outputs[2].strip().splitlines()[-1])
     result["on MaxText's own conversion"] = json.loads(outputs[4].strip().splitlines()[-1])
+    done = run([MT_PYTHON, __file__, "imitate", hf, WORK], WORK / "imitate.log", MT_ENV)
+    if done.returncode == 0:
+        result["transformers imitating MaxText (image)"] = json.loads(done.stdout.strip().splitlines()[-1])
+    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", WORK / "compare.json"],
+                   WORK / "compare.log", MT_ENV)
+    leaves = json.loads((WORK / "compare.json").read_text())
+    result["leaves"] = {"identical": leaves["identical"], "compared": leaves["leaves_compared"],
+                        "only_in_ckptconv": leaves["only_in_a"], "only_in_maxtext": leaves["only_in_b"],
+                        "exit": compared.returncode}
     (WORK / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
     if not args.keep:
         shutil.rmtree(ours, ignore_errors=True)
         shutil.rmtree(theirs, ignore_errors=True)
-    return 0 if result["text"]["ok"] and result["image"]["ok"] else 1
+    return 0 if result["text"]["ok"] and result["image"]["ok"] and result["leaves"]["identical"] else 1
 
 
 if __name__ == "__main__":
