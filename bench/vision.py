@@ -467,7 +467,7 @@ def write(results: dict, path: Path) -> None:
             f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
-            "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+            "injection): bench/qwen3_vl_image.py, its section below.", ""]
     moe = results.get("qwen3_vl_moe")
     if moe:
         refused = moe.get("refusal", {})
