@@ -23,15 +23,22 @@ weights are written e4m3 and every other leaf in the release's own dtype (:data:
 
 Scanned, MaxText scans whole periods as ``decoder/layers/layer_{position}`` over the periods (axis 1);
 its scan holds only whole periods (the layers after the last would be dropped), so such a model
-converts unscanned only. mRoPE sections and the vision settings are recorded, not used (text
-positions make mRoPE plain RoPE). The vision tower (``model.visual.*``) and the multi-token-prediction
-layer (``mtp.*``) are not part of MaxText's text decoder and are named in the report.
+converts unscanned only. mRoPE sections are recorded, not used (text positions make mRoPE plain RoPE). The
+multi-token-prediction layer (``mtp.*``) is not part of MaxText's model and is named in the report.
+
+The vision tower (``model.visual.*``) is Qwen3-VL's without the deepstack mergers (``deepstack_visual_indexes``
+is empty). Without ``--multimodal`` it is named in the report; with it (MaxText's ``use_multimodal=true``) it is
+converted by :mod:`ckptconv.families.qwen3_vl`'s tower rules under MaxText's own names for this model,
+``vision_encoder/Qwen3_5MoeVisionEncoder_0`` and ``Qwen3_5MoeVisionProjector_0``. With no deepstack injection
+MaxText runs this vision path scanned as well as unscanned, so both layouts stay; the tower's blocks are
+``blocks_{i}`` in both (MaxText's tower is a plain loop).
 """
 
 from __future__ import annotations
 
 from ckptconv.families.base import (
-    GIB, EXPERT, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, rule,
+    GIB, EXPERT, Example, Family, LayerStack, LayoutError, MemoryExample, Output, Rule, Sizes, Synthetic, multimodal,
+    rule,
 )
 from ckptconv.families.decoder import KERNEL, KV_KERNEL, Q_KERNEL, make_spec
 from ckptconv.families.inputs import FP8_KEPT, ExpertJoin, Join
@@ -40,6 +47,7 @@ from ckptconv.families.qwen3_next import (
     read_hybrid, unscanned_layout,
 )
 from ckptconv.families.qwen3_next import synthetic_config as qwen3_next_config
+from ckptconv.families.qwen3_vl import read_vision_dims, tower_layout, vision_rules
 from ckptconv.families.transforms import Permute, Step, TakeRanges
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -49,6 +57,11 @@ SWAP_LAST = Permute("swap_last_two", (0, 2, 1))  # HF (experts, out, in) -> MaxT
 GATE = TakeRanges("gate_half", 1, "moe_mlp2", 0, "moe_mlp")
 UP = TakeRanges("up_half", 1, "moe_mlp2", "moe_mlp", "moe_mlp")
 BLOCK = 128  # the FP8 releases' weight_block_size, both axes
+# MaxText 0.2.5's module names for Qwen3.5's tower (its QWEN3_5 mapping with use_multimodal)
+ENCODER = ("vision_encoder", "Qwen3_5MoeVisionEncoder_0")
+PROJECTOR = ("vision_encoder", "Qwen3_5MoeVisionProjector_0")
+TOWER = ("model.visual.", "vision tower")
+VISION_HEADS = "v_attn_heads"  # the tower's heads (v_heads: the linear attention's value heads)
 
 
 def fp8(spec: ModelSpec) -> bool:
@@ -110,13 +123,19 @@ BLOCKED = ("emb", "q_gate", "q", "kv", "k_dim", "v_dim", "shared_mlp", "moe_mlp"
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     quantization = read_fp8(cfg)
-    cfg.runtime("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "vision_config")
+    cfg.runtime("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     tied = cfg.bool("tie_word_embeddings", False)
     text = cfg.nested("text_config")
     text.require("model_type", ("qwen3_5_moe_text",), "qwen3_5_moe_text")
     if text.bool("tie_word_embeddings", tied) != tied:
         text.fail(f"tie_word_embeddings={not tied} differs from the model's tie_word_embeddings={tied}")
     dims, layers, period = read_hybrid(text)
+    if cfg.has("vision_config"):  # the tower's sizes, checked against its tensors under --multimodal
+        vision = cfg.nested("vision_config")
+        dims |= read_vision_dims(vision, "qwen3_5_moe", deepstack_default=(), heads=VISION_HEADS)
+        if dims["v_deepstack"]:
+            vision.fail("deepstack_visual_indexes must be empty: Qwen3.5's tower has no deepstack mergers "
+                        "(MaxText 0.2.5 maps none)")
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
     dims |= {f"{d}_b": dims[d] // BLOCK for d in BLOCKED}
     dims["qkvz_b"] = dims["qkvz"] // BLOCK
@@ -144,6 +163,16 @@ def read_fp8(cfg: ConfigReader) -> str | None:
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
+    """The decoder's layers, and with ``--multimodal`` the tower's blocks (unscanned in both layouts)."""
+    if not multimodal(spec):
+        return decoder_layout(spec, scan)
+    if "v_layers" not in spec.dims:
+        raise LayoutError("--multimodal: this checkpoint's config.json has no vision_config; convert without "
+                          "--multimodal")
+    return decoder_layout(spec, scan) + tower_layout(spec, ENCODER)
+
+
+def decoder_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     """``decoder/layers/layer_{p}`` over the periods (scanned), else ``decoder/layers_{i}``."""
     if not scan:
         return unscanned_layout(spec)
@@ -166,7 +195,10 @@ def synthetic_config(m: Sizes) -> dict:
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                  "mrope_interleaved": True, "mrope_section": [1, 1, 0]})
     config = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-              "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "model_type": "qwen3_5_moe"},
+              "text_config": text,
+              "vision_config": {"deepstack_visual_indexes": [], "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                                "model_type": "qwen3_5_moe", "num_heads": 2, "num_position_embeddings": 64,
+                                "out_hidden_size": m.hidden_size, "patch_size": 4},
               "tie_word_embeddings": m.tie_word_embeddings, "torch_dtype": m.dtype}
     if m.quantization == "fp8":  # the -FP8 release: e4m3 linear layers with bfloat16 128x128 block scales
         config["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
@@ -197,10 +229,12 @@ FAMILY = Family(
     name="qwen3_5_moe",
     model_types=("qwen3_5_moe",),
     decoder_block="qwen3_5",
-    rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model."),
+    rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model.")
+    + vision_rules(ENCODER, PROJECTOR, deepstack=False, heads=VISION_HEADS),
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,
-    not_converted=lambda spec: (("model.visual.", "vision tower"), ("mtp.", MTP_NOTE)),
+    not_converted=lambda spec: (("mtp.", MTP_NOTE),) if multimodal(spec) else (TOWER, ("mtp.", MTP_NOTE)),
     joins=JOINS,
+    encoders=("vision tower",),
 )

@@ -27,8 +27,7 @@ from ckptconv.read.spec import ConfigReader, ModelSpec
 
 TEXT = "model.language_model."  # where the hub and transformers store the decoder (the rules say ``model.``)
 ALIASES = ((TEXT, "model."),)
-VISION = (("model.visual.", "vision tower (MaxText use_multimodal; not converted yet)"),)  # Qwen3-VL-MoE's
-TOWER = (("model.visual.", "vision tower"),)  # Qwen3-VL's own: converted with --multimodal
+TOWER = (("model.visual.", "vision tower"),)  # Qwen3-VL-MoE's too: converted with --multimodal
 
 
 def read_text(cfg: ConfigReader, text_type: str) -> tuple[ConfigReader, bool]:
@@ -55,23 +54,27 @@ VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, 
                    "num_position_embeddings": 2304}
 
 
-def read_vision_dims(vision: ConfigReader) -> dict[str, int]:
+def read_vision_dims(vision: ConfigReader, model_type: str = "qwen3_vl",
+                     deepstack_default: tuple[int, ...] = (8, 16, 24), heads: str = "v_heads") -> dict[str, int]:
     """The tower's sizes (``v_*`` dims), read whether or not ``--multimodal`` asks for it, so its tensors are
-    checked against them when it does."""
-    vision.require("model_type", ("qwen3_vl_vision", "qwen3_vl"), "qwen3_vl_vision")
+    checked against them when it does (``model_type``: the wrapper's; its tower's is that + ``_vision``;
+    ``deepstack_default``: the deepstack indexes without the field, transformers' default; ``heads``: the name of
+    its heads dim, another where the decoder's dims hold a ``v_heads`` already: Qwen3.5's linear attention)."""
+    vision.require("model_type", (f"{model_type}_vision", model_type), f"{model_type}_vision")
     vision.runtime("hidden_act", "rope_parameters")
     dims = {f"v_{key}": vision.int(field, VISION_DEFAULTS[field]) for key, field in (
-        ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"), ("heads", "num_heads"),
+        ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"),
         ("channels", "in_channels"), ("patch", "patch_size"), ("tpatch", "temporal_patch_size"),
         ("out", "out_hidden_size"), ("positions", "num_position_embeddings"))}
+    dims[heads] = vision.int("num_heads", VISION_DEFAULTS["num_heads"])
     merge = vision.int("spatial_merge_size", VISION_DEFAULTS["spatial_merge_size"])
     deepstack = vision.raw("deepstack_visual_indexes")
-    deepstack = [8, 16, 24] if deepstack is None else deepstack
+    deepstack = list(deepstack_default) if deepstack is None else deepstack
     if not (isinstance(deepstack, list) and all(isinstance(i, int) and 0 <= i < dims["v_layers"] for i in deepstack)):
         vision.fail(f"deepstack_visual_indexes must be a list of layer indices below depth={dims['v_layers']}, "
                     f"got {deepstack!r}")
-    if dims["v_emb"] % dims["v_heads"]:
-        vision.fail(f"hidden_size={dims['v_emb']} is not a multiple of num_heads={dims['v_heads']}")
+    if dims["v_emb"] % dims[heads]:
+        vision.fail(f"hidden_size={dims['v_emb']} is not a multiple of num_heads={dims[heads]}")
     return dims | {"v_merged": dims["v_emb"] * merge * merge, "v_deepstack": len(deepstack),
                    "v_emb2": 2 * dims["v_emb"], "v_qkv": 3 * dims["v_emb"]}
 
@@ -87,10 +90,10 @@ def _tower(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=(
                 kinds=frozenset({kind}) if kind else None, note=TOWER_NOTE)
 
 
-def _qkv(part: str, start: str | int, bias: bool) -> Output:
+def _qkv(part: str, start: str | int, bias: bool, heads: str) -> Output:
     """One of the fused ``qkv``'s thirds (rows ``[start, start + v_emb)``), heads on their own axis."""
     take = TakeRanges(f"take_{part}", 0, "v_qkv", start, "v_emb")
-    steps = (take, split_last("v_heads")) if bias else (take, TRANSPOSE, split_last("v_heads"))
+    steps = (take, split_last(heads)) if bias else (take, TRANSPOSE, split_last(heads))
     return Output(("attn", "attn", part, "bias" if bias else "kernel"), steps)
 
 
@@ -105,30 +108,50 @@ def _merger(hf: str, maxtext: tuple[str, ...], norm: str, kind: str | None = Non
 
 
 B = "blocks.{layer}."
-VISION_RULES = (
-    _tower("patch_embed.proj.weight", (*ENCODER, "patch_embed", "proj", "kernel"),
-           ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"), (Permute("conv3d_to_thwio", (2, 3, 4, 1, 0)),)),
-    _tower("patch_embed.proj.bias", (*ENCODER, "patch_embed", "proj", "bias"), ("v_emb",)),
-    _tower("pos_embed.weight", (*ENCODER, "pos_embed_interpolate", "pos_embed"), ("v_positions", "v_emb")),
-    *_merger("merger.", (*PROJECTOR, "merger"), "v_emb"),
-    *(_tower(B + f"{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
-      for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
-    Rule("model.visual." + B + "attn.qkv.weight", ("v_qkv", "v_emb"),
-         tuple(_qkv(part, start, False) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
-         multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
-    Rule("model.visual." + B + "attn.qkv.bias", ("v_qkv",),
-         tuple(_qkv(part, start, True) for part, start in (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))),
-         multimodal, frozenset({BLOCK_KIND}), TOWER_NOTE),
-    _tower(B + "attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
-           (TRANSPOSE, split_first("v_heads")), BLOCK_KIND),
-    _tower(B + "attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
-    _tower(B + "mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
-    _tower(B + "mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
-    _tower(B + "mlp.linear_fc2.weight", ("mlp_out", "kernel"), ("v_emb", "v_mlp"), KERNEL, BLOCK_KIND),
-    _tower(B + "mlp.linear_fc2.bias", ("mlp_out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+THIRDS = (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))  # the fused qkv's parts and their first rows
+
+
+def vision_rules(encoder: tuple[str, ...], projector: tuple[str, ...], deepstack: bool = True,
+                 heads: str = "v_heads") -> tuple[Rule, ...]:
+    """The tower's rules, its leaves under ``encoder`` and ``projector`` (MaxText names the modules per model:
+    Qwen3.5's are ``Qwen3_5MoeVision*``); ``deepstack``: with the deepstack mergers (Qwen3.5 has none);
+    ``heads``: its heads dim, as :func:`read_vision_dims` names it."""
+    tower = (
+        _tower("patch_embed.proj.weight", (*encoder, "patch_embed", "proj", "kernel"),
+               ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"),
+               (Permute("conv3d_to_thwio", (2, 3, 4, 1, 0)),)),
+        _tower("patch_embed.proj.bias", (*encoder, "patch_embed", "proj", "bias"), ("v_emb",)),
+        _tower("pos_embed.weight", (*encoder, "pos_embed_interpolate", "pos_embed"), ("v_positions", "v_emb")),
+        *_merger("merger.", (*projector, "merger"), "v_emb"),
+        *(_tower(B + f"{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
+          for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
+        Rule("model.visual." + B + "attn.qkv.weight", ("v_qkv", "v_emb"),
+             tuple(_qkv(part, start, False, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
+             TOWER_NOTE),
+        Rule("model.visual." + B + "attn.qkv.bias", ("v_qkv",),
+             tuple(_qkv(part, start, True, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
+             TOWER_NOTE),
+        _tower(B + "attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
+               (TRANSPOSE, split_first(heads)), BLOCK_KIND),
+        _tower(B + "attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+        _tower(B + "mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
+        _tower(B + "mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
+        _tower(B + "mlp.linear_fc2.weight", ("mlp_out", "kernel"), ("v_emb", "v_mlp"), KERNEL, BLOCK_KIND),
+        _tower(B + "mlp.linear_fc2.bias", ("mlp_out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+    )
     # the deepstack mergers' norm spans the merged patches (use_postshuffle_norm)
-    *_merger("deepstack_merger_list.{layer}.", (), "v_merged", DEEPSTACK_KIND),
-)
+    return tower + (_merger("deepstack_merger_list.{layer}.", (), "v_merged", DEEPSTACK_KIND) if deepstack else ())
+
+
+VISION_RULES = vision_rules(ENCODER, PROJECTOR)
+
+
+def tower_layout(spec: ModelSpec, encoder: tuple[str, ...] = ENCODER) -> tuple[LayerStack, ...]:
+    """The tower's blocks and deepstack mergers, each its own module (MaxText's tower is a plain loop)."""
+    return (tuple(LayerStack((*encoder, f"blocks_{i}"), (i,), False, kind=BLOCK_KIND, encoder=True)
+                  for i in range(spec.dim("v_layers")))
+            + tuple(LayerStack((*encoder, f"merger_{j}"), (j,), False, kind=DEEPSTACK_KIND, encoder=True)
+                    for j in range(spec.dim("v_deepstack"))))
 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
@@ -139,11 +162,7 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
         raise UnscannedOnly("--multimodal: MaxText 0.2.5 runs Qwen3-VL's vision path (deepstack features injected "
                             "into decoder layers) unscanned only (it refuses scan_layers with deepstack indexes); "
                             "convert with --no-scan-layers")
-    return (uniform_layout(spec, False)
-            + tuple(LayerStack((*ENCODER, f"blocks_{i}"), (i,), False, kind=BLOCK_KIND, encoder=True)
-                    for i in range(spec.dim("v_layers")))
-            + tuple(LayerStack((*ENCODER, f"merger_{j}"), (j,), False, kind=DEEPSTACK_KIND, encoder=True)
-                    for j in range(spec.dim("v_deepstack"))))
+    return uniform_layout(spec, False) + tower_layout(spec)
 
 
 def mrope_scaling(head_dim: int) -> dict:
