@@ -9,14 +9,15 @@ Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``be
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
 and ``--multimodal --scan-layers`` refused), Qwen3-VL-MoE (``qwen3_vl_moe``: the same tower beside a MoE decoder,
 likewise), Qwen3.5 (``qwen3_5_moe``: ``tests/hub_checkpoints.py``'s hub-format 35B-A3B with a 2-block tower: scanned
-on 16, unscanned on 1), each exported back ``--like`` the source and compared tensor by tensor; Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by
-``Gemma4ForConditionalGeneration``, compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text
-and on an image); Qwen3-Omni-MoE's thinker (``qwen3_omni``: a tiny ``Qwen3OmniMoeForConditionalGeneration`` by
-``bench/hf_tiny.py``, its vision tower, Qwen3-VL's with other merger names, and its audio tower; compared as
-Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b`` with ``use_multimodal=true use_audio=true``, exported back, and
-MaxText's towers run on their own against transformers'); ``memory`` / ``memory-qwen3_5_moe`` / ``memory_gemma4`` /
-``omni_memory``: peak RSS against the prediction with the releases' whole towers (at Gemma 3 4B's widths, one period of
-Qwen3.5-35B-A3B's, Gemma 4 26B-A4B's, Qwen3-Omni-30B-A3B's).
+on 16, unscanned on 1), ckptconv's checkpoint of each of these four exported back ``--like`` the source and compared
+tensor by tensor; Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by ``Gemma4ForConditionalGeneration``,
+compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text and on an image); Qwen3-Omni-MoE's
+thinker (``qwen3_omni``: a tiny ``Qwen3OmniMoeForConditionalGeneration`` by ``bench/hf_tiny.py``, its vision tower,
+Qwen3-VL's with other merger names, and its audio tower; compared as Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b``
+with ``use_multimodal=true use_audio=true``, exported back, and MaxText's towers run on their own against
+transformers'); ``memory`` / ``memory-qwen3_5_moe`` / ``memory_gemma4`` / ``omni_memory``: peak RSS against the
+prediction with the releases' whole towers (at Gemma 3 4B's widths, one period of Qwen3.5-35B-A3B's, Gemma 4
+26B-A4B's, Qwen3-Omni-30B-A3B's).
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -780,6 +781,22 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+# written by hand into VISION.md's Gemma 4 section (g4vis): the export back and the refusals, measured by the tests
+GEMMA4_NOTE = (
+    "`export` back to the hub's names is bit-identical (tests/test_gemma4_vision.py, scanned on 16 "
+    "devices and unscanned\non 1: every tensor, the tower's included). E2B / E4B with `--multimodal`: "
+    "exit 2, nothing written, one line (MaxText\n0.2.5's converter says of its gemma4-small vision "
+    'mappings "multimodal not yet supported", and its\n`models/gemma4_vision.py` has no clamps for the '
+    '`use_clipped_linears` towers E2B / E4B ship):\n\n    ckptconv: error: .../config.json: --multimodal: '
+    "MaxText 0.2.5 does not convert Gemma 4 E2B / E4B's vision tower (its gemma4-small multimodal "
+    "mapping is marked unsupported) and its tower has no clipped linears, which E2B / E4B's use; convert "
+    'without --multimodal (the text decoder)\n\nLikewise refused: a 26B / 31B-form tower with '
+    "`use_clipped_linears`, without `standardize` (MaxText's mapping reads\n`std_scale` / `std_bias`), or "
+    "with fewer KV heads than heads (MaxText builds the tower's attention from the hidden\nsize and head "
+    'count alone).'
+).split("\n")
+
+
 # a section of VISION.md written by hand (its first line says so), which a rerun keeps as it is
 QWEN3_VL_IMAGE = "## Qwen3-VL: MaxText's forward pass with an image"
 
@@ -923,7 +940,7 @@ def write(results: dict, path: Path) -> None:
             "`use_multimodal=true`, the tower's sizes as overrides, its `safetensors` loader.", "",
             *table(gemma4_rows), "",
             "The tower and projector are 5 + 13 x 2 = 31 of the leaves in every row; `layer_{i}` are unscanned in both "
-            "layouts (MaxText's tower is a plain loop).", ""]
+            "layouts (MaxText's tower is a plain loop).", "", *GEMMA4_NOTE, ""]
         for family in GEMMA4:
             logits = results.get(family, {}).get("logits")
             if not logits:
