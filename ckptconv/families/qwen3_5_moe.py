@@ -216,9 +216,11 @@ SMALL = {"num_experts": 4, "moe_intermediate_size": 32, "tie_word_embeddings": F
 
 SYNTHETIC = Synthetic(
     config=synthetic_config,
-    round_trip=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}),),
+    round_trip=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}),
+                Example("qwen3_5_moe-multimodal", {**SMALL, "num_layers": 4}, devices=16, multimodal=True)),
     logits=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}, devices=4),
-            Example("qwen3_5_moe-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4)),
+            Example("qwen3_5_moe-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4),
+            Example("qwen3_5_moe-multimodal", {**SMALL, "num_layers": 4}, devices=4, multimodal=True)),
     # one period at the 397B's widths with 16 of its 512 experts; the whole 60-layer release planned header-only
     memory=(MemoryExample("qwen3.5-397b-period", {**WIDTHS_397B, "num_layers": 4, "num_experts": 16},
                           devices=(16, 1), bound=int(1.5 * GIB), source_bytes=int(4.5 * GIB),
