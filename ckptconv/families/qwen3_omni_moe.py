@@ -148,9 +148,9 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
 
 
 def not_converted(spec: ModelSpec) -> tuple[tuple[str, str], ...]:
-    """The towers without ``--multimodal``; the speech output (and the towers under transformers 5's in-memory
-    names) always."""
-    return (() if multimodal(spec) else TOWERS) + IN_MEMORY + SPEECH
+    """The towers without ``--multimodal`` (as stored, and under transformers 5's in-memory names); the speech
+    output always. With it, towers under the in-memory names are not read: the stored names are missing."""
+    return (() if multimodal(spec) else TOWERS + IN_MEMORY) + SPEECH
 
 
 def synthetic_config(m: Sizes) -> dict:
