@@ -1,11 +1,14 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_omni,memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
-and ``--multimodal --scan-layers`` refused); ``memory``: peak RSS against the prediction at Gemma 3 4B's widths.
+and ``--multimodal --scan-layers`` refused); Qwen3-Omni-MoE's thinker (a tiny ``Qwen3OmniMoeForConditionalGeneration``
+by ``bench/hf_tiny.py``: its vision tower, Qwen3-VL's with other merger names, and its audio tower; compared as
+Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b`` with ``use_multimodal=true use_audio=true``); ``memory``: peak RSS
+against the prediction at Gemma 3 4B's widths.
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -59,10 +62,14 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 
 # (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
-         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1)]
+         ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
+         ("qwen3-omni-towers-noscan", "qwen3_omni", False, 16), ("qwen3-omni-towers-noscan-1dev", "qwen3_omni", False, 1)]
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
+# Qwen3-Omni: 2 decoder layers (hidden 64, 4 experts), the same vision tower, a 2-layer audio tower (d_model 32,
+# 2 heads, FFN 64, 16 mel bins, 16 convolution channels)
+QWEN3_OMNI_AUDIO = {"encoder_layers": 2}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -119,6 +126,23 @@ def qwen3_vl_sizes(config: dict) -> list[str]:
               "patch_size_for_vit": vision.get("patch_size", 16),
               "temporal_patch_size_for_vit": vision.get("temporal_patch_size", 2),
               "spatial_merge_size_for_vit": vision.get("spatial_merge_size", 2)}
+    return [f"{k}={v}" for k, v in values.items()]
+
+
+def qwen3_omni_sizes(config: dict) -> list[str]:
+    """MaxText's qwen3-omni-30b-a3b given the thinker's text, vision and audio sizes, use_multimodal and use_audio
+    (unscanned)."""
+    thinker = config["thinker_config"]
+    text, audio = thinker["text_config"], thinker["audio_config"]
+    values = dict(item.split("=", 1) for item in qwen3_vl_sizes({**thinker, "text_config": {
+        **text, "intermediate_size": text["moe_intermediate_size"]}}))
+    values |= {"num_experts": text["num_experts"], "num_experts_per_tok": 2,
+               "base_moe_mlp_dim": text["moe_intermediate_size"], "use_audio": "true",
+               "d_model_for_audio": audio["d_model"], "encoder_layers_for_audio": audio["encoder_layers"],
+               "encoder_attention_heads_for_audio": audio["encoder_attention_heads"],
+               "encoder_ffn_dim_for_audio": audio["encoder_ffn_dim"], "num_mel_bins_for_audio": audio["num_mel_bins"],
+               "downsample_hidden_size_for_audio": audio["downsample_hidden_size"],
+               "output_dim_for_audio": audio["output_dim"]}
     return [f"{k}={v}" for k, v in values.items()]
 
 
@@ -196,13 +220,48 @@ def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
     return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
 
 
-def refusal(hf: Path) -> dict:
-    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
-    dst = WORK / "qwen3-vl-scan-refused"
+def make_qwen3_omni(hf: Path) -> subprocess.CompletedProcess:
+    from ckptconv.commands import synth
+
+    config = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=2, num_experts=4, moe_intermediate_size=48,
+                              tie_word_embeddings=False, vocab_size=300).config()
+    config["thinker_config"]["vision_config"].update(QWEN3_VL_VISION)
+    config["thinker_config"]["audio_config"].update(QWEN3_OMNI_AUDIO)
+    path = WORK / "qwen3-omni-config.json"
+    path.write_text(json.dumps(config))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-omni.log", env=MT_ENV)
+
+
+def refusal(hf: Path, family: str = "qwen3_vl") -> dict:
+    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL (or Omni): one line, exit 2, nothing written."""
+    dst = WORK / f"{family}-scan-refused"
     shutil.rmtree(dst, ignore_errors=True)
     result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
-                  "--scan-layers"], WORK / "qwen3-vl-scan-refused.log")
+                  "--scan-layers"], WORK / f"{family}-scan-refused.log")
     return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
+
+
+def export_back(ours: Path, hf: Path, root: Path) -> dict:
+    """``ckptconv export`` of our checkpoint (``--like`` the source), every tensor compared bit for bit with the
+    source's."""
+    from safetensors.numpy import load_file
+
+    back = root / "exported"
+    done = run([sys.executable, "-m", "ckptconv", "export", ours, back, "--like", hf, "--progress", "none"],
+               root / "export.log")
+    if done.returncode:
+        return {"export_exit": done.returncode, "export_error": last_line(done)}
+    source, exported = {}, {}
+    for directory, tensors in ((hf, source), (back, exported)):
+        for path in sorted(directory.glob("*.safetensors")):
+            tensors.update(load_file(str(path)))
+    differ = sorted(name for name in source.keys() & exported.keys()
+                    if source[name].dtype != exported[name].dtype or source[name].shape != exported[name].shape
+                    or source[name].tobytes() != exported[name].tobytes())
+    shutil.rmtree(back, ignore_errors=True)
+    return {"export_exit": 0, "export_tensors": len(exported), "source_tensors": len(source),
+            "export_identical": not differ and source.keys() == exported.keys(),
+            "export_differ": differ[:3] + sorted(source.keys() ^ exported.keys())[:3]}
 
 
 def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> dict:
@@ -215,9 +274,12 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                root / "ckptconv.log")
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
-    else:
+    elif family == "qwen3_vl":
         model, loader = "qwen3-vl-2b", "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
+    else:
+        model, loader = "qwen3-omni-30b-a3b", "safetensors"
+        sizes = qwen3_omni_sizes(json.loads((WORK / "qwen3-omni-config.json").read_text()))
     mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
               "--lazy_load_tensors=false", f"--eager_load_method={loader}",
               f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
@@ -228,10 +290,15 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
         return row | {"error": last_line(mine if mine.returncode else mt)}
     compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", root / "compare.json"],
                    root / "compare.log", env=MT_ENV)
+    if family == "qwen3_omni":
+        row |= export_back(ours, hf, root)
     result = json.loads((root / "compare.json").read_text())
-    tower = [leaf for leaf in result.get("compared", result.get("leaves", [])) if "vision_encoder" in str(leaf)]
+    compared = result.get("compared", result.get("leaves", []))
+    tower = [leaf for leaf in compared if "vision_encoder" in str(leaf)]
+    audio = [leaf for leaf in compared if "audio_encoder" in str(leaf)]
     return row | {"identical": result["identical"], "leaves": result["leaves_compared"],
-                  "vision_leaves": len(tower) or None, "bytes": result["bytes_compared"],
+                  "vision_leaves": len(tower) or None, "audio_leaves": len(audio) or None,
+                  "bytes": result["bytes_compared"],
                   "value_mismatches": result["value_mismatches"][:3], "only_in_ckptconv": result["only_in_a"],
                   "only_in_maxtext": result["only_in_b"], "compare_exit": compared.returncode,
                   "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})}
@@ -369,6 +436,40 @@ def write(results: dict, path: Path) -> None:
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
             "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    omni = results.get("qwen3_omni")
+    if omni:
+        refused = omni.get("refusal", {})
+        rows = omni["rows"]
+        counts = next((r for r in rows if r.get("vision_leaves")), {})
+        exports = [r for r in rows if "export_exit" in r]
+        lines += [
+            "## Qwen3-Omni-MoE thinker: vision tower and audio tower", "",
+            "2 decoder layers (hidden 64, 4 experts); vision tower as Qwen3-VL's above (2 blocks, hidden 32, 2 heads, "
+            "MLP 64, a deepstack merger after each); audio tower: 2 layers, d_model 32, 2 heads, FFN 64, 16 mel bins, "
+            "16 channels in its three 3x3 stride-2 convolutions. Made by `Qwen3OmniMoeForConditionalGeneration` and "
+            "saved as the release lays it out (`thinker.model.*`, `thinker.lm_head.*`, `thinker.visual.*`, "
+            "`thinker.audio_tower.*`; no talker: `enable_audio_output` false). MaxText's model `qwen3-omni-30b-a3b` "
+            "with `use_multimodal=true use_audio=true` (its model config sets both; its converter then writes both "
+            "towers), its `safetensors` loader. Its vision path runs unscanned only (deepstack), so both rows are "
+            "unscanned: on 16 devices and on 1.", "",
+            *table(rows), "",
+            f"Of the leaves, {counts.get('vision_leaves')} are the vision tower's (`vision_encoder/"
+            f"Qwen3OmniMoeVisionEncoder_0`, `Qwen3OmniMoeVisionProjector_0`) and {counts.get('audio_leaves')} the "
+            "audio tower's (`audio_encoder/Qwen3OmniAudioEncoder_0`, `Qwen3OmniAudioProjector_0`), every one "
+            "compared bit for bit in both rows.", ""]
+        for r in exports:
+            if r.get("export_exit"):
+                lines.append(f"`ckptconv export` of the {r['devices']}-device output failed: `{r.get('export_error')}`")
+            else:
+                verdict = "**every tensor bit-identical**" if r["export_identical"] else f"DIFFERENT: {r['export_differ']}"
+                lines.append(f"`ckptconv export --like` the source, from the {r['devices']}-device output: "
+                             f"{r['export_tensors']} of {r['source_tensors']} tensors written, {verdict} to the "
+                             "source (the fused vision `qkv` joined back, the convolutions permuted back).")
+        lines += ["", f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
+                  f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
+                  f"    {refused.get('stderr', '')}", "",
+                  "MaxText's forward pass with an image or audio on Qwen3-Omni was not run here; its text decoder's "
+                  "logits are in bench/LOGITS.md.", ""]
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -382,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(forward(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
+    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_omni,memory",
                         help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
@@ -391,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "memory")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "qwen3_omni", "memory")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
@@ -404,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_qwen3_vl(hf))
+                else make_qwen3_vl(hf) if family == "qwen3_vl" else make_qwen3_omni(hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
@@ -418,8 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             entry["logits"] = logits_case(hf)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
-        if family == "qwen3_vl":
-            entry["refusal"] = refusal(hf)
+        if family in ("qwen3_vl", "qwen3_omni"):
+            entry["refusal"] = refusal(hf, family)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         results[family] = entry
         ok &= all(r.get("identical") for r in rows)
