@@ -293,9 +293,9 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
     if family == "qwen3_omni":
         row |= export_back(ours, hf, root)
     result = json.loads((root / "compare.json").read_text())
-    compared = result.get("compared", result.get("leaves", []))
-    tower = [leaf for leaf in compared if "vision_encoder" in str(leaf)]
-    audio = [leaf for leaf in compared if "audio_encoder" in str(leaf)]
+    listed = result.get("compared", result.get("leaves", []))
+    tower = [leaf for leaf in listed if "vision_encoder" in str(leaf)]
+    audio = [leaf for leaf in listed if "audio_encoder" in str(leaf)]
     return row | {"identical": result["identical"], "leaves": result["leaves_compared"],
                   "vision_leaves": len(tower) or None, "audio_leaves": len(audio) or None,
                   "bytes": result["bytes_compared"],
@@ -465,7 +465,8 @@ def write(results: dict, path: Path) -> None:
                 lines.append(f"`ckptconv export --like` the source, from the {r['devices']}-device output: "
                              f"{r['export_tensors']} of {r['source_tensors']} tensors written, {verdict} to the "
                              "source (the fused vision `qkv` joined back, the convolutions permuted back).")
-        lines += ["", f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
+            lines.append("")
+        lines += [f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
                   f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
                   f"    {refused.get('stderr', '')}", "",
                   "MaxText's forward pass with an image or audio on Qwen3-Omni was not run here; its text decoder's "
