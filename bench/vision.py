@@ -196,6 +196,87 @@ def forward(ckpt: str, hf_dir: str, work: str) -> dict:
     return result
 
 
+def omni_towers(ckpt: str, hf_dir: str, work: str) -> dict:
+    """MaxText's Qwen3-Omni towers on ckptconv's float32 checkpoint (unscanned) against transformers' on the source:
+    the audio tower's output (after its projector) on one 100-frame chunk of random mel features, and the vision
+    tower's merged image embeddings and deepstack features on one random 32x32 image (2x2 merged tokens)."""
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    import torch
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    thinker = config["thinker_config"]
+    audio, vision = thinker["audio_config"], thinker["vision_config"]
+    hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval().thinker.model
+    rng = np.random.default_rng(7)
+    frames = 100  # one chunk (n_window * 2): MaxText attends within a chunk, transformers within 8 (n_window_infer)
+    mel = rng.normal(size=(audio["num_mel_bins"], frames)).astype(np.float32)
+    patch, tpatch, channels = vision["patch_size"], vision["temporal_patch_size"], vision["in_channels"]
+    grid = (1, 2 * vision["spatial_merge_size"], 2 * vision["spatial_merge_size"])  # 4x4 patches
+    patches = grid[0] * grid[1] * grid[2]
+    pixels = rng.uniform(-1, 1, (patches, channels * tpatch * patch * patch)).astype(np.float32)
+    def reference() -> dict:
+        with torch.no_grad():
+            heard = hf.audio_tower(torch.from_numpy(mel), feature_lens=torch.tensor([frames])).last_hidden_state
+            seen = hf.visual(torch.from_numpy(pixels), grid_thw=torch.tensor([grid]))
+        return {"audio": heard.numpy(), "image": seen.pooler_output.numpy(),
+                **{f"deepstack_{j}": f.numpy() for j, f in enumerate(seen.deepstack_features)}}
+
+    want = reference()
+    # MaxText's towers use jax.nn.gelu (the tanh form) where transformers' use the exact GELU (the audio tower's
+    # convolutions, MLP and projector; the vision mergers): transformers again with every GELU in the tanh form
+    exact_gelu = torch.nn.functional.gelu
+
+    def tanh_gelu(x, approximate="none"):
+        return exact_gelu(x, approximate="tanh")
+
+    bound = [m for m in hf.modules() if getattr(m, "act", None) is exact_gelu]  # GELUActivation keeps its own
+    torch.nn.functional.gelu = tanh_gelu
+    for module in bound:
+        module.act = tanh_gelu
+    try:
+        want_tanh = reference()
+    finally:
+        torch.nn.functional.gelu = exact_gelu
+        for module in bound:
+            module.act = exact_gelu
+
+    overrides = {
+        "model_name": "qwen3-omni-30b-a3b", "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "towers",
+        "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": 16,
+        "max_prefill_predict_length": 16, "enable_checkpointing": False, "enable_dropout": False,
+        "dtype_mm": "float32", "n_window_for_audio": audio.get("n_window", 50),
+    }
+    # the sizes from the config.json the checkpoint was made from (the hub's spelling: rope_scaling)
+    settings = [f"{k}={v}" for k, v in overrides.items()] + qwen3_omni_sizes(
+        json.loads((WORK / "qwen3-omni-config.json").read_text()))
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    model, _ = model_creation_utils.from_pretrained(pyconfig.initialize(["towers", base, *settings]))
+    got = {"audio": np.asarray(model.audio_encoder(jnp.asarray(mel[None]), deterministic=True), np.float32)[0]}
+    # MaxText takes the processor's patch rows as one (batch, C, T, H, W) array and cuts it back into the same rows
+    image = jnp.asarray(pixels.reshape(1, channels, grid[0] * tpatch, grid[1] * patch, grid[2] * patch))
+    embeddings, deep = model.vision_encoder(image, deterministic=True)
+    got["image"] = np.asarray(embeddings, np.float32).reshape(want["image"].shape)
+    got |= {f"deepstack_{j}": np.asarray(f, np.float32).reshape(want[f"deepstack_{j}"].shape)
+            for j, f in enumerate(deep or [])}
+    result = {}
+    for name, reference in want.items():
+        if name not in got:
+            result[name] = {"error": "MaxText returned no such output"}
+            continue
+        diff = float(np.abs(got[name] - reference).max())
+        result[name] = {"shape": list(reference.shape), "max_abs": float(np.abs(reference).max()),
+                        "max_abs_diff": diff, "ok": diff <= TOLERANCE,
+                        "max_abs_diff_tanh_gelu": float(np.abs(got[name] - want_tanh[name]).max())}
+    return result
+
+
 # --- in ckptconv's venv ----------------------------------------------------------------------
 
 def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -314,6 +395,25 @@ def logits_case(hf: Path) -> dict:
     if mine.returncode:
         return {"error": last_line(mine)}
     fwd = run([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
+    if fwd.returncode:
+        return {"error": last_line(fwd)}
+    return json.loads(fwd.stdout.strip().splitlines()[-1])
+
+
+# what the towers' differences are (measured by hand on MaxText's own float32 conversion, see the driver's note)
+OMNI_TOWERS_NOTE = ""
+
+
+def omni_towers_case(hf: Path) -> dict:
+    root = WORK / "omni-towers"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    ours = root / "ckptconv-f32"
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
+                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    if mine.returncode:
+        return {"error": last_line(mine)}
+    fwd = run([MT_PYTHON, __file__, "omni-towers", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
     if fwd.returncode:
         return {"error": last_line(fwd)}
     return json.loads(fwd.stdout.strip().splitlines()[-1])
@@ -469,8 +569,30 @@ def write(results: dict, path: Path) -> None:
         lines += [f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
                   f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
                   f"    {refused.get('stderr', '')}", "",
-                  "MaxText's forward pass with an image or audio on Qwen3-Omni was not run here; its text decoder's "
-                  "logits are in bench/LOGITS.md.", ""]
+                  ]
+        towers = omni.get("towers")
+        if towers:
+            lines += ["### MaxText's towers on ckptconv's checkpoint", "",
+                      "ckptconv `--multimodal --dtype float32 --devices 1` (unscanned); MaxText 0.2.5's "
+                      "`model_creation_utils.from_pretrained` in float32, its `audio_encoder` and `vision_encoder` "
+                      "called on their own, against transformers' `audio_tower` and `visual` (float32) on the same "
+                      "inputs: one 100-frame chunk of random mel features (MaxText attends within a chunk, "
+                      "transformers within `n_window_infer` frames: the same for one chunk), and one random image "
+                      "of 4x4 patches (2x2 merged tokens; MaxText is given the processor's patch rows as one "
+                      "(1, C, T, H, W) array, which its encoder cuts back into the same rows).", ""]
+            if "error" in towers:
+                lines.append(f"failed: `{towers['error']}`")
+            else:
+                lines += ["| output | shape | max abs | max abs diff | within 1e-4 | diff, transformers' GELUs in "
+                          "MaxText's tanh form |", "|---|---|---|---|---|---|"]
+                for name, r in towers.items():
+                    if "error" in r:
+                        lines.append(f"| {name} | - | - | {r['error']} | - |")
+                        continue
+                    lines.append(f"| {name} | {r['shape']} | {r['max_abs']:.4f} | {r['max_abs_diff']:.2e} | "
+                                 f"{'yes' if r['ok'] else '**no**'} | {r['max_abs_diff_tanh_gelu']:.2e} |")
+            lines.append("")
+            lines += [OMNI_TOWERS_NOTE, ""]
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -482,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["forward"]:
         print(json.dumps(forward(*argv[1:4])))
+        return 0
+    if argv[:1] == ["omni-towers"]:
+        print(json.dumps(omni_towers(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_omni,memory",
@@ -522,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
         if family in ("qwen3_vl", "qwen3_omni"):
             entry["refusal"] = refusal(hf, family)
+        if family == "qwen3_omni" and not args.no_logits:
+            entry["towers"] = omni_towers_case(hf)
+            print(json.dumps(entry["towers"]), flush=True)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         results[family] = entry
         ok &= all(r.get("identical") for r in rows)
