@@ -1,7 +1,7 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_omni,memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_omni,memory,omni_memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
@@ -454,6 +454,47 @@ def memory_case() -> dict:
     return {"rows": rows}
 
 
+def omni_memory_case() -> dict:
+    """Peak RSS of ``convert --multimodal`` with Qwen3-Omni-30B-A3B's whole towers (vision: 27 blocks, hidden 1152,
+    MLP 4304, deepstack [8, 16, 24]; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 channels;
+    2.1 GB of towers) beside 2 decoder layers at the release's widths with 8 experts, against ``plan``'s prediction."""
+    from ckptconv.commands import synth
+
+    class WithTowers(synth.SynthModel):
+        def config(self) -> dict:
+            config = super().config()
+            config["thinker_config"]["vision_config"] = {
+                "model_type": "qwen3_omni_moe_vision_encoder", "depth": 27, "hidden_size": 1152,
+                "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 2048,
+                "deepstack_visual_indexes": [8, 16, 24]}
+            config["thinker_config"]["audio_config"] = {
+                "model_type": "qwen3_omni_moe_audio_encoder", "encoder_layers": 32, "d_model": 1280,
+                "encoder_attention_heads": 20, "encoder_ffn_dim": 5120, "num_mel_bins": 128,
+                "downsample_hidden_size": 480, "output_dim": 2048}
+            return config
+
+    src = WORK / "omni-memory-src"
+    shutil.rmtree(src, ignore_errors=True)
+    synth.write_checkpoint(WithTowers(model_type="qwen3_omni_moe", vocab_size=8192, hidden_size=2048, num_layers=2,
+                                      num_heads=32, num_kv_heads=4, head_dim=128, num_experts=8,
+                                      moe_intermediate_size=768, tie_word_embeddings=False, encoders=True), str(src))
+    rows = []
+    for devices in (16, 1):
+        dst = WORK / f"omni-memory-dst{devices}"
+        shutil.rmtree(dst, ignore_errors=True)
+        flags = ["--multimodal", "--devices", str(devices)]
+        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "omni-memory-plan.log")
+        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
+                   WORK / "omni-memory-convert.log")
+        report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
+        rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
+                     "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
+                     "leaves": report.get("leaves"), "exit": done.returncode})
+        shutil.rmtree(dst, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    return {"rows": rows}
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = ["| case | scan | devices | leaves | MiB | result | metadata that differs |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -593,6 +634,19 @@ def write(results: dict, path: Path) -> None:
                                  f"{'yes' if r['ok'] else '**no**'} | {r['max_abs_diff_tanh_gelu']:.2e} |")
             lines.append("")
             lines += [OMNI_TOWERS_NOTE, ""]
+    omni_memory = results.get("omni_memory")
+    if omni and omni_memory:
+        lines += ["### Memory at the release's tower widths", "",
+                  "`convert --multimodal` with Qwen3-Omni-30B-A3B's whole towers (vision: 27 blocks, hidden 1152, "
+                  "MLP 4304, 3 deepstack mergers; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 "
+                  "channels) beside 2 decoder layers at the release's widths (8 experts), peak RSS as the report "
+                  "measures it against `plan`'s prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in omni_memory["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -609,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(omni_towers(*argv[1:4])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_omni,memory",
+    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_omni,memory,omni_memory",
                         help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
@@ -618,11 +672,16 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "qwen3_omni", "memory")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "qwen3_omni", "memory", "omni_memory")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
     for family in wanted:
+        if family == "omni_memory":
+            results["omni_memory"] = omni_memory_case()
+            print(json.dumps(results["omni_memory"]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["omni_memory"]["rows"])
+            continue
         if family == "memory":
             results["memory"] = memory_case()
             print(json.dumps(results["memory"]), flush=True)
