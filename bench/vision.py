@@ -464,7 +464,7 @@ def memory_case() -> dict:
 def omni_memory_case() -> dict:
     """Peak RSS of ``convert --multimodal`` with Qwen3-Omni-30B-A3B's whole towers (vision: 27 blocks, hidden 1152,
     MLP 4304, deepstack [8, 16, 24]; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 channels;
-    2.1 GB of towers) beside 2 decoder layers at the release's widths with 8 experts, against ``plan``'s prediction."""
+    about 2.3 GB of towers) beside 2 decoder layers at the release's widths with 8 experts, against ``plan``'s prediction."""
     from ckptconv.commands import synth
 
     class WithTowers(synth.SynthModel):
