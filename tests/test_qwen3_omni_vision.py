@@ -130,3 +130,14 @@ def test_without_multimodal_the_towers_are_reported_and_the_default_stays_scanne
     assert sorted((e["what"], e["tensors"]) for e in plan.not_converted) == [("audio tower", 29),
                                                                               ("vision tower", 27)]
     assert not [leaf for leaf in plan.leaves if leaf.path[2] in ("vision_encoder", "audio_encoder")]
+
+
+def test_with_multimodal_the_talker_and_code2wav_are_still_reported(tmp_path):
+    speech = {"talker.model.embed_tokens.weight": (32, 16), "code2wav.decoder.0.conv.weight": (8, 8, 7)}
+    model = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=2, num_experts=4, moe_intermediate_size=32,
+                             tie_word_embeddings=False, encoders=True, extra_tensors=speech)
+    synth.write_checkpoint(model, str(tmp_path))
+    plan = make_plan(LocalSource(str(tmp_path)), scan_layers=None, devices=1, multimodal=True)
+    assert sorted((e["what"].split(" (")[0], e["tensors"]) for e in plan.not_converted) == [
+        ("code2wav vocoder", 1), ("talker", 1)]
+    assert plan.tensor_count == len(synth.tensor_shapes(model)) - len(speech)
