@@ -75,6 +75,8 @@ def main() -> None:
         for name, buffer in model.named_buffers():  # Gemma 4's per-layer output scale: not 1, so a lost one shows
             if name.endswith("layer_scalar"):
                 buffer.copy_((buffer + torch.rand(buffer.shape) * 0.5).to(torch.bfloat16).to(torch.float32))
+            if name.endswith(("std_scale", "std_bias")):  # Gemma 4's tower standardisation: not (1, 0), likewise
+                buffer.copy_((buffer + torch.randn(buffer.shape) * 0.1).to(torch.bfloat16).to(torch.float32))
         tokens = [t % text.vocab_size for t in TOKENS]
         logits = getattr(model, "thinker", model)(torch.tensor([tokens])).logits[0].numpy()  # Omni: the thinker's
     out = Path(args.out)

@@ -1,14 +1,18 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_omni,memory,omni_memory] [--keep] [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,gemma4_31b,gemma4_26b,qwen3_omni,memory,memory_gemma4,
+                                             omni_memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
-and ``--multimodal --scan-layers`` refused); Qwen3-Omni-MoE's thinker (a tiny ``Qwen3OmniMoeForConditionalGeneration``
-by ``bench/hf_tiny.py``: its vision tower, Qwen3-VL's with other merger names, and its audio tower; compared as
-Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b`` with ``use_multimodal=true use_audio=true``); ``memory``: peak RSS
-against the prediction at Gemma 3 4B's widths.
+and ``--multimodal --scan-layers`` refused); Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by
+``Gemma4ForConditionalGeneration``, compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text
+and on an image); Qwen3-Omni-MoE's thinker (``qwen3_omni``: a tiny ``Qwen3OmniMoeForConditionalGeneration`` by
+``bench/hf_tiny.py``, its vision tower, Qwen3-VL's with other merger names, and its audio tower; compared as
+Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b`` with ``use_multimodal=true use_audio=true``, exported back, and
+MaxText's towers run on their own against transformers'); ``memory`` / ``memory_gemma4`` / ``omni_memory``: peak RSS
+against the prediction with the releases' whole towers.
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -63,7 +67,14 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 # (case, family, scan, devices): Qwen3-VL's vision path runs unscanned only (its --scan-layers is refused)
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
          ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
+         ("gemma4-31b-vision", "gemma4_31b", True, 16), ("gemma4-31b-vision-noscan-1dev", "gemma4_31b", False, 1),
+         ("gemma4-26b-vision", "gemma4_26b", True, 16), ("gemma4-26b-vision-noscan-1dev", "gemma4_26b", False, 1),
          ("qwen3-omni-towers-noscan", "qwen3_omni", False, 16), ("qwen3-omni-towers-noscan-1dev", "qwen3_omni", False, 1)]
+# Gemma 4: bench/compare_families.py's 31B (dense, hidden 48) and 26B-A4B (MoE, hidden 80) tiny models, 12 layers,
+# made by transformers' Gemma4ForConditionalGeneration with the synthetic config's tower: 2 layers, hidden 32, 2 heads
+# of 16, MLP 64, patch 4, 64 positions per axis, standardize (std_scale / std_bias random, as bench/hf_tiny.py sets)
+GEMMA4 = {"gemma4_31b": ("GEMMA4_31B", "gemma4-31b"), "gemma4_26b": ("GEMMA4_26B", "gemma4-26b")}
+FAMILIES = ("gemma3", "qwen3_vl", *GEMMA4, "qwen3_omni")
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
@@ -108,6 +119,97 @@ def make_hf(out: Path) -> None:
     np.save(out / "image_ids.npy", np.array(image_ids))
     np.save(out / "text_logits.npy", text)
     np.save(out / "image_logits.npy", image)
+
+
+GEMMA4_PLACEHOLDER = 258880  # MaxText's GEMMA4_TOKEN_PLACEHOLDER and the releases' image_token_id
+GEMMA4_SIDE = 16  # a 16x16 image in 4x4 patches: 16 patches, pooled 2x2 into 4 soft tokens (the synthetic tower)
+GEMMA4_PREFIX, GEMMA4_SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5]  # around the soft tokens (3, 4: plain tokens here)
+
+
+def gemma4_image_logits(out: Path) -> None:
+    """transformers' float32 logits of the model bench/hf_tiny.py saved in ``out``: on text, and on text around
+    one image (pixel_values as patches flattened (row, column, channel), (x, y) positions row-major, the soft
+    tokens bidirectional among themselves in the sliding layers through ``mm_token_type_ids``)."""
+    import numpy as np
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
+    model = Gemma4ForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).eval()
+    vision = json.loads((out / "config.json").read_text())["vision_config"]
+    p, n = vision["patch_size"], GEMMA4_SIDE // vision["patch_size"]
+    image = np.random.default_rng(7).uniform(0, 1, (GEMMA4_SIDE, GEMMA4_SIDE, 3)).astype(np.float32)
+    patches = image.reshape(n, p, n, p, 3).transpose(0, 2, 1, 3, 4).reshape(n * n, p * p * 3)
+    xy = np.stack(np.meshgrid(np.arange(n), np.arange(n)), -1).reshape(-1, 2)  # patch i * n + j at (x=j, y=i)
+    soft = n * n // vision["pooling_kernel_size"] ** 2
+    ids = GEMMA4_PREFIX + [GEMMA4_PLACEHOLDER] * soft + GEMMA4_SUFFIX
+    with torch.no_grad():
+        text = model(input_ids=torch.tensor([TEXT_TOKENS])).logits[0].numpy()
+        tokens = torch.tensor([ids])
+        with_image, grey = (model(input_ids=tokens, pixel_values=torch.from_numpy(pixels)[None],
+                                  image_position_ids=torch.from_numpy(xy)[None],
+                                  mm_token_type_ids=(tokens == GEMMA4_PLACEHOLDER).long()).logits[0].numpy()
+                            for pixels in (patches, np.full_like(patches, 0.5)))
+    # how far the picture moves the logits (against a flat grey one): the comparison sees the vision path
+    (out / "image_effect.json").write_text(json.dumps(float(np.abs(with_image - grey).max())))
+    np.save(out / "pixels.npy", image[None])
+    np.save(out / "image_ids.npy", np.array(ids))
+    np.save(out / "text_logits.npy", text)
+    np.save(out / "image_logits.npy", with_image)
+
+
+def gemma4_forward(ckpt: str, hf_dir: str, work: str, maxtext_model: str) -> dict:
+    """MaxText's gemma4-31b / gemma4-26b with use_multimodal=true on ckptconv's float32 checkpoint (scanned)."""
+    sys.path.insert(0, str(BENCH))
+    import maxtext_logits
+
+    hf = Path(hf_dir)
+    config = json.loads((hf / "config.json").read_text())
+    vision = config["vision_config"]
+    values = maxtext_logits.gemma4_overrides(config["text_config"]) | {
+        "use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+        "intermediate_size_for_vit": vision["intermediate_size"],
+        "num_hidden_layers_for_vit": vision["num_hidden_layers"],
+        "num_attention_heads_for_vit": vision["num_attention_heads"], "patch_size_for_vit": vision["patch_size"],
+        "conv_stride_for_vit": vision["patch_size"], "num_position_embeddings_for_vit": vision["position_embedding_size"],
+        "image_size_for_vit": f"[{GEMMA4_SIDE},{GEMMA4_SIDE}]",
+        "vision_output_length": (GEMMA4_SIDE // vision["patch_size"] // vision["pooling_kernel_size"]) ** 2,
+        "normalization_layer_epsilon": config["text_config"]["rms_norm_eps"]}
+    return run_maxtext(ckpt, hf, work, maxtext_model, values)
+
+
+def run_maxtext(ckpt: str, hf: Path, work: str, maxtext_model: str, values: dict) -> dict:
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+
+    image_ids = np.load(hf / "image_ids.npy")
+    length = max(len(image_ids), len(TEXT_TOKENS))
+    overrides = {
+        "model_name": maxtext_model, "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
+        "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": length,
+        "max_prefill_predict_length": length, "enable_checkpointing": False, "enable_dropout": False,
+        "dtype_mm": "float32", "scan_layers": "true", **values}
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    config = pyconfig.initialize(["logits", base, *[f"{k}={v}" for k, v in overrides.items()]])
+    model, _ = model_creation_utils.from_pretrained(config)
+    result = {}
+    for name, ids, images in (("text", np.array(TEXT_TOKENS), None), ("image", image_ids, np.load(hf / "pixels.npy"))):
+        tokens = jnp.asarray(ids[None], jnp.int32)
+        positions = jnp.arange(len(ids), dtype=jnp.int32)[None]
+        kwargs = {} if images is None else {"encoder_images": jnp.asarray(images, jnp.float32)}
+        logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False, **kwargs),
+                            np.float32)[0]
+        want = np.load(hf / f"{name}_logits.npy")
+        diff = float(np.abs(logits[:, : want.shape[-1]] - want).max())
+        result[name] = {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(want).max()),
+                        "tokens": int(len(ids)), "ok": diff <= TOLERANCE}
+    if (hf / "image_effect.json").exists():
+        result["image"]["image_effect"] = json.loads((hf / "image_effect.json").read_text())
+    return result
 
 
 def qwen3_vl_sizes(config: dict) -> list[str]:
@@ -301,6 +403,39 @@ def make_qwen3_vl(hf: Path) -> subprocess.CompletedProcess:
     return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-vl.log", env=MT_ENV)
 
 
+def gemma4_case(family: str, scan: bool) -> "compare_families.Case":  # noqa: F821
+    sys.path.insert(0, str(BENCH))
+    import compare_families
+
+    model, maxtext_model = GEMMA4[family]
+    return compare_families.Case(family, getattr(compare_families, model), maxtext_model, scan=scan,
+                                 maker="transformers")
+
+
+def make_gemma4(family: str, hf: Path) -> subprocess.CompletedProcess:
+    path = WORK / f"{family}-config.json"
+    path.write_text(json.dumps(gemma4_case(family, True).config()))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
+
+
+def gemma4_sizes(family: str, scan: bool) -> list[str]:
+    """compare_families' text sizes for MaxText's gemma4-31b / gemma4-26b, use_multimodal=true and the tower's."""
+    sys.path.insert(0, str(BENCH))
+    import compare_families
+
+    case = gemma4_case(family, scan)
+    vision = case.config()["vision_config"]
+    values = {"use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+              "intermediate_size_for_vit": vision["intermediate_size"],
+              "num_hidden_layers_for_vit": vision["num_hidden_layers"],
+              "num_attention_heads_for_vit": vision["num_attention_heads"], "patch_size_for_vit": vision["patch_size"],
+              "conv_stride_for_vit": vision["patch_size"],
+              "num_position_embeddings_for_vit": vision["position_embedding_size"],
+              "image_size_for_vit": "[16,16]"}
+    return [item for item in compare_families.overrides(case) if not item.startswith("use_multimodal=")] + [
+        f"{k}={v}" for k, v in values.items()]
+
+
 def make_qwen3_omni(hf: Path) -> subprocess.CompletedProcess:
     from ckptconv.commands import synth
 
@@ -355,6 +490,8 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                root / "ckptconv.log")
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
+    elif family in GEMMA4:
+        model, sizes, loader = GEMMA4[family][1], gemma4_sizes(family, scan), "safetensors"
     elif family == "qwen3_vl":
         model, loader = "qwen3-vl-2b", "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
@@ -426,24 +563,66 @@ def omni_towers_case(hf: Path) -> dict:
     return json.loads(fwd.stdout.strip().splitlines()[-1])
 
 
-def memory_case() -> dict:
-    """Peak RSS of ``convert --multimodal`` at Gemma 3 4B's widths (2 decoder layers, the release's whole SigLIP
-    tower: 27 layers, hidden 1152, MLP 4304, 4096 positions; 0.83 GB of tower) against ``plan``'s prediction."""
+# the releases' towers: Gemma 3's SigLIP (27 layers, hidden 1152, MLP 4304, 4096 positions) and Gemma 4's 26B-A4B / 31B
+# tower (27 layers, hidden 1152 = 16 heads of 72, MLP 4304, patch 16, 10240 positions per axis, standardize)
+RELEASE_TOWERS = {
+    "gemma3": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+               "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False},
+    "gemma4": {"hidden_size": 1152, "intermediate_size": 4304, "model_type": "gemma4_vision", "num_attention_heads": 16,
+               "num_key_value_heads": 16, "head_dim": 72, "global_head_dim": 72, "num_hidden_layers": 27,
+               "patch_size": 16, "position_embedding_size": 10240, "pooling_kernel_size": 3, "standardize": True,
+               "use_clipped_linears": False}}
+
+
+def gemma4_logits_case(family: str) -> dict:
+    """maxtext_logits.py's Gemma 4 tiny model (hidden 64, 12 layers, sliding window 5) with the synthetic tower, made
+    by transformers' class; ckptconv ``--multimodal --dtype float32 --devices 1`` (scanned); MaxText's forward on
+    text and on text around one image against transformers' float32 logits."""
+    sys.path.insert(0, str(BENCH))
+    import maxtext_logits
     from ckptconv.commands import synth
+
+    root = WORK / f"logits-{family}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    sizes = dict(maxtext_logits.GEMMA4 if family == "gemma4_31b" else maxtext_logits.GEMMA4_MOE)
+    config = synth.SynthModel(model_type="gemma4", **sizes).config()
+    (root / "config.json").write_text(json.dumps(config))
+    hf, ours = root / "hf", root / "ckptconv-f32"
+    for step in ([MT_PYTHON, BENCH / "hf_tiny.py", root / "config.json", hf], [MT_PYTHON, __file__, "gemma4-hf", hf]):
+        made = run(step, root / "hf.log", env=MT_ENV)
+        if made.returncode:
+            return {"error": last_line(made)}
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
+                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    if mine.returncode:
+        return {"error": last_line(mine)}
+    fwd = run([MT_PYTHON, __file__, "gemma4-forward", ours / "0" / "items", hf, root, GEMMA4[family][1]],
+              root / "forward.log", env=MT_ENV)
+    if fwd.returncode:
+        return {"error": last_line(fwd)}
+    return json.loads(fwd.stdout.strip().splitlines()[-1])
+
+
+def memory_case(family: str = "gemma3") -> dict:
+    """Peak RSS of ``convert --multimodal`` against ``plan``'s prediction, with the release's whole tower: Gemma 3
+    4B's decoder widths (2 layers) beside the SigLIP tower (0.83 GB), or Gemma 4 26B-A4B's (one block of 6 layers,
+    8 experts) beside Gemma 4's tower (1.1 GB)."""
+    from ckptconv.commands import synth
+    from ckptconv.families import gemma4
 
     class WithTower(synth.SynthModel):
         def config(self) -> dict:
             config = super().config()
-            config["vision_config"] = {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
-                                       "model_type": "siglip_vision_model", "num_attention_heads": 16,
-                                       "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}
+            config["vision_config"] = RELEASE_TOWERS[family]
             return config
 
     src = WORK / "memory-src"
     shutil.rmtree(src, ignore_errors=True)
-    synth.write_checkpoint(WithTower(model_type="gemma3", vocab_size=262208, hidden_size=2560, num_layers=2,
-                                     num_heads=8, num_kv_heads=4, head_dim=256, intermediate_size=10240,
-                                     encoders=True), str(src))
+    sizes = ({"vocab_size": 262208, "hidden_size": 2560, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,
+              "head_dim": 256, "intermediate_size": 10240} if family == "gemma3"
+             else {**gemma4.WIDTHS_26B, "num_layers": 6, "num_experts": 8})
+    synth.write_checkpoint(WithTower(model_type=family, encoders=True, **sizes), str(src))
     rows = []
     for devices in (16, 1):
         dst = WORK / f"memory-dst{devices}"
@@ -584,6 +763,59 @@ def write(results: dict, path: Path) -> None:
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
             "injection) was not run here; its text decoder's logits are in bench/LOGITS.md.", ""]
+    gemma4_rows = [row for family in GEMMA4 for row in results.get(family, {}).get("rows", [])]
+    if gemma4_rows:
+        lines += [
+            "## Gemma 4 (26B-A4B, 31B): vision tower + projector", "",
+            "bench/compare_families.py's tiny 31B (dense, hidden 48) and 26B-A4B (4 experts, hidden 80), 12 decoder "
+            "layers, made by transformers' `Gemma4ForConditionalGeneration` (`bench/hf_tiny.py`; what "
+            "`save_pretrained` writes: `model.language_model.*`, `model.vision_tower.*`, `model.embed_vision.*`) "
+            "with the releases' `config.json` form; tower: 2 layers, hidden 32, 2 heads of 16 (as many KV heads), "
+            "MLP 64, patch 4, a 64-entry x / y position table, `standardize` (random `std_scale` / `std_bias`), "
+            "no clipped linears, as the 26B-A4B and 31B releases. MaxText's `gemma4-31b` / `gemma4-26b`, "
+            "`use_multimodal=true`, the tower's sizes as overrides, its `safetensors` loader.", "",
+            *table(gemma4_rows), "",
+            "The tower and projector are 5 + 13 x 2 = 31 of the leaves in every row; `layer_{i}` are unscanned in both "
+            "layouts (MaxText's tower is a plain loop).", ""]
+        for family in GEMMA4:
+            logits = results.get(family, {}).get("logits")
+            if not logits:
+                continue
+            lines += [f"### MaxText's forward pass on ckptconv's checkpoint ({GEMMA4[family][1]})", "",
+                      "bench/maxtext_logits.py's tiny Gemma 4 (hidden 64, 12 layers, sliding window 5"
+                      f"{'' if family == 'gemma4_31b' else '; 4 experts of 32 beside the dense MLP'}) with the tower "
+                      "above, made by transformers' class; ckptconv `--multimodal --dtype float32 --devices 1` "
+                      "(scanned); MaxText 0.2.5's `from_pretrained` (`use_multimodal=true`, `vision_output_length` "
+                      "4) and one float32 forward pass against transformers' float32 logits. The image: a random "
+                      "16x16 picture, 16 patches pooled 2x2 into 4 soft tokens at MaxText's placeholder 258880 (the "
+                      "releases' `image_token_id`), bidirectional among themselves in the sliding layers in both "
+                      "(`mm_token_type_ids`; MaxText's placeholder mask).", ""]
+            if "error" in logits:
+                lines += [f"failed: `{logits['error']}`", ""]
+                continue
+            lines += ["| input | tokens | max abs logit | max abs diff | within 1e-4 |", "|---|---|---|---|---|"]
+            for name, r in logits.items():
+                what = "text" if name == "text" else "text + one image (4 soft tokens)"
+                lines.append(f"| {what} | {r['tokens']} | {r['max_abs_logit']:.4f} | {r['max_abs_logits_diff']:.2e} | "
+                             f"{'yes' if r['ok'] else '**no**'} |")
+            effect = logits.get("image", {}).get("image_effect")
+            if effect is not None:
+                lines.append(f"\nThe picture moves transformers' logits by up to {effect:.2e} against a flat grey "
+                             "one, so the image row really goes through the tower.")
+            lines.append("")
+    memory4 = results.get("memory_gemma4")
+    if memory4:
+        lines += ["### Memory at the release's tower widths (Gemma 4)", "",
+                  "`convert --multimodal` of 26B-A4B's decoder widths (one block of 6 layers, 8 experts, vocabulary "
+                  "262144) with the releases' whole tower (27 layers, hidden 1152 = 16 heads of 72, MLP 4304, patch "
+                  "16, 10240 positions per axis: 1.1 GB), peak RSS as the report measures it against `plan`'s "
+                  "prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in memory4["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
     omni = results.get("qwen3_omni")
     if omni:
         refused = omni.get("refusal", {})
@@ -669,8 +901,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["omni-towers"]:
         print(json.dumps(omni_towers(*argv[1:4])))
         return 0
+    if argv[:1] == ["gemma4-hf"]:
+        gemma4_image_logits(Path(argv[1]))
+        return 0
+    if argv[:1] == ["gemma4-forward"]:
+        print(json.dumps(gemma4_forward(*argv[1:5])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="gemma3,qwen3_vl,qwen3_omni,memory,omni_memory",
+    parser.add_argument("--only", default="gemma3,qwen3_vl,memory",
                         help="families to run, and memory (others kept from results.json)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
@@ -679,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in ("gemma3", "qwen3_vl", "qwen3_omni", "memory", "omni_memory")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in (*FAMILIES, "memory", "memory_gemma4", "omni_memory")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
@@ -689,15 +927,16 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results["omni_memory"]), flush=True)
             ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["omni_memory"]["rows"])
             continue
-        if family == "memory":
-            results["memory"] = memory_case()
-            print(json.dumps(results["memory"]), flush=True)
-            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["memory"]["rows"])
+        if family in ("memory", "memory_gemma4"):
+            results[family] = memory_case("gemma3" if family == "memory" else "gemma4")
+            print(json.dumps(results[family]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results[family]["rows"])
             continue
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_qwen3_vl(hf) if family == "qwen3_vl" else make_qwen3_omni(hf))
+                else make_gemma4(family, hf) if family in GEMMA4 else make_qwen3_vl(hf) if family == "qwen3_vl"
+                else make_qwen3_omni(hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
@@ -707,16 +946,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(compare_case(name, family, scan, devices, hf))
                 print(json.dumps(rows[-1]), flush=True)
         entry = {"rows": rows}
-        if family == "gemma3" and not args.no_logits:
-            entry["logits"] = logits_case(hf)
+        if family in ("gemma3", *GEMMA4) and not args.no_logits:
+            entry["logits"] = logits_case(hf) if family == "gemma3" else gemma4_logits_case(family)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
         if family in ("qwen3_vl", "qwen3_omni"):
             entry["refusal"] = refusal(hf, family)
+            ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         if family == "qwen3_omni" and not args.no_logits:
             entry["towers"] = omni_towers_case(hf)
             print(json.dumps(entry["towers"]), flush=True)
-            ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         results[family] = entry
         ok &= all(r.get("identical") for r in rows)
         if not args.keep:

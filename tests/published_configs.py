@@ -512,3 +512,19 @@ GEMMA4 = {
         "num_kv_shared_layers": 20, "sliding_window": 512, "top_k_experts": None, "use_double_wide_mlp": True,
         "moe_intermediate_size": None}},
 }
+# the releases' whole vision_config (MaxText 0.2.5's copies): 26B-A4B's and 31B's tower, and E2B's (E4B's alike)
+GEMMA4_VISION = {
+    "gemma-4-26B-A4B-it": {
+        "attention_bias": False, "attention_dropout": 0.0, "default_output_length": 280, "dtype": "bfloat16",
+        "global_head_dim": 72, "head_dim": 72, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+        "intermediate_size": 4304, "max_position_embeddings": 131072, "model_type": "gemma4_vision",
+        "num_attention_heads": 16, "num_hidden_layers": 27, "num_key_value_heads": 16, "patch_size": 16,
+        "pooling_kernel_size": 3, "position_embedding_size": 10240, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}, "standardize": True,
+        "use_clipped_linears": False},
+}
+GEMMA4_VISION["gemma-4-31B-it"] = GEMMA4_VISION["gemma-4-26B-A4B-it"]
+GEMMA4_VISION["gemma-4-E2B-it"] = {
+    **GEMMA4_VISION["gemma-4-26B-A4B-it"], "global_head_dim": 64, "head_dim": 64, "hidden_size": 768,
+    "intermediate_size": 3072, "num_attention_heads": 12, "num_hidden_layers": 16, "num_key_value_heads": 12,
+    "standardize": False, "use_clipped_linears": True}

@@ -33,7 +33,7 @@ MiB = 2**20
 MOE = {"num_experts": 4, "moe_intermediate_size": 32}
 # Every family's round-trip examples (Family.synthetic.round_trip), by name: a new family brings its own.
 EXAMPLES = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.round_trip}
-MODELS = {name: synth.for_family(family, example.model) for name, (family, example) in EXAMPLES.items()}
+MODELS = {name: synth.for_example(family, example) for name, (family, example) in EXAMPLES.items()}
 ROUNDED = {name: example.rounded for name, (_, example) in EXAMPLES.items() if example.rounded}
 
 
@@ -54,10 +54,11 @@ def hf_tensors(directory) -> dict[str, np.ndarray]:
 
 
 def round_trip(tmp_path, model: synth.SynthModel, scan: bool, dtype: str = "bfloat16", devices: int = 1,
-               **options) -> tuple:
+               multimodal: bool = False, **options) -> tuple:
     src, mt, hf = tmp_path / "src", tmp_path / "maxtext", tmp_path / "hf"
     synth.write_checkpoint(model, str(src))
-    convert(ConvertRequest(str(src), str(mt), devices=devices, scan_layers=scan, dtype=dtype, progress="none"))
+    convert(ConvertRequest(str(src), str(mt), devices=devices, scan_layers=scan, dtype=dtype, progress="none",
+                           multimodal=multimodal))
     report = export(ExportRequest(str(mt), str(hf), like=str(src), progress="none", **options))
     return src, mt, hf, report
 
@@ -78,15 +79,19 @@ def assert_same(source: dict, exported: dict, close: tuple[str, ...] = ()) -> No
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
 @pytest.mark.parametrize("name", MODELS)
 def test_round_trip_is_bit_identical(tmp_path, name, scan):
-    model = MODELS[name]
-    if scan and unscanned_only(model):  # MaxText runs it unscanned only: a scanned conversion is refused
+    model, example = MODELS[name], EXAMPLES[name][1]
+    layout = {"devices": example.devices, "multimodal": example.multimodal}
+    if scan and unscanned_only(model, example.multimodal):  # MaxText runs it unscanned only: refused scanned
         with pytest.raises(BadInputError, match="unscanned only"):
-            round_trip(tmp_path, model, scan, devices=EXAMPLES[name][1].devices)
+            round_trip(tmp_path, model, scan, **layout)
         assert not (tmp_path / "maxtext").exists()
         return
-    src, _, hf, report = round_trip(tmp_path, model, scan, devices=EXAMPLES[name][1].devices)
+    src, mt, hf, report = round_trip(tmp_path, model, scan, **layout)
     assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf), ROUNDED.get(name, ()))
     assert report["scan_layers"] is scan and report["status"] == "complete"
+    written = json.loads((mt / "ckptconv-report.json").read_text())
+    assert written["multimodal"] is example.multimodal
+    assert written["not_converted"] == [] or not example.multimodal  # with --multimodal every tensor is converted
     assert json.loads((hf / "config.json").read_text()) == model.config()
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(hf_tensors(hf))
@@ -95,7 +100,8 @@ def test_round_trip_is_bit_identical(tmp_path, name, scan):
 
 @pytest.mark.parametrize("name", ROUNDED)
 def test_rounded_round_trip_through_float32_is_bit_identical(tmp_path, name):
-    src, _, hf, _ = round_trip(tmp_path, MODELS[name], scan=True, dtype="float32")
+    src, _, hf, _ = round_trip(tmp_path, MODELS[name], scan=True, dtype="float32",
+                               multimodal=EXAMPLES[name][1].multimodal)
     assert_same(load_file(str(src / "model.safetensors")), hf_tensors(hf))
 
 

@@ -16,7 +16,7 @@ from ckptconv.commands import synth
 from ckptconv.families import olmo3
 from ckptconv.errors import BadInputError
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES, family_for
-from ckptconv.families.base import MIB, UnscannedOnly, always
+from ckptconv.families.base import MIB, LayoutError, UnscannedOnly, always, applies
 from ckptconv.plan.conversion import make_plan, read_spec, with_encoders
 from ckptconv.read.sources import LocalSource
 
@@ -346,11 +346,13 @@ def gemma4_small_leaves(t: dict, layer: Callable) -> dict[str, tuple]:
     return tree
 
 
-def unscanned_only(model: synth.SynthModel) -> bool:
-    """A model MaxText's code runs unscanned only (Gemma 4 E2B / E4B): its scanned conversion is refused."""
+def unscanned_only(model: synth.SynthModel, multimodal: bool = False) -> bool:
+    """A model MaxText's code runs unscanned only (Gemma 4 E2B / E4B; Qwen3-VL with its vision tower): its
+    scanned conversion is refused."""
     family = BY_MODEL_TYPE[model.model_type]
     try:
-        family.layout(read_spec(family, model.config(), "config.json"), True)
+        family.layout(with_encoders("config.json", family, read_spec(family, model.config(), "config.json"),
+                                    multimodal), True)
     except UnscannedOnly:
         return True
     return False
@@ -513,7 +515,8 @@ def test_every_example_plans_maxtexts_tree(tmp_path, name, scan):
 
 def test_every_registered_family_is_complete():
     """What a family's tests are derived from is there for every registered family: its synthetic config.json
-    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind),
+    (for each of its model types), at least one round-trip, logit and memory example (names unique per kind;
+    a family with encoders, a round trip with them: ``Example.multimodal``),
     MaxText's run-time semantics for the reference forward pass, MaxText's tree restated here, and a row in the
     README's table of supported families."""
     from tests.test_logits import SEMANTICS
@@ -531,6 +534,8 @@ def test_every_registered_family_is_complete():
                 missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
             if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
                 missing.append(f"{family.name}: no README row for {mt!r}")
+        if family.encoders and not any(example.multimodal for example in family.synthetic.round_trip):
+            missing.append(f"{family.name}: encoders {family.encoders} but no --multimodal round-trip example")
         by_logits = any(example.reference == "transformers" for example in family.synthetic.logits)
         if by_logits and family.name not in SEMANTICS:
             missing.append(f"{family.name}: no entry in tests/test_logits.py SEMANTICS")
@@ -557,13 +562,19 @@ def test_registry_is_consistent():
         # and without its encoders): rules of disjoint kinds may share them (Gemma 4's q_proj, read by a local and
         # a global rule, each in its own layers' shape), and so may rules never active together (Llama 4's fused
         # bf16 experts and its FP8 release's per-expert ones both write wi_0)
-        kinds = {kind for rule in family.rules for kind in (rule.kinds or ())} or {None}
         examples = [e.model for kind in ("round_trip", "logits", "memory") for e in getattr(family.synthetic, kind)]
         for fields, encoders in itertools.product(examples, (False, True) if family.encoders else (False,)):
             model = synth.for_family(family, fields)
             spec = with_encoders("example", family, read_spec(family, model.config(), "example"), encoders)
-            for kind in kinds:
-                rules = [rule for rule in family.active_rules(spec) if rule.kinds is None or kind in rule.kinds]
+            # each kind of stack the layout holds (a decoder's kinds, an encoder's), with the rules that read it
+            try:
+                layout = family.layout(spec, False)
+            except LayoutError:  # refused (--multimodal for a text-only checkpoint: gemma3_text)
+                continue
+            stacks = {(stack.kind, stack.encoder): stack for stack in layout}.values()
+            for stack in stacks:
+                kind = stack.kind
+                rules = [rule for rule in family.active_rules(spec) if not rule.per_layer or applies(rule, stack)]
                 hf_names = [rule.hf for rule in rules]
                 assert len(hf_names) == len(set(hf_names)), (family.name, kind, fields)
                 targets = [(rule.per_layer, output.path) for rule in rules for output in rule.outputs]

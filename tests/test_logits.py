@@ -120,7 +120,7 @@ def semantics(model: synth.SynthModel) -> Semantics:
 # Every family's logit examples (Family.synthetic.logits), by name: a new family brings its own.
 EXAMPLES = {example.name: (family, example) for family in FAMILIES for example in family.synthetic.logits
             if example.reference == "transformers"}  # the others: tests/test_maxtext_leaves.py
-CASES = {name: (synth.for_family(family, example.model), example.scan) for name, (family, example) in EXAMPLES.items()}
+CASES = {name: (synth.for_example(family, example), example.scan) for name, (family, example) in EXAMPLES.items()}
 
 
 def hf_logits(src, tokens: np.ndarray, conditional: bool | tuple[str, str | None] = False, eager: bool = False) -> np.ndarray:
@@ -150,7 +150,8 @@ def test_logits_match_hf(tmp_path, synth_dir, case):
     model, scan = CASES[case]
     family, example = EXAMPLES[case]
     src, dst = synth_dir(model), tmp_path / "dst"
-    flags = ["--devices", str(example.devices), "--dtype", "float32", "--scan-layers" if scan else "--no-scan-layers"]
+    flags = ["--devices", str(example.devices), "--dtype", "float32", "--scan-layers" if scan else "--no-scan-layers",
+             *(["--multimodal"] if example.multimodal else [])]
     result = run_cli("convert", str(src), str(dst), "--progress", "none", *flags)
     assert result.returncode == 0, result.stderr
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ckptconv import dtypes
 from ckptconv.families import BY_MODEL_TYPE
-from ckptconv.families.base import JSON_NULL, MULTIMODAL, Family, LayoutError, multimodal
+from ckptconv.families.base import JSON_NULL, MULTIMODAL, Example, Family, LayoutError, multimodal
 from ckptconv.families.inputs import FP8_CHANNEL, FP8_KEPT
 
 
@@ -66,6 +66,12 @@ def for_family(family: Family, fields: Mapping[str, Any]) -> SynthModel:
     """The synthetic model an :class:`~ckptconv.families.base.Example` of ``family`` describes
     (``model_type`` defaults to the family's first)."""
     return SynthModel(**{"model_type": family.model_types[0], **fields})
+
+
+def for_example(family: Family, example: Example) -> SynthModel:
+    """The synthetic model a test derived from ``example`` converts: with its encoders where the example
+    converts them (``Example.multimodal``)."""
+    return for_family(family, {**example.model, **({"encoders": True} if example.multimodal else {})})
 
 
 QWEN3_0_6B = SynthModel(
@@ -149,9 +155,31 @@ class _Stored:
     itemsize: int
 
 
-def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_name: str, itemsize: int) -> list[_Stored]:
+@dataclass(frozen=True)
+class _Release:
+    """What decides which tensors a release stores quantised, read from the model's config once (not once per
+    tensor: a giant release has 200 000)."""
+
+    quantization: str | None
+    model_type: str
+    keeps_scales: bool
+    scheme: str | None
+    ignore: tuple[str, ...]
+
+    @classmethod
+    def of(cls, model: SynthModel) -> _Release:
+        from ckptconv.plan.conversion import read_spec
+
+        spec = read_spec(BY_MODEL_TYPE[model.model_type], model.config(), "<synthetic config>")
+        scheme = spec.values.get("quantization")
+        return cls(model.quantization, model.model_type, scheme == FP8_KEPT, scheme,
+                   tuple(_quantization_config(model).get("ignore", ())))
+
+
+def _stored_entries(release: _Release, name: str, shape: tuple[int, ...], st_name: str,
+                    itemsize: int) -> list[_Stored]:
     """The stored tensors of one logical tensor: itself, or its quantised parts as the hub ships them."""
-    kind = _quantized(model, name, shape)
+    kind = _quantized(release, name, shape)
     if kind == "fp8-v4":  # e4m3 weight + one ue8m0 scale per 128x128 block named <module>.scale (DeepSeek-V4)
         scale = tuple(-(-d // 128) for d in shape)
         return [_Stored(name, "F8_E4M3", shape, name, 1),
@@ -177,41 +205,28 @@ def _stored_entries(model: SynthModel, name: str, shape: tuple[int, ...], st_nam
     return [_Stored(name, st_name, shape, name, itemsize)]
 
 
-def _scheme(model: SynthModel) -> str | None:
-    from ckptconv.plan.conversion import read_spec
-
-    return read_spec(BY_MODEL_TYPE[model.model_type], model.config(), "<synthetic config>").values.get("quantization")
-
-
-def _keeps_scales(model: SynthModel) -> bool:
-    """A release whose rules read its FP8 block scales themselves whatever --dtype (Qwen3.5: MaxText keeps its FP8
-    releases quantised); DeepSeek's read them so only under --dtype float8_e4m3fn, else decode them."""
-    from ckptconv.plan.conversion import read_spec
-
-    family = BY_MODEL_TYPE[model.model_type]
-    return read_spec(family, model.config(), "<synthetic config>").values.get("quantization") == FP8_KEPT
-
-
-def _quantized(model: SynthModel, name: str, shape: tuple[int, ...]) -> str | None:
+def _quantized(release: _Release, name: str, shape: tuple[int, ...]) -> str | None:
     """Which tensors the hub quantises: DeepSeek's linear layers (not the router); gpt-oss's experts.
-    Qwen3.5's FP8 releases are kept quantised: their scales are tensors of the rules' own."""
-    if model.quantization == "fp8" and model.model_type == "deepseek_v4":  # FP8 linear layers, FP4 routed experts
+    Qwen3.5's FP8 releases are kept quantised (``keeps_scales``: their rules read the block scales themselves
+    whatever --dtype; DeepSeek's read them so only under --dtype float8_e4m3fn, else decode them)."""
+    quantization = release.quantization
+    if quantization == "fp8" and release.model_type == "deepseek_v4":  # FP8 linear layers, FP4 routed experts
         if ".ffn.experts." in name:
             return "fp4"
         return "fp8-v4" if name.endswith(_FP8_V4) else None
-    if model.quantization == "fp8" and _keeps_scales(model):
+    if quantization == "fp8" and release.keeps_scales:
         return None
-    if model.quantization == "fp8" and _scheme(model) == FP8_CHANNEL:  # the linears compressed-tensors quantised
+    if quantization == "fp8" and release.scheme == FP8_CHANNEL:  # the linears compressed-tensors quantised
         quantised = (".layers." in name and name.endswith(".weight") and len(shape) == 2
-                     and not _ignored(name.removesuffix(".weight"), _quantization_config(model)["ignore"]))
+                     and not _ignored(name.removesuffix(".weight"), release.ignore))
         return "fp8-channel" if quantised else None
-    if (model.quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
+    if (quantization == "fp8" and ".layers." in name and name.endswith(_FP8_LINEAR)
             and not name.endswith(_FP8_KEPT)):
         return "fp8"
-    if model.quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+    if quantization == "mxfp4" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
         return "mxfp4"
-    if (model.quantization == "int4" and name.endswith(_LINEAR)
-            and not _ignored(name.removesuffix(".weight"), _quantization_config(model)["ignore"])):
+    if (quantization == "int4" and name.endswith(_LINEAR)
+            and not _ignored(name.removesuffix(".weight"), release.ignore)):
         return "int4"
     return None
 
@@ -232,7 +247,7 @@ _FP8_V4 = tuple(f"{m}.weight" for m in ("attn.wq_a", "attn.wq_b", "attn.wkv", "a
 _LINEAR = ("proj.weight", "proj_with_mqa.weight", "lm_head.weight")  # DeepSeek's nn.Linear modules (the router is not)
 
 
-def _ignored(module: str, ignore: list[str]) -> bool:
+def _ignored(module: str, ignore: tuple[str, ...]) -> bool:
     """compressed-tensors' ``ignore``: a name, or ``re:`` and a pattern matched at the name's start."""
     return any(re.match(entry[3:], module) if entry.startswith("re:") else entry == module for entry in ignore)
 
@@ -275,8 +290,9 @@ def write_checkpoint(model: SynthModel, directory: str, max_shard_bytes: int | N
     dtype = dtypes.OUTPUT[model.dtype]
     st_name = dtypes.NAMES[dtype]
     shapes = tensor_shapes(model)
+    release = _Release.of(model)
     entries = [entry for name, shape in shapes.items()
-               for entry in _stored_entries(model, name, shape, st_name, dtype.itemsize)]
+               for entry in _stored_entries(release, name, shape, st_name, dtype.itemsize)]
     # a kept-FP8 release (Qwen3.5's): every weight with a block scale of its own is stored e4m3
     entries = [_Stored(e.name, "F8_E4M3", e.shape, e.logical, 1) if e.name + "_scale_inv" in shapes else e
                for e in entries]

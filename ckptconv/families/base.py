@@ -229,6 +229,9 @@ class Example:
     own conversion of the same checkpoint, leaf by leaf (digests its bench driver recorded,
     ``tests/data/maxtext_leaves/<name>.json``; tests/test_maxtext_leaves.py), for a family whose MaxText forward
     pass does not reproduce transformers' logits even on MaxText's own conversion (DeepSeek-V4).
+    ``multimodal``: the model is synthesised with its encoders (``Family.encoders``, as the hub ships them) and
+    converted with ``--multimodal``; the derived tests then cover the encoders' leaves too (the round trip gives
+    them back bit for bit; the logits show the text decoder is unchanged beside them).
     """
 
     name: str
@@ -237,6 +240,7 @@ class Example:
     devices: int = 1
     rounded: tuple[str, ...] = ()
     reference: str = "transformers"
+    multimodal: bool = False
 
 
 MIB, GIB = 2**20, 2**30  # for the examples' byte counts

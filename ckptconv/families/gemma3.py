@@ -107,11 +107,15 @@ ONE_ROPE = {"rope_theta": 10000.0, "rope_local_base_freq": 10000.0, "rope_scalin
 NORMS = ("norm.weight",)  # 1 + w, rounded to bfloat16 in the checkpoint: back within one bfloat16 step
 SYNTHETIC = Synthetic(
     config=synthetic_config,
-    round_trip=(Example("gemma3", {"num_layers": 8, "vocab_size": 96}, rounded=NORMS),),  # a 6-layer block + 2
+    round_trip=(Example("gemma3", {"num_layers": 8, "vocab_size": 96}, rounded=NORMS),  # a 6-layer block + 2
+                Example("gemma3-multimodal", {"num_layers": 8, "vocab_size": 96}, rounded=NORMS, devices=16,
+                        multimodal=True)),
     logits=(Example("gemma3_text", {"model_type": "gemma3_text", "num_layers": 8, "vocab_size": 96,
                                     "config_overrides": ONE_ROPE}, devices=4),
             Example("gemma3_text-noscan", {"model_type": "gemma3_text", "num_layers": 7, "vocab_size": 96,
-                                           "config_overrides": ONE_ROPE}, scan=False, devices=4)),
+                                           "config_overrides": ONE_ROPE}, scan=False, devices=4),
+            Example("gemma3-multimodal", {"num_layers": 8, "vocab_size": 96, "config_overrides": ONE_ROPE},
+                    devices=4, multimodal=True)),
     # Gemma 3 4B widths in the hub's form (hidden 2560, MLP 10240, head_dim 256, vocab 262208 scaled and cut)
     memory=(MemoryExample("gemma3-4b-widths", {
         "vocab_size": 262208, "hidden_size": 2560, "num_layers": 2, "num_heads": 8, "num_kv_heads": 4,

@@ -18,7 +18,8 @@ MaxText scans whole blocks of 5 sliding + 1 full layer as a nested scan: ``decod
 holds the local layers on axes (1, 2) as (blocks, 5), ``decoder/scanned_blocks/global_layer`` the global ones
 on axis 1. MaxText runs layer ``i`` as global iff ``i % 6 == 5`` while transformers forces the last layer global,
 so a layer count that is not a multiple of 6 is refused. The vision (and audio) towers are not part of MaxText's
-text decoder and are named in the report.
+text decoder and are named in the report; with ``--multimodal`` the vision tower and its projector are converted
+as MaxText does (:mod:`ckptconv.families.gemma4_vision`; 26B-A4B and 31B only).
 
 E2B / E4B (per-layer inputs, shared KV layers; MaxText's ``gemma4_small``, unscanned only) share the model type:
 their rows, config checks and layout are :mod:`ckptconv.families.gemma4_small`'s, their layer kinds join the sets
@@ -26,6 +27,7 @@ below.
 """
 
 import ckptconv.families.gemma4_small as small
+import ckptconv.families.gemma4_vision as vision
 from ckptconv.families.base import (
     GIB, Example, Family, LayerStack, MemoryExample, Output, Rule, Sizes, Synthetic, never, rule,
 )
@@ -112,18 +114,19 @@ GLOBAL_ROWS = (
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     if cfg.config.get("model_type") == "gemma4":
-        cfg.runtime("audio_config", "vision_config", "audio_token_id", "boa_token_id", "boi_token_id", "eoa_token_id",
+        cfg.runtime("audio_config", "audio_token_id", "boa_token_id", "boi_token_id", "eoa_token_id",
                     "eoa_token_index", "eoi_token_id", "image_token_id", "video_token_id",
                     "vision_soft_tokens_per_image")
         cfg.require("tie_word_embeddings", (True,), True)
         text = cfg.nested("text_config")
         text.require("model_type", ("gemma4_text",), "gemma4_text")
+        tower, problem = vision.read_dims(cfg, small.is_small(text))
     else:
-        text = cfg
-    dims = read_gemma_dims(text, TEXT_DEFAULTS)
+        text, tower, problem = cfg, {}, "a gemma4_text checkpoint (Gemma4ForCausalLM) has no vision tower"
+    dims = read_gemma_dims(text, TEXT_DEFAULTS) | tower
     layers = text.int("num_hidden_layers", TEXT_DEFAULTS["num_hidden_layers"])
     if small.is_small(text):  # E2B / E4B
-        values = small.read_small(text, dims, layers)
+        values = small.read_small(text, dims, layers) | {vision.PROBLEM: problem}
         dims["ghd"] = _global_sizes(text, layers, values["small_period"], dims["kv_heads"])[0]
         return _finish(cfg, text, dims, layers, values)
     if layers % PERIOD:
@@ -150,7 +153,7 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     else:  # transformers builds no MoE block without enable_moe_block, whatever these say (MaxText's copy of the
         # 31B config keeps 26B-A4B's moe_intermediate_size)
         text.runtime("num_experts", "top_k_experts", "moe_intermediate_size")
-    return _finish(cfg, text, dims, layers, {"moe": moe})
+    return _finish(cfg, text, dims, layers, {"moe": moe, vision.PROBLEM: problem})
 
 
 def _finish(cfg: ConfigReader, text: ConfigReader, dims: dict[str, int], layers: int, values: dict) -> ModelSpec:
@@ -195,9 +198,13 @@ def _global_sizes(text: ConfigReader, layers: int, period: int, kv_heads: int | 
 
 def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     """Unscanned ``decoder/layers_{i}``; scanned, the nested block scan (the layer count is whole blocks). E2B / E4B:
-    unscanned only (gemma4_small)."""
+    unscanned only (gemma4_small). With ``--multimodal``, the vision tower's layers (gemma4_vision)."""
     if "small_period" in spec.values:
-        return small.layout(spec, scan)
+        return small.layout(spec, scan) + vision.layout(spec)
+    return _decoder_layout(spec, scan) + vision.layout(spec)
+
+
+def _decoder_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     layers, moe = spec.num_layers, "_moe" if spec.value("moe") else ""
     kind = [("global" if i % PERIOD == PERIOD - 1 else "local") + moe for i in range(layers)]
     if not scan:
@@ -236,8 +243,9 @@ def synthetic_config(m: Sizes) -> dict:
     return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
             "vision_config": {"hidden_size": 32, "intermediate_size": 64, "model_type": "gemma4_vision",
                               "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-                              "global_head_dim": 16, "num_hidden_layers": 1, "patch_size": 4,
-                              "position_embedding_size": 64, "pooling_kernel_size": 2},
+                              "global_head_dim": 16, "num_hidden_layers": 2, "patch_size": 4,
+                              "position_embedding_size": 64, "pooling_kernel_size": 2, "standardize": True,
+                              "use_clipped_linears": False},
             # the releases' token ids: outside a tiny vocabulary, so no test token is an image placeholder
             "audio_config": None, "boi_token_id": 255999, "eoi_token_id": 258882, "image_token_id": 258880,
             "video_token_id": 258884, "vision_soft_tokens_per_image": 4, "tie_word_embeddings": True,
@@ -276,7 +284,8 @@ SYNTHETIC = Synthetic(
                         rounded=("embed_tokens.weight",)),
                 # E2B / E4B: unscanned only (a scanned round trip is refused)
                 Example("gemma4-e2b-tiny", E2B_TINY, scan=False, devices=16),
-                Example("gemma4-e4b-tiny", E4B_TINY, scan=False, devices=1)),
+                Example("gemma4-e4b-tiny", E4B_TINY, scan=False, devices=1),
+                Example("gemma4-26b-a4b-multimodal", MOE_TINY, devices=16, multimodal=True)),
     # a sliding window shorter than the tests' 12 tokens, so the sliding layers really mask
     logits=(Example("gemma4_text", {**DENSE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW}, devices=4),
             Example("gemma4_text-moe-noscan", {**MOE_TINY, "model_type": "gemma4_text", "config_overrides": WINDOW},
@@ -284,7 +293,8 @@ SYNTHETIC = Synthetic(
             Example("gemma4-e2b", {**E2B_TINY, "config_overrides": {**E2B_TINY["config_overrides"], **WINDOW}},
                     scan=False, devices=4),
             Example("gemma4-e4b", {**E4B_TINY, "config_overrides": {**E4B_TINY["config_overrides"], **WINDOW}},
-                    scan=False, devices=1)),
+                    scan=False, devices=1),
+            Example("gemma4-31b-multimodal", {**DENSE_TINY, "config_overrides": WINDOW}, devices=4, multimodal=True)),
     # 26B-A4B widths (hidden 2816, 16 heads of 256 / 8 KV; global: 512 wide, 2 KV; shared MLP 2112, experts 704),
     # one block of six layers with 8 of its 128 experts
     memory=(MemoryExample("gemma4-26b-a4b-widths", {**WIDTHS_26B, "num_layers": 6, "num_experts": 8},
@@ -303,11 +313,11 @@ FAMILY = Family(
     name="gemma4",
     model_types=("gemma4", "gemma4_text"),
     decoder_block="gemma4",
-    rules=ROWS + GLOBAL_ROWS,
+    rules=ROWS + GLOBAL_ROWS + vision.RULES,
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,
     aliases=(("model.language_model.", "model."),),
-    not_converted=lambda spec: (("model.vision_tower.", "vision tower"), ("model.embed_vision.", "vision projector"),
-                                ("model.audio_tower.", "audio tower"), ("model.embed_audio.", "audio projector")),
+    not_converted=vision.not_converted,
+    encoders=("vision tower", "vision projector"),
 )

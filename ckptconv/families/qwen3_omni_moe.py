@@ -177,9 +177,12 @@ def synthetic_config(m: Sizes) -> dict:
 SMALL = {"tie_word_embeddings": False, "num_experts": 4, "moe_intermediate_size": 32}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
-    round_trip=(Example("qwen3_omni_moe", {**SMALL, "num_layers": 3}),),
+    round_trip=(Example("qwen3_omni_moe", {**SMALL, "num_layers": 3}),
+                # both towers (unscanned only), every tensor back bit for bit
+                Example("qwen3_omni_moe-multimodal", {**SMALL, "num_layers": 3}, devices=16, multimodal=True)),
     logits=(Example("qwen3_omni_moe", {**SMALL, "num_layers": 3}, devices=4),
-            Example("qwen3_omni_moe-noscan", SMALL, scan=False, devices=4)),
+            Example("qwen3_omni_moe-noscan", SMALL, scan=False, devices=4),
+            Example("qwen3_omni_moe-multimodal", SMALL, scan=False, devices=4, multimodal=True)),
     # 4x the experts at the same widths: the same peak, with 16 devices and with 1
     memory=(MemoryExample("qwen3_omni_moe-experts", widths_30b_a3b(32), devices=(16, 1), fewer=widths_30b_a3b(8),
                           more_bytes=400 * MIB),),

@@ -192,8 +192,10 @@ def synthetic_config(m: Sizes) -> dict:
 SYNTHETIC = Synthetic(
     config=synthetic_config,
     round_trip=(Example("qwen3_vl", {"num_layers": 3}, devices=16),
-                Example("qwen3_vl-untied", {"num_layers": 2, "tie_word_embeddings": False})),
-    logits=(Example("qwen3_vl", {"tie_word_embeddings": True}, devices=4),),
+                Example("qwen3_vl-untied", {"num_layers": 2, "tie_word_embeddings": False}),
+                Example("qwen3_vl-multimodal", {"num_layers": 3}, devices=16, multimodal=True)),
+    logits=(Example("qwen3_vl", {"tie_word_embeddings": True}, devices=4),
+            Example("qwen3_vl-multimodal", {"tie_word_embeddings": True}, scan=False, devices=4, multimodal=True)),
     # 4x the layers (4x the bytes) at the same widths: the same peak
     memory=(MemoryExample("qwen3_vl-layers", {
         "vocab_size": 8192, "hidden_size": 1024, "num_layers": 24, "num_heads": 8, "num_kv_heads": 4,

@@ -110,8 +110,10 @@ def _read_index(source: Source) -> dict[str, str]:
         raise BadInputError(f"{where}: not a valid safetensors index ({_one_line(err)})") from None
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
         raise BadInputError(f"{where}: weight_map must map tensor names to file names")
-    for file in sorted(set(weight_map.values())):  # one check per file, not per tensor
-        tensor = next(t for t, f in weight_map.items() if f == file)
+    first_tensor: dict[str, str] = {}  # one check per file, not per tensor, naming the file's first tensor
+    for tensor, file in weight_map.items():
+        first_tensor.setdefault(file, tensor)
+    for file, tensor in sorted(first_tensor.items()):
         check_member_name(f"{where}: tensor {tensor!r}", file)
         if not source.exists(file):
             raise BadInputError(f"{where}: tensor {tensor!r} maps to missing file {file!r}")

@@ -15,9 +15,19 @@ import math
 import re
 from typing import Any
 
+import numpy as np
+
 # serde_json's default recursion limit: 128 levels of arrays/objects are refused, 127 parse.
 MAX_DEPTH = 127
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# What can become a lone surrogate: one in the text, or an escape of one (\ud800-\udfff). Most texts (every
+# safetensors header ckptconv has met) have neither, and skip the walk over every string of the tree.
+_MAY_HOLD_SURROGATE = re.compile("[\ud800-\udfff]|\\\\u[dD][89a-fA-F]")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+# an integer beyond float64's range (309 digits or more), or -0; may also match inside a float (then _int
+# reads every integer: slower, the same result)
+_SPECIAL_INT = re.compile(r"\d{309}|-0(?![\d.eE])")
 
 
 class JsonError(ValueError):
@@ -38,17 +48,35 @@ def loads(text: str, *, pairs: bool = False) -> Any:
     Raises :class:`JsonError` on anything ``serde_json`` refuses: syntax errors, ``NaN`` and
     ``Infinity``, numbers beyond float64 range, lone surrogates, nesting deeper than 127.
     """
+    skeleton = _STRING.sub('""', text)  # what lies outside strings: numbers and brackets
+    # integers Python reads differently from serde_json (beyond float64, -0) go through _int; the others, most
+    # of a header's hundreds of thousands, are read by json in C
+    hooks = {"parse_int": _int} if _SPECIAL_INT.search(skeleton) else {}
     try:
-        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int,
-                           object_pairs_hook=Pairs if pairs else None)
+        value = json.loads(text, parse_constant=_constant, parse_float=_float,
+                           object_pairs_hook=Pairs if pairs else None, **hooks)
     except RecursionError:
         raise JsonError(f"nested deeper than {MAX_DEPTH} levels") from None
     except JsonError:
         raise
     except ValueError as err:  # json.JSONDecodeError is one: its message is one line with the position
         raise JsonError(str(err).splitlines()[0][:200]) from None
-    _check_tree(value)
+    if _nesting(skeleton) > MAX_DEPTH:
+        raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
+    if _MAY_HOLD_SURROGATE.search(text):
+        _check_tree(value)
     return value
+
+
+def _nesting(skeleton: str) -> int:
+    """How deep arrays and objects nest in ``skeleton`` (valid JSON, strings emptied): its brackets, counted
+    in C (a 200 000-tensor header's tree walked in Python took most of a giant release's planning)."""
+    brackets = _NOT_BRACKET.sub("", skeleton).encode("ascii")
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int32)
+    return int(np.cumsum(steps).max())
 
 
 def _constant(name: str) -> Any:
@@ -71,7 +99,8 @@ def _int(text: str) -> int | float:
 
 
 def _check_tree(root: Any) -> None:
-    """Depth and surrogates, iteratively (a deep tree must not exhaust our own stack)."""
+    """Depth and surrogates, iteratively (a deep tree must not exhaust our own stack); run where the text may
+    hold a surrogate."""
     stack = [(root, 1)]
     while stack:
         value, depth = stack.pop()
