@@ -141,3 +141,24 @@ def test_with_multimodal_the_talker_and_code2wav_are_still_reported(tmp_path):
     assert sorted((e["what"].split(" (")[0], e["tensors"]) for e in plan.not_converted) == [
         ("code2wav vocoder", 1), ("talker", 1)]
     assert plan.tensor_count == len(synth.tensor_shapes(model)) - len(speech)
+
+
+def test_the_release_vision_config_fields_are_read_and_their_older_spellings_checked():
+    """The release's ``vision_config`` also says ``in_chans`` / ``spatial_patch_size`` (older spellings of
+    ``in_channels`` / ``patch_size``) and run-time fields; the towers' sizes are those of the release's modules
+    (``conv_out``: 480 channels x 16 mel bins after three halvings of 128 = 7680 inputs)."""
+    import copy
+
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+    from tests.published_configs import QWEN3_OMNI_30B_A3B
+
+    config = copy.deepcopy(QWEN3_OMNI_30B_A3B)
+    vision = config["thinker_config"]["vision_config"]
+    vision.update(in_chans=3, spatial_patch_size=16, image_size=768, tokens_per_second=2, apply_vit_abs_pos_embed=True)
+    spec = read_spec(BY_MODEL_TYPE["qwen3_omni_moe"], config, "config.json")
+    assert (spec.dim("a_conv_in"), spec.dim("v_merged"), spec.dim("v_deepstack")) == (7680, 4608, 3)
+    vision["spatial_patch_size"] = 14
+    with pytest.raises(BadInputError, match="spatial_patch_size=14 disagrees with patch_size=16"):
+        read_spec(BY_MODEL_TYPE["qwen3_omni_moe"], config, "config.json")

@@ -60,10 +60,22 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("model_type", ("qwen3_omni_moe_text",), "qwen3_omni_moe_text")
     text.runtime("tie_word_embeddings", "sliding_window", "num_experts_per_tok", "norm_topk_prob")
     text.require("attention_bias", (False,), False)
-    dims = read_moe_dims(text) | read_vision_dims(thinker.nested("vision_config"), ("qwen3_omni_moe_vision_encoder",))
+    dims = read_moe_dims(text) | read_omni_vision_dims(thinker.nested("vision_config"))
     dims |= read_audio_dims(thinker.nested("audio_config"))
     return make_spec(cfg, "qwen3_omni_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
+
+
+def read_omni_vision_dims(vision: ConfigReader) -> dict[str, int]:
+    """Qwen3-VL's tower sizes, and the fields the release's ``vision_config`` adds: run-time ones, and two older
+    spellings of the channel count and patch size, which must agree with the fields read."""
+    dims = read_vision_dims(vision, ("qwen3_omni_moe_vision_encoder",))
+    vision.runtime("image_size", "tokens_per_second", "apply_vit_abs_pos_embed")
+    for alias, dim, field in (("in_chans", "v_channels", "in_channels"), ("spatial_patch_size", "v_patch",
+                                                                          "patch_size")):
+        if vision.int(alias, dims[dim]) != dims[dim]:
+            vision.fail(f"{alias}={vision.raw(alias)} disagrees with {field}={dims[dim]}")
+    return dims
 
 
 def read_audio_dims(audio: ConfigReader) -> dict[str, int]:
