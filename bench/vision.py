@@ -1,14 +1,18 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
 ``bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,gemma4_31b,gemma4_26b,memory,memory_gemma4] [--keep]
-                                     [--no-logits]
+    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,gemma4_31b,gemma4_26b,qwen3_omni,memory,memory_gemma4,
+                                             omni_memory] [--keep] [--no-logits]
 
 Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``bench/hf_tiny.py``, a 2-block tower
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
 and ``--multimodal --scan-layers`` refused); Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by
 ``Gemma4ForConditionalGeneration``, compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text
-and on an image); ``memory`` / ``memory_gemma4``: peak RSS against the prediction with the releases' whole towers.
+and on an image); Qwen3-Omni-MoE's thinker (``qwen3_omni``: a tiny ``Qwen3OmniMoeForConditionalGeneration`` by
+``bench/hf_tiny.py``, its vision tower, Qwen3-VL's with other merger names, and its audio tower; compared as
+Qwen3-VL's, MaxText's ``qwen3-omni-30b-a3b`` with ``use_multimodal=true use_audio=true``, exported back, and
+MaxText's towers run on their own against transformers'); ``memory`` / ``memory_gemma4`` / ``omni_memory``: peak RSS
+against the prediction with the releases' whole towers.
 For Gemma 3:
 
 1. A tiny random ``Gemma3ForConditionalGeneration`` made by transformers' own class (in MaxText's venv), weights
@@ -64,15 +68,19 @@ PREFIX, SUFFIX = [2, 17, 41, 3], [4, 33, 60, 5, 88, 12]  # around <boi> 256 x im
 CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "gemma3", False, 1),
          ("qwen3-vl-vision-noscan", "qwen3_vl", False, 16), ("qwen3-vl-vision-noscan-1dev", "qwen3_vl", False, 1),
          ("gemma4-31b-vision", "gemma4_31b", True, 16), ("gemma4-31b-vision-noscan-1dev", "gemma4_31b", False, 1),
-         ("gemma4-26b-vision", "gemma4_26b", True, 16), ("gemma4-26b-vision-noscan-1dev", "gemma4_26b", False, 1)]
+         ("gemma4-26b-vision", "gemma4_26b", True, 16), ("gemma4-26b-vision-noscan-1dev", "gemma4_26b", False, 1),
+         ("qwen3-omni-towers-noscan", "qwen3_omni", False, 16), ("qwen3-omni-towers-noscan-1dev", "qwen3_omni", False, 1)]
 # Gemma 4: bench/compare_families.py's 31B (dense, hidden 48) and 26B-A4B (MoE, hidden 80) tiny models, 12 layers,
 # made by transformers' Gemma4ForConditionalGeneration with the synthetic config's tower: 2 layers, hidden 32, 2 heads
 # of 16, MLP 64, patch 4, 64 positions per axis, standardize (std_scale / std_bias random, as bench/hf_tiny.py sets)
 GEMMA4 = {"gemma4_31b": ("GEMMA4_31B", "gemma4-31b"), "gemma4_26b": ("GEMMA4_26B", "gemma4-26b")}
-FAMILIES = ("gemma3", "qwen3_vl", *GEMMA4)
+FAMILIES = ("gemma3", "qwen3_vl", *GEMMA4, "qwen3_omni")
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
+# Qwen3-Omni: 2 decoder layers (hidden 64, 4 experts), the same vision tower, a 2-layer audio tower (d_model 32,
+# 2 heads, FFN 64, 16 mel bins, 16 convolution channels)
+QWEN3_OMNI_AUDIO = {"encoder_layers": 2}
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -223,6 +231,23 @@ def qwen3_vl_sizes(config: dict) -> list[str]:
     return [f"{k}={v}" for k, v in values.items()]
 
 
+def qwen3_omni_sizes(config: dict) -> list[str]:
+    """MaxText's qwen3-omni-30b-a3b given the thinker's text, vision and audio sizes, use_multimodal and use_audio
+    (unscanned)."""
+    thinker = config["thinker_config"]
+    text, audio = thinker["text_config"], thinker["audio_config"]
+    values = dict(item.split("=", 1) for item in qwen3_vl_sizes({**thinker, "text_config": {
+        **text, "intermediate_size": text["moe_intermediate_size"]}}))
+    values |= {"num_experts": text["num_experts"], "num_experts_per_tok": 2,
+               "base_moe_mlp_dim": text["moe_intermediate_size"], "use_audio": "true",
+               "d_model_for_audio": audio["d_model"], "encoder_layers_for_audio": audio["encoder_layers"],
+               "encoder_attention_heads_for_audio": audio["encoder_attention_heads"],
+               "encoder_ffn_dim_for_audio": audio["encoder_ffn_dim"], "num_mel_bins_for_audio": audio["num_mel_bins"],
+               "downsample_hidden_size_for_audio": audio["downsample_hidden_size"],
+               "output_dim_for_audio": audio["output_dim"]}
+    return [f"{k}={v}" for k, v in values.items()]
+
+
 def maxtext_sizes(scan: bool) -> list[str]:
     values = {"base_emb_dim": TEXT["hidden_size"], "base_num_query_heads": TEXT["num_attention_heads"],
               "base_num_kv_heads": TEXT["num_key_value_heads"], "head_dim": TEXT["head_dim"],
@@ -270,6 +295,87 @@ def forward(ckpt: str, hf_dir: str, work: str) -> dict:
         diff = float(np.abs(logits[:, : want.shape[-1]] - want).max())
         result[name] = {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(want).max()),
                         "tokens": int(len(ids)), "ok": diff <= TOLERANCE}
+    return result
+
+
+def omni_towers(ckpt: str, hf_dir: str, work: str) -> dict:
+    """MaxText's Qwen3-Omni towers on ckptconv's float32 checkpoint (unscanned) against transformers' on the source:
+    the audio tower's output (after its projector) on one 100-frame chunk of random mel features, and the vision
+    tower's merged image embeddings and deepstack features on one random 32x32 image (2x2 merged tokens)."""
+    import jax.numpy as jnp
+    import maxtext
+    import numpy as np
+    import torch
+    from maxtext.configs import pyconfig
+    from maxtext.utils import model_creation_utils
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    thinker = config["thinker_config"]
+    audio, vision = thinker["audio_config"], thinker["vision_config"]
+    hf = Qwen3OmniMoeForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval().thinker.model
+    rng = np.random.default_rng(7)
+    frames = 100  # one chunk (n_window * 2): MaxText attends within a chunk, transformers within 8 (n_window_infer)
+    mel = rng.normal(size=(audio["num_mel_bins"], frames)).astype(np.float32)
+    patch, tpatch, channels = vision["patch_size"], vision["temporal_patch_size"], vision["in_channels"]
+    grid = (1, 2 * vision["spatial_merge_size"], 2 * vision["spatial_merge_size"])  # 4x4 patches
+    patches = grid[0] * grid[1] * grid[2]
+    pixels = rng.uniform(-1, 1, (patches, channels * tpatch * patch * patch)).astype(np.float32)
+    def reference() -> dict:
+        with torch.no_grad():
+            heard = hf.audio_tower(torch.from_numpy(mel), feature_lens=torch.tensor([frames])).last_hidden_state
+            seen = hf.visual(torch.from_numpy(pixels), grid_thw=torch.tensor([grid]))
+        return {"audio": heard.numpy(), "image": seen.pooler_output.numpy(),
+                **{f"deepstack_{j}": f.numpy() for j, f in enumerate(seen.deepstack_features)}}
+
+    want = reference()
+    # MaxText's towers use jax.nn.gelu (the tanh form) where transformers' use the exact GELU (the audio tower's
+    # convolutions, MLP and projector; the vision mergers): transformers again with every GELU in the tanh form
+    exact_gelu = torch.nn.functional.gelu
+
+    def tanh_gelu(x, approximate="none"):
+        return exact_gelu(x, approximate="tanh")
+
+    bound = [m for m in hf.modules() if getattr(m, "act", None) is exact_gelu]  # GELUActivation keeps its own
+    torch.nn.functional.gelu = tanh_gelu
+    for module in bound:
+        module.act = tanh_gelu
+    try:
+        want_tanh = reference()
+    finally:
+        torch.nn.functional.gelu = exact_gelu
+        for module in bound:
+            module.act = exact_gelu
+
+    overrides = {
+        "model_name": "qwen3-omni-30b-a3b", "override_model_config": True, "hardware": "cpu",
+        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "towers",
+        "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": 16,
+        "max_prefill_predict_length": 16, "enable_checkpointing": False, "enable_dropout": False,
+        "dtype_mm": "float32", "n_window_for_audio": audio.get("n_window", 50),
+    }
+    # the sizes from the config.json the checkpoint was made from (the hub's spelling: rope_scaling)
+    settings = [f"{k}={v}" for k, v in overrides.items()] + qwen3_omni_sizes(
+        json.loads((WORK / "qwen3-omni-config.json").read_text()))
+    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+    model, _ = model_creation_utils.from_pretrained(pyconfig.initialize(["towers", base, *settings]))
+    got = {"audio": np.asarray(model.audio_encoder(jnp.asarray(mel[None]), deterministic=True), np.float32)[0]}
+    # MaxText takes the processor's patch rows as one (batch, C, T, H, W) array and cuts it back into the same rows
+    image = jnp.asarray(pixels.reshape(1, channels, grid[0] * tpatch, grid[1] * patch, grid[2] * patch))
+    embeddings, deep = model.vision_encoder(image, deterministic=True)
+    got["image"] = np.asarray(embeddings, np.float32).reshape(want["image"].shape)
+    got |= {f"deepstack_{j}": np.asarray(f, np.float32).reshape(want[f"deepstack_{j}"].shape)
+            for j, f in enumerate(deep or [])}
+    result = {}
+    for name, reference in want.items():
+        if name not in got:
+            result[name] = {"error": "MaxText returned no such output"}
+            continue
+        diff = float(np.abs(got[name] - reference).max())
+        result[name] = {"shape": list(reference.shape), "max_abs": float(np.abs(reference).max()),
+                        "max_abs_diff": diff, "ok": diff <= TOLERANCE,
+                        "max_abs_diff_tanh_gelu": float(np.abs(got[name] - want_tanh[name]).max())}
     return result
 
 
@@ -330,13 +436,48 @@ def gemma4_sizes(family: str, scan: bool) -> list[str]:
         f"{k}={v}" for k, v in values.items()]
 
 
-def refusal(hf: Path) -> dict:
-    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL: one line, exit 2, nothing written."""
-    dst = WORK / "qwen3-vl-scan-refused"
+def make_qwen3_omni(hf: Path) -> subprocess.CompletedProcess:
+    from ckptconv.commands import synth
+
+    config = synth.SynthModel(model_type="qwen3_omni_moe", num_layers=2, num_experts=4, moe_intermediate_size=48,
+                              tie_word_embeddings=False, vocab_size=300).config()
+    config["thinker_config"]["vision_config"].update(QWEN3_VL_VISION)
+    config["thinker_config"]["audio_config"].update(QWEN3_OMNI_AUDIO)
+    path = WORK / "qwen3-omni-config.json"
+    path.write_text(json.dumps(config))
+    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-omni.log", env=MT_ENV)
+
+
+def refusal(hf: Path, family: str = "qwen3_vl") -> dict:
+    """ckptconv's answer to --multimodal --scan-layers for Qwen3-VL (or Omni): one line, exit 2, nothing written."""
+    dst = WORK / f"{family}-scan-refused"
     shutil.rmtree(dst, ignore_errors=True)
     result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
-                  "--scan-layers"], WORK / "qwen3-vl-scan-refused.log")
+                  "--scan-layers"], WORK / f"{family}-scan-refused.log")
     return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
+
+
+def export_back(ours: Path, hf: Path, root: Path) -> dict:
+    """``ckptconv export`` of our checkpoint (``--like`` the source), every tensor compared bit for bit with the
+    source's."""
+    from safetensors.numpy import load_file
+
+    back = root / "exported"
+    done = run([sys.executable, "-m", "ckptconv", "export", ours, back, "--like", hf, "--progress", "none"],
+               root / "export.log")
+    if done.returncode:
+        return {"export_exit": done.returncode, "export_error": last_line(done)}
+    source, exported = {}, {}
+    for directory, tensors in ((hf, source), (back, exported)):
+        for path in sorted(directory.glob("*.safetensors")):
+            tensors.update(load_file(str(path)))
+    differ = sorted(name for name in source.keys() & exported.keys()
+                    if source[name].dtype != exported[name].dtype or source[name].shape != exported[name].shape
+                    or source[name].tobytes() != exported[name].tobytes())
+    shutil.rmtree(back, ignore_errors=True)
+    return {"export_exit": 0, "export_tensors": len(exported), "source_tensors": len(source),
+            "export_identical": not differ and source.keys() == exported.keys(),
+            "export_differ": differ[:3] + sorted(source.keys() ^ exported.keys())[:3]}
 
 
 def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> dict:
@@ -351,9 +492,12 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
     elif family in GEMMA4:
         model, sizes, loader = GEMMA4[family][1], gemma4_sizes(family, scan), "safetensors"
-    else:
+    elif family == "qwen3_vl":
         model, loader = "qwen3-vl-2b", "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / "qwen3-vl-config.json").read_text()))
+    else:
+        model, loader = "qwen3-omni-30b-a3b", "safetensors"
+        sizes = qwen3_omni_sizes(json.loads((WORK / "qwen3-omni-config.json").read_text()))
     mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
               "--lazy_load_tensors=false", f"--eager_load_method={loader}",
               f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
@@ -364,10 +508,15 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
         return row | {"error": last_line(mine if mine.returncode else mt)}
     compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", root / "compare.json"],
                    root / "compare.log", env=MT_ENV)
+    if family == "qwen3_omni":
+        row |= export_back(ours, hf, root)
     result = json.loads((root / "compare.json").read_text())
-    tower = [leaf for leaf in result.get("compared", result.get("leaves", [])) if "vision_encoder" in str(leaf)]
+    listed = result.get("compared", result.get("leaves", []))
+    tower = [leaf for leaf in listed if "vision_encoder" in str(leaf)]
+    audio = [leaf for leaf in listed if "audio_encoder" in str(leaf)]
     return row | {"identical": result["identical"], "leaves": result["leaves_compared"],
-                  "vision_leaves": len(tower) or None, "bytes": result["bytes_compared"],
+                  "vision_leaves": len(tower) or None, "audio_leaves": len(audio) or None,
+                  "bytes": result["bytes_compared"],
                   "value_mismatches": result["value_mismatches"][:3], "only_in_ckptconv": result["only_in_a"],
                   "only_in_maxtext": result["only_in_b"], "compare_exit": compared.returncode,
                   "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})}
@@ -383,6 +532,32 @@ def logits_case(hf: Path) -> dict:
     if mine.returncode:
         return {"error": last_line(mine)}
     fwd = run([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
+    if fwd.returncode:
+        return {"error": last_line(fwd)}
+    return json.loads(fwd.stdout.strip().splitlines()[-1])
+
+
+# what the towers' differences are (measured by hand on MaxText's own float32 conversion, see the driver's note)
+OMNI_TOWERS_NOTE = (
+    "The differences are MaxText's run-time code, not the weights: on MaxText's own conversion of the same checkpoint "
+    "(`to_maxtext ... --save_dtype=float32`, measured once by hand on 2026-12-05) the same forward gives the same "
+    "differences to every digit (2.16e-05, 1.53e-04, 1.27e-04, 1.12e-04). MaxText's towers use `jax.nn.gelu` (the "
+    "tanh form) where transformers' use the exact GELU (the audio convolutions, MLP and projector; the vision "
+    "mergers): with transformers' GELUs in the tanh form (last column) the audio tower agrees to float32 rounding; "
+    "the vision tower's remaining 2-3e-5 were not traced further (MaxText's vision path: rotary and interpolated "
+    "positions, attention).")
+
+
+def omni_towers_case(hf: Path) -> dict:
+    root = WORK / "omni-towers"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    ours = root / "ckptconv-f32"
+    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
+                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    if mine.returncode:
+        return {"error": last_line(mine)}
+    fwd = run([MT_PYTHON, __file__, "omni-towers", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
     if fwd.returncode:
         return {"error": last_line(fwd)}
     return json.loads(fwd.stdout.strip().splitlines()[-1])
@@ -456,6 +631,47 @@ def memory_case(family: str = "gemma3") -> dict:
         planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "memory-plan.log")
         done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
                    WORK / "memory-convert.log")
+        report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
+        rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
+                     "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
+                     "leaves": report.get("leaves"), "exit": done.returncode})
+        shutil.rmtree(dst, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
+    return {"rows": rows}
+
+
+def omni_memory_case() -> dict:
+    """Peak RSS of ``convert --multimodal`` with Qwen3-Omni-30B-A3B's whole towers (vision: 27 blocks, hidden 1152,
+    MLP 4304, deepstack [8, 16, 24]; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 channels;
+    about 2.3 GB of towers) beside 2 decoder layers at the release's widths with 8 experts, against ``plan``'s prediction."""
+    from ckptconv.commands import synth
+
+    class WithTowers(synth.SynthModel):
+        def config(self) -> dict:
+            config = super().config()
+            config["thinker_config"]["vision_config"] = {
+                "model_type": "qwen3_omni_moe_vision_encoder", "depth": 27, "hidden_size": 1152,
+                "intermediate_size": 4304, "num_heads": 16, "out_hidden_size": 2048,
+                "deepstack_visual_indexes": [8, 16, 24]}
+            config["thinker_config"]["audio_config"] = {
+                "model_type": "qwen3_omni_moe_audio_encoder", "encoder_layers": 32, "d_model": 1280,
+                "encoder_attention_heads": 20, "encoder_ffn_dim": 5120, "num_mel_bins": 128,
+                "downsample_hidden_size": 480, "output_dim": 2048}
+            return config
+
+    src = WORK / "omni-memory-src"
+    shutil.rmtree(src, ignore_errors=True)
+    synth.write_checkpoint(WithTowers(model_type="qwen3_omni_moe", vocab_size=8192, hidden_size=2048, num_layers=2,
+                                      num_heads=32, num_kv_heads=4, head_dim=128, num_experts=8,
+                                      moe_intermediate_size=768, tie_word_embeddings=False, encoders=True), str(src))
+    rows = []
+    for devices in (16, 1):
+        dst = WORK / f"omni-memory-dst{devices}"
+        shutil.rmtree(dst, ignore_errors=True)
+        flags = ["--multimodal", "--devices", str(devices)]
+        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "omni-memory-plan.log")
+        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
+                   WORK / "omni-memory-convert.log")
         report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
         rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
                      "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
@@ -600,6 +816,76 @@ def write(results: dict, path: Path) -> None:
             lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
                          f"{r['predicted'] / 2**30:.2f} | {measured} |")
         lines.append("")
+    omni = results.get("qwen3_omni")
+    if omni:
+        refused = omni.get("refusal", {})
+        rows = omni["rows"]
+        counts = next((r for r in rows if r.get("vision_leaves")), {})
+        exports = [r for r in rows if "export_exit" in r]
+        lines += [
+            "## Qwen3-Omni-MoE thinker: vision tower and audio tower", "",
+            "2 decoder layers (hidden 64, 4 experts); vision tower as Qwen3-VL's above (2 blocks, hidden 32, 2 heads, "
+            "MLP 64, a deepstack merger after each); audio tower: 2 layers, d_model 32, 2 heads, FFN 64, 16 mel bins, "
+            "16 channels in its three 3x3 stride-2 convolutions. Made by `Qwen3OmniMoeForConditionalGeneration` and "
+            "saved as the release lays it out (`thinker.model.*`, `thinker.lm_head.*`, `thinker.visual.*`, "
+            "`thinker.audio_tower.*`; no talker: `enable_audio_output` false). MaxText's model `qwen3-omni-30b-a3b` "
+            "with `use_multimodal=true use_audio=true` (its model config sets both; its converter then writes both "
+            "towers), its `safetensors` loader. Its vision path runs unscanned only (deepstack), so both rows are "
+            "unscanned: on 16 devices and on 1.", "",
+            *table(rows), "",
+            f"Of the leaves, {counts.get('vision_leaves')} are the vision tower's (`vision_encoder/"
+            f"Qwen3OmniMoeVisionEncoder_0`, `Qwen3OmniMoeVisionProjector_0`) and {counts.get('audio_leaves')} the "
+            "audio tower's (`audio_encoder/Qwen3OmniAudioEncoder_0`, `Qwen3OmniAudioProjector_0`), every one "
+            "compared bit for bit in both rows.", ""]
+        for r in exports:
+            if r.get("export_exit"):
+                lines.append(f"`ckptconv export` of the {r['devices']}-device output failed: `{r.get('export_error')}`")
+            else:
+                verdict = "**every tensor bit-identical**" if r["export_identical"] else f"DIFFERENT: {r['export_differ']}"
+                lines.append(f"`ckptconv export --like` the source, from the {r['devices']}-device output: "
+                             f"{r['export_tensors']} of {r['source_tensors']} tensors written, {verdict} to the "
+                             "source (the fused vision `qkv` joined back, the convolutions permuted back).")
+            lines.append("")
+        lines += [f"`ckptconv convert --multimodal --scan-layers` on the same checkpoint: exit {refused.get('exit')}, "
+                  f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
+                  f"    {refused.get('stderr', '')}", "",
+                  ]
+        towers = omni.get("towers")
+        if towers:
+            lines += ["### MaxText's towers on ckptconv's checkpoint", "",
+                      "ckptconv `--multimodal --dtype float32 --devices 1` (unscanned); MaxText 0.2.5's "
+                      "`model_creation_utils.from_pretrained` in float32, its `audio_encoder` and `vision_encoder` "
+                      "called on their own, against transformers' `audio_tower` and `visual` (float32) on the same "
+                      "inputs: one 100-frame chunk of random mel features (MaxText attends within a chunk, "
+                      "transformers within `n_window_infer` frames: the same for one chunk), and one random image "
+                      "of 4x4 patches (2x2 merged tokens; MaxText is given the processor's patch rows as one "
+                      "(1, C, T, H, W) array, which its encoder cuts back into the same rows).", ""]
+            if "error" in towers:
+                lines.append(f"failed: `{towers['error']}`")
+            else:
+                lines += ["| output | shape | max abs | max abs diff | within 1e-4 | diff, transformers' GELUs in "
+                          "MaxText's tanh form |", "|---|---|---|---|---|---|"]
+                for name, r in towers.items():
+                    if "error" in r:
+                        lines.append(f"| {name} | - | - | {r['error']} | - |")
+                        continue
+                    lines.append(f"| {name} | {r['shape']} | {r['max_abs']:.4f} | {r['max_abs_diff']:.2e} | "
+                                 f"{'yes' if r['ok'] else '**no**'} | {r['max_abs_diff_tanh_gelu']:.2e} |")
+            lines.append("")
+            lines += [OMNI_TOWERS_NOTE, ""]
+    omni_memory = results.get("omni_memory")
+    if omni and omni_memory:
+        lines += ["### Memory at the release's tower widths", "",
+                  "`convert --multimodal` with Qwen3-Omni-30B-A3B's whole towers (vision: 27 blocks, hidden 1152, "
+                  "MLP 4304, 3 deepstack mergers; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 "
+                  "channels) beside 2 decoder layers at the release's widths (8 experts), peak RSS as the report "
+                  "measures it against `plan`'s prediction:", "",
+                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+        for r in omni_memory["rows"]:
+            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
+        lines.append("")
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
@@ -611,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["forward"]:
         print(json.dumps(forward(*argv[1:4])))
+        return 0
+    if argv[:1] == ["omni-towers"]:
+        print(json.dumps(omni_towers(*argv[1:4])))
         return 0
     if argv[:1] == ["gemma4-hf"]:
         gemma4_image_logits(Path(argv[1]))
@@ -628,11 +917,16 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results = {k: v for k, v in results.items() if k in (*FAMILIES, "memory", "memory_gemma4")}  # earlier formats dropped
+    results = {k: v for k, v in results.items() if k in (*FAMILIES, "memory", "memory_gemma4", "omni_memory")}  # earlier formats dropped
     wanted = args.only.split(",")
     results["_ran"] = wanted
     ok = True
     for family in wanted:
+        if family == "omni_memory":
+            results["omni_memory"] = omni_memory_case()
+            print(json.dumps(results["omni_memory"]), flush=True)
+            ok &= all(r["measured"] and r["measured"] <= r["predicted"] for r in results["omni_memory"]["rows"])
+            continue
         if family in ("memory", "memory_gemma4"):
             results[family] = memory_case("gemma3" if family == "memory" else "gemma4")
             print(json.dumps(results[family]), flush=True)
@@ -641,7 +935,8 @@ def main(argv: list[str] | None = None) -> int:
         hf = WORK / f"hf-{family}"
         shutil.rmtree(hf, ignore_errors=True)
         made = (run([MT_PYTHON, __file__, "hf", hf], WORK / "hf.log", env=MT_ENV) if family == "gemma3"
-                else make_gemma4(family, hf) if family in GEMMA4 else make_qwen3_vl(hf))
+                else make_gemma4(family, hf) if family in GEMMA4 else make_qwen3_vl(hf) if family == "qwen3_vl"
+                else make_qwen3_omni(hf))
         if made.returncode:
             print(last_line(made), file=sys.stderr)
             return 1
@@ -655,9 +950,12 @@ def main(argv: list[str] | None = None) -> int:
             entry["logits"] = logits_case(hf) if family == "gemma3" else gemma4_logits_case(family)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
-        if family == "qwen3_vl":
-            entry["refusal"] = refusal(hf)
+        if family in ("qwen3_vl", "qwen3_omni"):
+            entry["refusal"] = refusal(hf, family)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
+        if family == "qwen3_omni" and not args.no_logits:
+            entry["towers"] = omni_towers_case(hf)
+            print(json.dumps(entry["towers"]), flush=True)
         results[family] = entry
         ok &= all(r.get("identical") for r in rows)
         if not args.keep:

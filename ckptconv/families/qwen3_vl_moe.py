@@ -45,7 +45,7 @@ FUSED_EXPERTS = (
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     text, tied = read_text(cfg, "qwen3_vl_moe_text")
     text.runtime("sliding_window", "num_experts_per_tok", "norm_topk_prob")
-    dims = read_moe_dims(text) | read_vision_dims(cfg.nested("vision_config"), "qwen3_vl_moe")
+    dims = read_moe_dims(text) | read_vision_dims(cfg.nested("vision_config"), ("qwen3_vl_moe_vision", "qwen3_vl_moe"))
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
     return make_spec(cfg, "qwen3_vl_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
