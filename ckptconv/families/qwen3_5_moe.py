@@ -47,7 +47,7 @@ from ckptconv.families.qwen3_next import (
     read_hybrid, unscanned_layout,
 )
 from ckptconv.families.qwen3_next import synthetic_config as qwen3_next_config
-from ckptconv.families.qwen3_vl import read_vision_dims, tower_layout, vision_rules
+from ckptconv.families.qwen3_vl import TOWER_NOTE, read_vision_dims, vision_rules, vision_stacks
 from ckptconv.families.transforms import Permute, Step, TakeRanges
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -132,7 +132,8 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     dims, layers, period = read_hybrid(text)
     if cfg.has("vision_config"):  # the tower's sizes, checked against its tensors under --multimodal
         vision = cfg.nested("vision_config")
-        dims |= read_vision_dims(vision, "qwen3_5_moe", deepstack_default=(), heads=VISION_HEADS)
+        dims |= read_vision_dims(vision, ("qwen3_5_moe_vision", "qwen3_5_moe"), deepstack_default=(),
+                                 heads=VISION_HEADS)
         if dims["v_deepstack"]:
             vision.fail("deepstack_visual_indexes must be empty: Qwen3.5's tower has no deepstack mergers "
                         "(MaxText 0.2.5 maps none)")
@@ -169,7 +170,7 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
     if "v_layers" not in spec.dims:
         raise LayoutError("--multimodal: this checkpoint's config.json has no vision_config; convert without "
                           "--multimodal")
-    return decoder_layout(spec, scan) + tower_layout(spec, ENCODER)
+    return decoder_layout(spec, scan) + vision_stacks(spec, ENCODER)
 
 
 def decoder_layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
@@ -216,9 +217,11 @@ SMALL = {"num_experts": 4, "moe_intermediate_size": 32, "tie_word_embeddings": F
 
 SYNTHETIC = Synthetic(
     config=synthetic_config,
-    round_trip=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}),),
+    round_trip=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}),
+                Example("qwen3_5_moe-multimodal", {**SMALL, "num_layers": 4}, devices=16, multimodal=True)),
     logits=(Example("qwen3_5_moe", {**SMALL, "num_layers": 8}, devices=4),
-            Example("qwen3_5_moe-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4)),
+            Example("qwen3_5_moe-noscan", {**SMALL, "num_layers": 4}, scan=False, devices=4),
+            Example("qwen3_5_moe-multimodal", {**SMALL, "num_layers": 4}, devices=4, multimodal=True)),
     # one period at the 397B's widths with 16 of its 512 experts; the whole 60-layer release planned header-only
     memory=(MemoryExample("qwen3.5-397b-period", {**WIDTHS_397B, "num_layers": 4, "num_experts": 16},
                           devices=(16, 1), bound=int(1.5 * GIB), source_bytes=int(4.5 * GIB),
@@ -230,7 +233,7 @@ FAMILY = Family(
     model_types=("qwen3_5_moe",),
     decoder_block="qwen3_5",
     rules=layer_rows(PREFIX, FUSED_EXPERTS + FP8_ROWS) + global_rows("model.language_model.")
-    + vision_rules(ENCODER, PROJECTOR, deepstack=False, heads=VISION_HEADS),
+    + vision_rules("model.visual.", ENCODER, PROJECTOR, TOWER_NOTE, deepstack=None, heads=VISION_HEADS),
     read_spec=read_spec,
     synthetic=SYNTHETIC,
     layout=layout,

@@ -54,13 +54,13 @@ VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, 
                    "num_position_embeddings": 2304}
 
 
-def read_vision_dims(vision: ConfigReader, model_type: str = "qwen3_vl",
+def read_vision_dims(vision: ConfigReader, model_types: tuple[str, ...] = ("qwen3_vl_vision", "qwen3_vl"),
                      deepstack_default: tuple[int, ...] = (8, 16, 24), heads: str = "v_heads") -> dict[str, int]:
     """The tower's sizes (``v_*`` dims), read whether or not ``--multimodal`` asks for it, so its tensors are
-    checked against them when it does (``model_type``: the wrapper's; its tower's is that + ``_vision``;
+    checked against them when it does (``model_types``: the tower's, the first its default;
     ``deepstack_default``: the deepstack indexes without the field, transformers' default; ``heads``: the name of
     its heads dim, another where the decoder's dims hold a ``v_heads`` already: Qwen3.5's linear attention)."""
-    vision.require("model_type", (f"{model_type}_vision", model_type), f"{model_type}_vision")
+    vision.require("model_type", model_types, model_types[0])
     vision.runtime("hidden_act", "rope_parameters")
     dims = {f"v_{key}": vision.int(field, VISION_DEFAULTS[field]) for key, field in (
         ("emb", "hidden_size"), ("mlp", "intermediate_size"), ("layers", "depth"),
@@ -83,11 +83,60 @@ def read_vision_dims(vision: ConfigReader, model_type: str = "qwen3_vl",
 ENCODER, PROJECTOR = ("vision_encoder", "Qwen3VLVisionEncoder_0"), ("vision_encoder", "Qwen3VLVisionProjector_0")
 BLOCK_KIND, DEEPSTACK_KIND = "vision", "deepstack"
 TOWER_NOTE = "vision tower (convert --multimodal: MaxText use_multimodal=true)"
+# a patch merger's LayerNorm, fc1 and fc2 as Qwen3-VL stores them (Qwen3-Omni's: ln_q, mlp.0, mlp.2)
+MERGER_NAMES = ("norm", "linear_fc1", "linear_fc2")
+THIRDS = (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))  # the fused qkv's parts and their first rows
 
 
-def _tower(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=(), kind: str | None = None) -> Rule:
-    return rule("model.visual." + hf, maxtext, hf_shape, steps, when=multimodal,
-                kinds=frozenset({kind}) if kind else None, note=TOWER_NOTE)
+def vision_rules(visual: str, encoder: tuple[str, ...], projector: tuple[str, ...], note: str,
+                 merger_names: tuple[str, str, str] = MERGER_NAMES,
+                 deepstack: str | None = "deepstack_merger_list.", heads: str = "v_heads") -> tuple[Rule, ...]:
+    """The tower's rules: the stored tensors under ``visual``, MaxText's leaves under ``encoder`` (patch embedding,
+    learned positions, ``blocks_{i}`` with the fused ``qkv`` cut into query/key/value kernels and biases split per
+    head, the deepstack mergers ``merger_{j}``) and ``projector`` (the final merger). Qwen3-VL's and Qwen3-Omni's
+    towers differ only in these names; ``deepstack``: the deepstack mergers' prefix, None without them (Qwen3.5);
+    ``heads``: the heads dim, as :func:`read_vision_dims` names it."""
+
+    def tower(hf: str, maxtext: tuple[str, ...], hf_shape: tuple[str, ...], steps=(), kind: str | None = None):
+        return rule(visual + hf, maxtext, hf_shape, steps, when=multimodal,
+                    kinds=frozenset({kind}) if kind else None, note=note)
+
+    def merger(hf: str, maxtext: tuple[str, ...], norm: str, kind: str | None = None) -> tuple[Rule, ...]:
+        """A patch merger: LayerNorm (over ``norm``), fc1 (v_merged -> v_merged), GELU, fc2 (-> v_out)."""
+        ln, fc1, fc2 = (hf + name for name in merger_names)
+        return (tower(ln + ".weight", (*maxtext, "ln_q", "scale"), (norm,), kind=kind),
+                tower(ln + ".bias", (*maxtext, "ln_q", "bias"), (norm,), kind=kind),
+                tower(fc1 + ".weight", (*maxtext, "mlp_0", "kernel"), ("v_merged", "v_merged"), KERNEL, kind),
+                tower(fc1 + ".bias", (*maxtext, "mlp_0", "bias"), ("v_merged",), kind=kind),
+                tower(fc2 + ".weight", (*maxtext, "mlp_2", "kernel"), ("v_out", "v_merged"), KERNEL, kind),
+                tower(fc2 + ".bias", (*maxtext, "mlp_2", "bias"), ("v_out",), kind=kind))
+
+    block = visual + "blocks.{layer}."
+    return (
+        tower("patch_embed.proj.weight", (*encoder, "patch_embed", "proj", "kernel"),
+              ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"),
+              (Permute("conv3d_to_thwio", (2, 3, 4, 1, 0)),)),
+        tower("patch_embed.proj.bias", (*encoder, "patch_embed", "proj", "bias"), ("v_emb",)),
+        tower("pos_embed.weight", (*encoder, "pos_embed_interpolate", "pos_embed"), ("v_positions", "v_emb")),
+        *merger("merger.", (*projector, "merger"), "v_emb"),
+        *(tower(f"blocks.{{layer}}.{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
+          for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
+        Rule(block + "attn.qkv.weight", ("v_qkv", "v_emb"),
+             tuple(_qkv(part, start, False, heads) for part, start in THIRDS),
+             multimodal, frozenset({BLOCK_KIND}), note),
+        Rule(block + "attn.qkv.bias", ("v_qkv",),
+             tuple(_qkv(part, start, True, heads) for part, start in THIRDS),
+             multimodal, frozenset({BLOCK_KIND}), note),
+        tower("blocks.{layer}.attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
+              (TRANSPOSE, split_first(heads)), BLOCK_KIND),
+        tower("blocks.{layer}.attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+        tower("blocks.{layer}.mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
+        tower("blocks.{layer}.mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
+        tower("blocks.{layer}.mlp.linear_fc2.weight", ("mlp_out", "kernel"), ("v_emb", "v_mlp"), KERNEL, BLOCK_KIND),
+        tower("blocks.{layer}.mlp.linear_fc2.bias", ("mlp_out", "bias"), ("v_emb",), kind=BLOCK_KIND),
+        # the deepstack mergers' norm spans the merged patches (use_postshuffle_norm)
+        *(merger(deepstack + "{layer}.", (), "v_merged", DEEPSTACK_KIND) if deepstack is not None else ()),
+    )
 
 
 def _qkv(part: str, start: str | int, bias: bool, heads: str) -> Output:
@@ -97,57 +146,12 @@ def _qkv(part: str, start: str | int, bias: bool, heads: str) -> Output:
     return Output(("attn", "attn", part, "bias" if bias else "kernel"), steps)
 
 
-def _merger(hf: str, maxtext: tuple[str, ...], norm: str, kind: str | None = None) -> tuple[Rule, ...]:
-    """A patch merger: LayerNorm (over ``norm``), fc1 (v_merged -> v_merged), GELU, fc2 (-> v_out)."""
-    return (_tower(hf + "norm.weight", (*maxtext, "ln_q", "scale"), (norm,), kind=kind),
-            _tower(hf + "norm.bias", (*maxtext, "ln_q", "bias"), (norm,), kind=kind),
-            _tower(hf + "linear_fc1.weight", (*maxtext, "mlp_0", "kernel"), ("v_merged", "v_merged"), KERNEL, kind),
-            _tower(hf + "linear_fc1.bias", (*maxtext, "mlp_0", "bias"), ("v_merged",), kind=kind),
-            _tower(hf + "linear_fc2.weight", (*maxtext, "mlp_2", "kernel"), ("v_out", "v_merged"), KERNEL, kind),
-            _tower(hf + "linear_fc2.bias", (*maxtext, "mlp_2", "bias"), ("v_out",), kind=kind))
+VISION_RULES = vision_rules("model.visual.", ENCODER, PROJECTOR, TOWER_NOTE)
 
 
-B = "blocks.{layer}."
-THIRDS = (("query", 0), ("key", "v_emb"), ("value", "v_emb2"))  # the fused qkv's parts and their first rows
-
-
-def vision_rules(encoder: tuple[str, ...], projector: tuple[str, ...], deepstack: bool = True,
-                 heads: str = "v_heads") -> tuple[Rule, ...]:
-    """The tower's rules, its leaves under ``encoder`` and ``projector`` (MaxText names the modules per model:
-    Qwen3.5's are ``Qwen3_5MoeVision*``); ``deepstack``: with the deepstack mergers (Qwen3.5 has none);
-    ``heads``: its heads dim, as :func:`read_vision_dims` names it."""
-    tower = (
-        _tower("patch_embed.proj.weight", (*encoder, "patch_embed", "proj", "kernel"),
-               ("v_emb", "v_channels", "v_tpatch", "v_patch", "v_patch"),
-               (Permute("conv3d_to_thwio", (2, 3, 4, 1, 0)),)),
-        _tower("patch_embed.proj.bias", (*encoder, "patch_embed", "proj", "bias"), ("v_emb",)),
-        _tower("pos_embed.weight", (*encoder, "pos_embed_interpolate", "pos_embed"), ("v_positions", "v_emb")),
-        *_merger("merger.", (*projector, "merger"), "v_emb"),
-        *(_tower(B + f"{hf}.{part}", (mx, leaf), ("v_emb",), kind=BLOCK_KIND)
-          for hf, mx in (("norm1", "ln1"), ("norm2", "ln2")) for part, leaf in (("weight", "scale"), ("bias", "bias"))),
-        Rule("model.visual." + B + "attn.qkv.weight", ("v_qkv", "v_emb"),
-             tuple(_qkv(part, start, False, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
-             TOWER_NOTE),
-        Rule("model.visual." + B + "attn.qkv.bias", ("v_qkv",),
-             tuple(_qkv(part, start, True, heads) for part, start in THIRDS), multimodal, frozenset({BLOCK_KIND}),
-             TOWER_NOTE),
-        _tower(B + "attn.proj.weight", ("attn", "attn", "out", "kernel"), ("v_emb", "v_emb"),
-               (TRANSPOSE, split_first(heads)), BLOCK_KIND),
-        _tower(B + "attn.proj.bias", ("attn", "attn", "out", "bias"), ("v_emb",), kind=BLOCK_KIND),
-        _tower(B + "mlp.linear_fc1.weight", ("mlp", "kernel"), ("v_mlp", "v_emb"), KERNEL, BLOCK_KIND),
-        _tower(B + "mlp.linear_fc1.bias", ("mlp", "bias"), ("v_mlp",), kind=BLOCK_KIND),
-        _tower(B + "mlp.linear_fc2.weight", ("mlp_out", "kernel"), ("v_emb", "v_mlp"), KERNEL, BLOCK_KIND),
-        _tower(B + "mlp.linear_fc2.bias", ("mlp_out", "bias"), ("v_emb",), kind=BLOCK_KIND),
-    )
-    # the deepstack mergers' norm spans the merged patches (use_postshuffle_norm)
-    return tower + (_merger("deepstack_merger_list.{layer}.", (), "v_merged", DEEPSTACK_KIND) if deepstack else ())
-
-
-VISION_RULES = vision_rules(ENCODER, PROJECTOR)
-
-
-def tower_layout(spec: ModelSpec, encoder: tuple[str, ...] = ENCODER) -> tuple[LayerStack, ...]:
-    """The tower's blocks and deepstack mergers, each its own module (MaxText's tower is a plain loop)."""
+def vision_stacks(spec: ModelSpec, encoder: tuple[str, ...] = ENCODER) -> tuple[LayerStack, ...]:
+    """The tower's blocks and deepstack mergers under ``encoder``, one unscanned stack each (MaxText's tower is a
+    plain loop)."""
     return (tuple(LayerStack((*encoder, f"blocks_{i}"), (i,), False, kind=BLOCK_KIND, encoder=True)
                   for i in range(spec.dim("v_layers")))
             + tuple(LayerStack((*encoder, f"merger_{j}"), (j,), False, kind=DEEPSTACK_KIND, encoder=True)
@@ -162,7 +166,7 @@ def layout(spec: ModelSpec, scan: bool) -> tuple[LayerStack, ...]:
         raise UnscannedOnly("--multimodal: MaxText 0.2.5 runs Qwen3-VL's vision path (deepstack features injected "
                             "into decoder layers) unscanned only (it refuses scan_layers with deepstack indexes); "
                             "convert with --no-scan-layers")
-    return uniform_layout(spec, False) + tower_layout(spec)
+    return uniform_layout(spec, False) + vision_stacks(spec, ENCODER)
 
 
 def mrope_scaling(head_dim: int) -> dict:

@@ -45,7 +45,7 @@ FUSED_EXPERTS = (
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     text, tied = read_text(cfg, "qwen3_vl_moe_text")
     text.runtime("sliding_window", "num_experts_per_tok", "norm_topk_prob")
-    dims = read_moe_dims(text) | read_vision_dims(cfg.nested("vision_config"), "qwen3_vl_moe")
+    dims = read_moe_dims(text) | read_vision_dims(cfg.nested("vision_config"), ("qwen3_vl_moe_vision", "qwen3_vl_moe"))
     dims["moe_mlp2"] = 2 * dims["moe_mlp"]
     return make_spec(cfg, "qwen3_vl_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
                      text.int("num_hidden_layers"))
@@ -58,9 +58,11 @@ def synthetic_config(m: Sizes) -> dict:
 SMALL = {"tie_word_embeddings": False, "num_experts": 4, "moe_intermediate_size": 48}
 SYNTHETIC = Synthetic(
     config=synthetic_config,
-    round_trip=(Example("qwen3_vl_moe", {**SMALL, "num_layers": 3}, devices=16),),
+    round_trip=(Example("qwen3_vl_moe", {**SMALL, "num_layers": 3}, devices=16),
+                Example("qwen3_vl_moe-multimodal", {**SMALL, "num_layers": 3}, devices=16, multimodal=True)),
     logits=(Example("qwen3_vl_moe", {**SMALL, "num_layers": 3}, devices=4),
-            Example("qwen3_vl_moe-noscan", SMALL, scan=False, devices=4)),
+            Example("qwen3_vl_moe-noscan", SMALL, scan=False, devices=4),
+            Example("qwen3_vl_moe-multimodal", {**SMALL, "num_layers": 2}, scan=False, devices=4, multimodal=True)),
     # 4x the experts at the same widths: the same peak, with 16 devices and with 1
     memory=(MemoryExample("qwen3_vl_moe-experts", widths_30b_a3b(32), devices=(16, 1), fewer=widths_30b_a3b(8),
                           more_bytes=400 * MIB),),
