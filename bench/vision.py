@@ -9,7 +9,7 @@ Gemma 3 (below) and Qwen3-VL (a tiny ``Qwen3VLForConditionalGeneration`` by ``be
 with a deepstack merger after each; compared unscanned on 16 and 1 devices, the only layout MaxText runs it in,
 and ``--multimodal --scan-layers`` refused), Qwen3-VL-MoE (``qwen3_vl_moe``: the same tower beside a MoE decoder,
 likewise), Qwen3.5 (``qwen3_5_moe``: ``tests/hub_checkpoints.py``'s hub-format 35B-A3B with a 2-block tower: scanned
-on 16, unscanned on 1), ckptconv's checkpoint of each of these four exported back ``--like`` the source and compared
+on 16, unscanned on 1), ckptconv's checkpoint of the last three exported back ``--like`` the source and compared
 tensor by tensor; Gemma 4 (``gemma4_31b``, ``gemma4_26b``: tiny models made by ``Gemma4ForConditionalGeneration``,
 compared scanned on 16 devices and unscanned on 1, and MaxText's forward on text and on an image); Qwen3-Omni-MoE's
 thinker (``qwen3_omni``: a tiny ``Qwen3OmniMoeForConditionalGeneration`` by ``bench/hf_tiny.py``, its vision tower,
@@ -86,8 +86,11 @@ GEMMA4 = {"gemma4_31b": ("GEMMA4_31B", "gemma4-31b"), "gemma4_26b": ("GEMMA4_26B
 FAMILIES = ("gemma3", "qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe", *GEMMA4, "qwen3_omni")
 # the peak-memory runs: --only name -> memory_case's family (omni_memory has its own, omni_memory_case)
 MEMORY = {"memory": "gemma3", "memory-qwen3_5_moe": "qwen3_5_moe", "memory_gemma4": "gemma4"}
-# the families whose compared cases also export ckptconv's checkpoint back --like the source (Gemma 4's do not)
-EXPORT_BACK = ("gemma3", "qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni")
+# the families whose compared cases also export ckptconv's checkpoint back --like the source, which must give every
+# tensor back bit for bit. Not Gemma 4 (never did) nor Gemma 3: its `1 + w` norms are rounded to bfloat16 in the
+# checkpoint (as MaxText's converter does) and come back within one bfloat16 step (measured: 88 of 132 tensors
+# identical, the other 44 every norm, max abs diff 0.0039), as tests/test_export.py says
+EXPORT_BACK = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5_moe", "qwen3_omni")
 # Qwen3-VL: 2 decoder layers (hidden 64), a 2-block tower (hidden 32, 2 heads, MLP 64) with a deepstack merger
 # after each block, made by transformers' Qwen3VLForConditionalGeneration (bench/hf_tiny.py)
 QWEN3_VL_VISION = {"depth": 2, "deepstack_visual_indexes": [0, 1]}
