@@ -818,7 +818,7 @@ def sections_by_hand(path: Path) -> dict:
 
 
 def write(results: dict, path: Path) -> None:
-    by_hand = sections_by_hand(path)
+    by_hand = sections_by_hand(path if path.exists() else BENCH / "VISION.md")  # --out elsewhere: the repo's
     lines = [
         "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
         "",
