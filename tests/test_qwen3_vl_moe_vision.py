@@ -6,18 +6,15 @@ output); beside them the MoE decoder, unscanned (MaxText runs the deepstack path
 fused ``qkv`` and the experts back.
 """
 
-import json
 
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from ckptconv.commands import synth
-from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 from tests.test_qwen3_vl_vision import TOWER
 
@@ -33,7 +30,6 @@ def source(tmp_path):
 
 
 def test_multimodal_is_the_dense_tower_unscanned_and_exports_back(tmp_path, source):
-    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
     plan = make_plan(LocalSource(str(source)), scan_layers=None, devices=4, multimodal=True)
     assert plan.scan_layers is False and plan.not_converted == ()
     leaves = {leaf.path[2:]: leaf.shape for leaf in plan.leaves}
@@ -41,13 +37,8 @@ def test_multimodal_is_the_dense_tower_unscanned_and_exports_back(tmp_path, sour
     assert leaves[("decoder", "layers_1", "moe_block", "wi_0")] == (4, 64, 48)  # the MoE decoder beside it
     assert plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=16, scan_layers=None, progress="none", multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["scan_layers"] is False and report["multimodal"] is True
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is False
-    assert_same(load_file(str(source / "model.safetensors")), hf_tensors(hf))  # qkv and gate_up_proj joined back
+    report, _ = convert_verify_export(source, tmp_path, devices=16)
+    assert report["scan_layers"] is False  # qkv and gate_up_proj joined back by export
 
 
 def test_scan_layers_with_multimodal_is_one_line_and_nothing_is_written(tmp_path, source):
