@@ -7,10 +7,14 @@ fused ``qkv`` and the experts back.
 """
 
 
+import json
+
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from ckptconv.commands import synth
+from ckptconv.commands.convert import ConvertRequest, convert
+from ckptconv.commands.export import ExportRequest, export
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
@@ -65,3 +69,20 @@ def test_without_multimodal_the_tower_is_reported_and_the_default_stays_scanned(
     assert plan.scan_layers is True
     assert [(e["what"], e["tensors"]) for e in plan.not_converted] == [("vision tower", 3 + 12 + 6 + 6)]
     assert not [leaf for leaf in plan.leaves if "vision_encoder" in leaf.path]
+
+
+def test_a_checkpoint_of_the_release_before_the_tower_exports(tmp_path, source):
+    """ckptconv 0.1.0 recorded no tower sizes in a Qwen3-VL-MoE report (it never read the tower): its checkpoints
+    (a zoo's nightly ones) still export --like their source, held only to the fields their report records. The
+    report here is this version's with the tower's sizes taken out and 0.1.0's tool line, as 0.1.0 wrote it."""
+    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
+    convert(ConvertRequest(str(source), str(mt), devices=16, progress="none"))
+    path = mt / "ckptconv-report.json"
+    report = json.loads(path.read_text())
+    assert report["tool"] != "ckptconv 0.1.0" and any(d.startswith("v_") for d in report["model"]["dims"])
+    report["model"]["dims"] = {d: n for d, n in report["model"]["dims"].items() if not d.startswith("v_")}
+    path.write_text(json.dumps({**report, "tool": "ckptconv 0.1.0"}))
+    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
+    assert exported["status"] == "complete"
+    tensors = load_file(str(source / "model.safetensors"))
+    assert_same({n: t for n, t in tensors.items() if not n.startswith("model.visual.")}, hf_tensors(hf))
