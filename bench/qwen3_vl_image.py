@@ -1,7 +1,15 @@
 """MaxText's forward pass on ckptconv's Qwen3-VL ``--multimodal`` checkpoint, on text around one image, against
 transformers' logits (float32, tolerance 1e-4).
 
-    .venv/bin/python bench/qwen3_vl_image.py [--keep]
+    .venv/bin/python bench/qwen3_vl_image.py [--family qwen3_vl|qwen3_vl_moe|qwen3_5_moe] [--scan] [--keep]
+
+``--family qwen3_vl_moe``: the same, with a MoE decoder (4 experts of width 48) by
+``Qwen3VLMoeForConditionalGeneration``, its fused experts written back in the releases' layout
+(bench/hf_tiny.py), MaxText's ``qwen3-vl-30b-a3b``. ``--family qwen3_5_moe``: tests/hub_checkpoints.py's tiny
+Qwen3.5-35B-A3B (8 hybrid layers, hidden 64, 4 experts; the release's vocabulary of 248320, its vision tokens
+248053 / 248054 / 248056) with a 2-block tower without deepstack, by ``Qwen3_5MoeForConditionalGeneration``,
+stored as the hub ships it; MaxText's ``qwen3.5-35b-a3b``; ``--scan``: both conversions scanned (MaxText runs
+this vision path scanned too).
 
 1. ``hf`` (in MaxText's venv): a tiny random ``Qwen3VLForConditionalGeneration`` by transformers' own class
    (3 decoder layers, hidden 64; a 2-block tower, hidden 32, 2 heads, deepstack after both blocks), weights rounded
@@ -37,27 +45,74 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-WORK = BENCH / "work" / "qwen3-vl-image"
+WORK = BENCH / "work" / "qwen3-vl-image"  # qwen3_vl; the others: qwen3-vl-image-<family>[-scan]
 MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
 MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 TOLERANCE = 1e-4
-VISION_START, VISION_END, IMAGE_PAD = 151652, 151653, 151655  # MaxText's QwenTokens (and the releases')
+# family -> (transformers class, MaxText model, (<|vision_start|>, <|vision_end|>, <|image_pad|>): MaxText's
+# QwenTokens for the model, and the releases')
+FAMILIES = {"qwen3_vl": ("Qwen3VLForConditionalGeneration", "qwen3-vl-2b", (151652, 151653, 151655)),
+            "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "qwen3-vl-30b-a3b", (151652, 151653, 151655)),
+            "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "qwen3.5-35b-a3b", (248053, 248054, 248056))}
 GRID = (1, 4, 4)  # (t, h, w) patches: 16 patches, 4 image tokens after the 2 x 2 merge
 PREFIX, SUFFIX = [3, 17, 101, 42], [7, 200, 9, 64, 5]
 TEXT = [3, 17, 101, 42, 7, 200, 9, 64, 5, 33, 250, 11]
 
 
-def image_tokens() -> list[int]:
+def image_pad(family: str) -> int:
+    return FAMILIES[family][2][2]
+
+
+def image_tokens(family: str = "qwen3_vl") -> list[int]:
     t, h, w = GRID
-    return PREFIX + [VISION_START] + [IMAGE_PAD] * (t * h * w // 4) + [VISION_END] + SUFFIX
+    start, end, pad = FAMILIES[family][2]
+    return PREFIX + [start] + [pad] * (t * h * w // 4) + [end] + SUFFIX
 
 
-def config() -> dict:
+def config(family: str = "qwen3_vl") -> dict:
     from ckptconv.commands import synth
 
-    cfg = synth.SynthModel(model_type="qwen3_vl", num_layers=3, vocab_size=151936, tie_word_embeddings=False).config()
+    if family == "qwen3_5_moe":
+        sys.path.insert(0, str(REPO))
+        from tests import hub_checkpoints
+
+        cfg = hub_checkpoints.qwen3_5_moe_config(vocab_size=248320)
+        cfg["vision_config"].update(depth=2)
+        return cfg
+    moe = {"num_experts": 4, "moe_intermediate_size": 48} if family == "qwen3_vl_moe" else {}
+    cfg = synth.SynthModel(model_type=family, num_layers=3, vocab_size=151936, tie_word_embeddings=False,
+                           **moe).config()
     cfg["vision_config"].update(depth=2, deepstack_visual_indexes=[0, 1])
     return cfg
+
+
+def work_dir(family: str, scan: bool) -> Path:
+    return WORK if family == "qwen3_vl" else WORK.with_name(f"{WORK.name}-{family}{'-scan' if scan else ''}")
+
+
+def maxtext_sizes(cfg: dict, scan: bool) -> list[str]:
+    """MaxText's model given the checkpoint's text and tower sizes, use_multimodal=true."""
+    sys.path.insert(0, str(BENCH))
+    from vision import qwen3_vl_sizes
+
+    text, vision = cfg["text_config"], cfg["vision_config"]
+    if cfg["model_type"] == "qwen3_5_moe":  # bench/maxtext_hybrid.py's decoder sizes, and the tower's
+        from maxtext_hybrid import overrides
+
+        values = overrides(cfg, scan) | {
+            "use_multimodal": "true", "hidden_size_for_vit": vision["hidden_size"],
+            "intermediate_size_for_vit": vision["intermediate_size"], "num_attention_heads_for_vit": vision["num_heads"],
+            "num_hidden_layers_for_vit": vision["depth"], "out_hidden_size_for_vit": vision["out_hidden_size"],
+            "num_position_embeddings_for_vit": vision["num_position_embeddings"],
+            "patch_size_for_vit": vision["patch_size"], "temporal_patch_size_for_vit": vision["temporal_patch_size"],
+            "spatial_merge_size_for_vit": vision["spatial_merge_size"]}
+        return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()]
+    if cfg["model_type"] == "qwen3_vl":
+        return qwen3_vl_sizes(cfg)
+    moe = text["moe_intermediate_size"]
+    return qwen3_vl_sizes({**cfg, "text_config": {**text, "intermediate_size": moe}}) + [
+        f"num_experts={text['num_experts']}", f"num_experts_per_tok={text['num_experts_per_tok']}",
+        f"base_moe_mlp_dim={moe}"]
 
 
 # --- in MaxText's venv -----------------------------------------------------------------------
@@ -68,14 +123,27 @@ def make_hf(out: Path) -> None:
     import transformers
 
     fields = json.loads((out / "synth-config.json").read_text())
-    torch.manual_seed(0)
-    model = transformers.Qwen3VLForConditionalGeneration(transformers.AutoConfig.for_model(**fields))
-    model = model.to(torch.float32).eval()
-    with torch.no_grad():
-        for tensor in model.parameters():
-            noise = torch.randn(tensor.shape) * (0.05 if tensor.ndim > 1 else 0.1)
-            tensor.copy_((tensor + noise if tensor.ndim == 1 else noise).to(torch.bfloat16).to(torch.float32))
-    model.save_pretrained(str(out))
+    family = fields["model_type"]
+    if family == "qwen3_5_moe":  # the hub's layout (tests/hub_checkpoints.py: experts fused, mtp.* beside)
+        sys.path.insert(0, str(REPO))
+        from tests import hub_checkpoints
+
+        model = hub_checkpoints.build(fields)
+        hub_checkpoints.write_hub(str(out), hub_checkpoints.hub_tensors(model, fields), fields)
+    else:
+        torch.manual_seed(0)
+        model = getattr(transformers, FAMILIES[family][0])(transformers.AutoConfig.for_model(**fields))
+        model = model.to(torch.float32).eval()
+        with torch.no_grad():
+            for tensor in model.parameters():
+                noise = torch.randn(tensor.shape) * (0.05 if tensor.ndim > 1 else 0.1)
+                tensor.copy_((tensor + noise if tensor.ndim == 1 else noise).to(torch.bfloat16).to(torch.float32))
+        model.save_pretrained(str(out))
+        if family == "qwen3_vl_moe":  # the releases' fused-expert layout, as bench/hf_tiny.py writes it
+            sys.path.insert(0, str(BENCH))
+            from hf_tiny import hub_expert_layout
+
+            hub_expert_layout(out)
     vision = model.config.vision_config
     t, h, w = GRID
     patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
@@ -83,9 +151,9 @@ def make_hf(out: Path) -> None:
     grid = torch.tensor([GRID])
     result = {}
     with torch.no_grad():
-        for name, ids in (("text", TEXT), ("image", image_tokens())):
+        for name, ids in (("text", TEXT), ("image", image_tokens(family))):
             tokens = torch.tensor([ids])
-            kinds = (tokens == IMAGE_PAD).int()  # mm_token_type_ids: 1 on image tokens, as the processor marks them
+            kinds = (tokens == image_pad(family)).int()  # mm_token_type_ids: 1 on image tokens, as the processor marks them
             if name == "text":
                 result[name] = model(input_ids=tokens).logits[0].numpy()
                 positions = np.repeat(np.arange(len(ids))[:, None], 3, axis=1)
@@ -111,11 +179,12 @@ def imitate(hf_dir: str, work: str) -> dict:
     import transformers
 
     hf = Path(hf_dir)
-    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(str(hf), dtype=torch.float32).eval()
+    family = json.loads((hf / "synth-config.json").read_text())["model_type"]
+    model = getattr(transformers, FAMILIES[family][0]).from_pretrained(str(hf), dtype=torch.float32).eval()
     visual = model.model.visual
-    ids = torch.tensor([image_tokens()])
+    ids = torch.tensor([image_tokens(family)])
     inputs = {"input_ids": ids, "pixel_values": torch.from_numpy(np.load(hf / "pixels.npy")),
-              "image_grid_thw": torch.tensor([GRID]), "mm_token_type_ids": (ids == IMAGE_PAD).int()}
+              "image_grid_thw": torch.tensor([GRID]), "mm_token_type_ids": (ids == image_pad(family)).int()}
     theirs = np.load(Path(work) / "maxtext_image_logits.npy")
     patches = {}
 
@@ -130,7 +199,7 @@ def imitate(hf_dir: str, work: str) -> dict:
 
     visual.patch_embed.register_forward_hook(lambda module, inputs, out: patches.__setitem__("embedded", out))
     result = {"as is": diff()}
-    for merger in (visual.merger, *visual.deepstack_merger_list):
+    for merger in (visual.merger, *getattr(visual, "deepstack_merger_list", [])):  # Qwen3.5: no deepstack
         merger.act_fn = torch.nn.GELU(approximate="tanh")
     result["mergers' GELU tanh-approximated"] = diff()
     visual.blocks[0].register_forward_pre_hook(bf16_positions, with_kwargs=True)
@@ -138,30 +207,30 @@ def imitate(hf_dir: str, work: str) -> dict:
     return result
 
 
-def forward(ckpt: str, hf_dir: str, work: str) -> dict:
+def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
     import jax.numpy as jnp
     import maxtext
     import numpy as np
     from maxtext.configs import pyconfig
     from maxtext.utils import model_creation_utils
 
-    sys.path.insert(0, str(BENCH))
-    from vision import qwen3_vl_sizes
-
     hf = Path(hf_dir)
     cfg = json.loads((hf / "synth-config.json").read_text())
+    family = cfg["model_type"]
     text = cfg["text_config"]
-    length = len(image_tokens())
+    length = len(image_tokens(family))
     overrides = {
-        "model_name": "qwen3-vl-2b", "override_model_config": True, "hardware": "cpu",
+        "model_name": FAMILIES[family][1], "override_model_config": True, "hardware": "cpu",
         "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
         "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
         "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": max(length, len(TEXT)),
         "max_prefill_predict_length": max(length, len(TEXT)), "enable_checkpointing": False,
         "enable_dropout": False, "use_mrope": "true", "normalization_layer_epsilon": text["rms_norm_eps"],
-        "rope_max_timescale": text["rope_theta"], "logits_via_embedding": "false", "dtype_mm": "float32",
+        "logits_via_embedding": "false", "dtype_mm": "float32", "sparse_matmul": False, "capacity_factor": -1,
     }
-    settings = [f"{k}={v}" for k, v in overrides.items()] + qwen3_vl_sizes(cfg)
+    if "rope_theta" in text:  # Qwen3.5: in rope_parameters (bench/maxtext_hybrid.py's overrides)
+        overrides["rope_max_timescale"] = text["rope_theta"]
+    settings = [f"{k}={v}" for k, v in overrides.items()] + maxtext_sizes(cfg, scan == "true")
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
     config = pyconfig.initialize(["logits", base, *settings])
     model, _ = model_creation_utils.from_pretrained(config)
@@ -170,7 +239,7 @@ def forward(ckpt: str, hf_dir: str, work: str) -> dict:
     tp, p, c = vision.get("temporal_patch_size", 2), vision.get("patch_size", 16), vision.get("in_channels", 3)
     pixels = np.load(hf / "pixels.npy").reshape(1, c, t * tp, h * p, w * p)  # the same patches, in order
     result = {}
-    for name, ids in (("text", TEXT), ("image", image_tokens())):
+    for name, ids in (("text", TEXT), ("image", image_tokens(family))):
         tokens = jnp.asarray(np.array(ids)[None], jnp.int32)
         positions = jnp.asarray(np.load(hf / f"{name}_positions.npy")[None], jnp.int32)
         kwargs = {} if name == "text" else {"encoder_images": jnp.asarray(pixels, jnp.float32)}
@@ -199,52 +268,58 @@ def main(argv: list[str] | None = None) -> int:
         make_hf(Path(argv[1]))
         return 0
     if argv[:1] == ["forward"]:
-        print(json.dumps(forward(*argv[1:4])))
+        print(json.dumps(forward(*argv[1:5])))
         return 0
     if argv[:1] == ["imitate"]:
         print(json.dumps(imitate(*argv[1:3])))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=FAMILIES, default="qwen3_vl")
+    parser.add_argument("--scan", action="store_true", help="scanned conversions (Qwen3.5 only: no deepstack)")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     args = parser.parse_args(argv)
-    shutil.rmtree(WORK, ignore_errors=True)
-    hf, ours = WORK / "hf", WORK / "ckptconv-f32"
+    if args.scan and args.family != "qwen3_5_moe":
+        parser.error("--scan: MaxText runs Qwen3-VL's vision path (deepstack) unscanned only")
+    work, scan = work_dir(args.family, args.scan), str(args.scan).lower()
+    shutil.rmtree(work, ignore_errors=True)
+    hf, ours = work / "hf", work / "ckptconv-f32"
     hf.mkdir(parents=True)
-    (hf / "synth-config.json").write_text(json.dumps(config()))
-    theirs = WORK / "maxtext-f32"
-    sys.path.insert(0, str(BENCH))
-    from vision import qwen3_vl_sizes
+    cfg = config(args.family)
+    (hf / "synth-config.json").write_text(json.dumps(cfg))
+    theirs = work / "maxtext-f32"
+    layout = "--scan-layers" if args.scan else "--no-scan-layers"
 
     steps = [([MT_PYTHON, __file__, "hf", hf], "hf.log", MT_ENV),
              ([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
-               "--dtype", "float32", "--multimodal"], "ckptconv.log", None),
-             ([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, WORK], "forward.log", MT_ENV),
+               "--dtype", "float32", "--multimodal", layout], "ckptconv.log", None),
+             ([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, work, scan], "forward.log", MT_ENV),
              # MaxText's own conversion of the same checkpoint, and its forward on it: the comparison's floor
-             ([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", "qwen3-vl-2b", hf, theirs, *qwen3_vl_sizes(config()),
-               "logits_via_embedding=false", "--", "--lazy_load_tensors=false", "--eager_load_method=safetensors",
-               "--simulated_cpu_devices_count=1", "--save_dtype=float32"], "maxtext-convert.log",
-              {**MT_ENV, "HF_HOME": str(WORK / "hf-home")}),
-             ([MT_PYTHON, __file__, "forward", theirs / "0" / "items", hf, WORK / "own"], "forward-own.log", MT_ENV)]
+             ([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", FAMILIES[args.family][1], hf, theirs,
+               *maxtext_sizes(cfg, args.scan), "logits_via_embedding=false", "--", "--lazy_load_tensors=false",
+               "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1", "--save_dtype=float32"],
+              "maxtext-convert.log", {**MT_ENV, "HF_HOME": str(work / "hf-home")}),
+             ([MT_PYTHON, __file__, "forward", theirs / "0" / "items", hf, work / "own", scan], "forward-own.log",
+              MT_ENV)]
     outputs = []
     for cmd, log, env in steps:
-        (WORK / "own").mkdir(exist_ok=True)
-        done = run(cmd, WORK / log, env)
+        (work / "own").mkdir(exist_ok=True)
+        done = run(cmd, work / log, env)
         if done.returncode:
             print(f"{log}: {(done.stderr or done.stdout).strip().splitlines()[-1:]}", file=sys.stderr)
             return 1
         outputs.append(done.stdout)
     result = json.loads(outputs[2].strip().splitlines()[-1])
     result["on MaxText's own conversion"] = json.loads(outputs[4].strip().splitlines()[-1])
-    done = run([MT_PYTHON, __file__, "imitate", hf, WORK], WORK / "imitate.log", MT_ENV)
+    done = run([MT_PYTHON, __file__, "imitate", hf, work], work / "imitate.log", MT_ENV)
     if done.returncode == 0:
         result["transformers imitating MaxText (image)"] = json.loads(done.stdout.strip().splitlines()[-1])
-    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", WORK / "compare.json"],
-                   WORK / "compare.log", MT_ENV)
-    leaves = json.loads((WORK / "compare.json").read_text())
+    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", work / "compare.json"],
+                   work / "compare.log", MT_ENV)
+    leaves = json.loads((work / "compare.json").read_text())
     result["leaves"] = {"identical": leaves["identical"], "compared": leaves["leaves_compared"],
                         "only_in_ckptconv": leaves["only_in_a"], "only_in_maxtext": leaves["only_in_b"],
                         "exit": compared.returncode}
-    (WORK / "result.json").write_text(json.dumps(result, indent=2))
+    (work / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
     if not args.keep:
         shutil.rmtree(ours, ignore_errors=True)

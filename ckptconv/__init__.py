@@ -4,4 +4,4 @@ Importing this package is cheap: JAX and Orbax are imported only by the modules 
 write or read checkpoints, inside the conversion process, after the device count is set.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

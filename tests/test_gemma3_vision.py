@@ -15,12 +15,12 @@ from safetensors.numpy import load_file, save_file
 from ckptconv.commands import synth
 from ckptconv.commands.convert import ConvertRequest, convert
 from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.errors import BadInputError
 from ckptconv.families.gemma3 import FAMILY
 from ckptconv.plan.conversion import make_plan, read_spec
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # two tower layers, 8 decoder layers (a scanned block of 6 and a remainder of 2); image 28 / patch 14: 4 positions
@@ -57,7 +57,6 @@ def leaves(plan) -> dict[tuple[str, ...], tuple[int, ...]]:
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
 def test_multimodal_writes_the_tower_as_maxtext_and_exports_it_back(tmp_path, source, scan):
-    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
     plan = make_plan(LocalSource(str(source)), scan_layers=scan, devices=4, multimodal=True)
     text_only = make_plan(LocalSource(str(source)), scan_layers=scan, devices=4)
     tower = {path[2:]: shape for path, shape in leaves(plan).items() if path[2] == "vision_encoder"}
@@ -74,14 +73,7 @@ def test_multimodal_writes_the_tower_as_maxtext_and_exports_it_back(tmp_path, so
     }
     assert plan.not_converted == () and plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=16 if scan else 1, scan_layers=scan, progress="none",
-                           multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["multimodal"] is True and report["not_converted"] == []
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is scan
-    assert_same(load_file(str(source / "model.safetensors")), hf_tensors(hf), NORMS)  # hub names included
+    convert_verify_export(source, tmp_path, devices=16 if scan else 1, scan_layers=scan, close=NORMS)
 
 
 def test_without_multimodal_the_tower_is_reported_and_not_written(tmp_path, source):

@@ -14,14 +14,12 @@ import pytest
 from safetensors.numpy import load_file
 
 from ckptconv.commands import synth
-from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.errors import BadInputError
 from ckptconv.families.gemma4 import DENSE_TINY, E2B_TINY, MOE_TINY
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # the synthetic tower (gemma4.synthetic_config): 2 layers, hidden 32, 2 heads of 16, MLP 64, patch 4, 64 positions
@@ -56,7 +54,7 @@ def write(tmp_path, model: synth.SynthModel, **vision):
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "noscan"])
 def test_multimodal_writes_the_tower_as_maxtext_and_exports_it_back(tmp_path, scan):
-    source, mt, hf = write(tmp_path, DENSE), tmp_path / "maxtext", tmp_path / "hf"
+    source = write(tmp_path, DENSE)
     tensors = load_file(str(source / "model.safetensors"))
     assert sum(name.startswith(("model.vision_tower.", "model.embed_vision.")) for name in tensors) == 5 + 2 * 13
     plan = make_plan(LocalSource(str(source)), scan_layers=scan, devices=4, multimodal=True)
@@ -67,14 +65,7 @@ def test_multimodal_writes_the_tower_as_maxtext_and_exports_it_back(tmp_path, sc
         leaf.path for leaf in text_only.leaves}
     assert plan.not_converted == () and plan.tensor_count == len(tensors)
 
-    convert(ConvertRequest(str(source), str(mt), devices=16 if scan else 1, scan_layers=scan, progress="none",
-                           multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["multimodal"] is True and report["not_converted"] == []
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is scan
-    assert_same(tensors, hf_tensors(hf))  # every tensor, hub names included, bit for bit
+    convert_verify_export(source, tmp_path, devices=16 if scan else 1, scan_layers=scan, source_tensors=tensors)
 
 
 def test_the_moe_model_takes_the_same_tower(tmp_path):

@@ -13,13 +13,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from ckptconv.commands import synth
-from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.families.qwen3_5_moe import SMALL
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # the synthetic tower: 1 block, hidden 32, 2 heads of 16, MLP 64, patch 4 (t 2), 64 positions, merged 4 x 32 = 128
@@ -59,14 +57,8 @@ def test_multimodal_names_the_tower_as_maxtext_in_both_layouts(source, scan):
 
 
 def test_multimodal_scanned_converts_verifies_and_exports_back(tmp_path, source):
-    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
-    convert(ConvertRequest(str(source), str(mt), devices=16, scan_layers=None, progress="none", multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["scan_layers"] is True and report["multimodal"] is True
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is True
-    assert_same(load_file(str(source / "model.safetensors")), hf_tensors(hf))  # qkv, in_proj_* split back
+    report, _ = convert_verify_export(source, tmp_path, devices=16)
+    assert report["scan_layers"] is True  # qkv, in_proj_* split back by export
 
 
 def test_without_multimodal_the_tower_is_reported(source):

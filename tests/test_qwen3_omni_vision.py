@@ -8,7 +8,6 @@ MaxText runs the vision path unscanned only: the default layout is then unscanne
 one line saying why; without the flag both towers are reported, not written.
 """
 
-import json
 
 import numpy as np
 import pytest
@@ -16,12 +15,11 @@ from safetensors.numpy import load_file, save_file
 
 from ckptconv.commands import synth
 from ckptconv.commands.convert import ConvertRequest, convert
-from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from ckptconv.read.stored import open_leaf, read_region
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export, qwen3_vl_tower
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 
 # vision: 1 block, hidden 32, 2 heads of 16, MLP 64, deepstack at block 0, merged width 4 x 32 = 128, out 64;
@@ -32,23 +30,7 @@ V_ENCODER = ("vision_encoder", "Qwen3OmniMoeVisionEncoder_0")
 V_PROJECTOR = ("vision_encoder", "Qwen3OmniMoeVisionProjector_0")
 A_ENCODER = ("audio_encoder", "Qwen3OmniAudioEncoder_0")
 A_PROJECTOR = ("audio_encoder", "Qwen3OmniAudioProjector_0")
-MERGER = {("ln_q", "scale"): (128,), ("ln_q", "bias"): (128,), ("mlp_0", "kernel"): (128, 128),
-          ("mlp_0", "bias"): (128,), ("mlp_2", "kernel"): (128, 64), ("mlp_2", "bias"): (64,)}
-VISION = {  # MaxText 0.2.5's names and shapes (its to_maxtext output listed)
-    (*V_ENCODER, "patch_embed", "proj", "kernel"): (2, 16, 16, 3, 32),
-    (*V_ENCODER, "patch_embed", "proj", "bias"): (32,),
-    (*V_ENCODER, "pos_embed_interpolate", "pos_embed"): (2304, 32),
-    **{(*V_ENCODER, "blocks_0", ln, p): (32,) for ln in ("ln1", "ln2") for p in ("scale", "bias")},
-    **{(*V_ENCODER, "blocks_0", "attn", "attn", m, "kernel"): (32, 2, 16) for m in ("query", "key", "value")},
-    **{(*V_ENCODER, "blocks_0", "attn", "attn", m, "bias"): (2, 16) for m in ("query", "key", "value")},
-    (*V_ENCODER, "blocks_0", "attn", "attn", "out", "kernel"): (2, 16, 32),
-    (*V_ENCODER, "blocks_0", "attn", "attn", "out", "bias"): (32,),
-    (*V_ENCODER, "blocks_0", "mlp", "kernel"): (32, 64), (*V_ENCODER, "blocks_0", "mlp", "bias"): (64,),
-    (*V_ENCODER, "blocks_0", "mlp_out", "kernel"): (64, 32), (*V_ENCODER, "blocks_0", "mlp_out", "bias"): (32,),
-    **{(*V_ENCODER, "merger_0", *path): shape for path, shape in MERGER.items()},
-    **{(*V_PROJECTOR, "merger", *path): shape for path, shape in MERGER.items() if path[0] != "ln_q"},
-    (*V_PROJECTOR, "merger", "ln_q", "scale"): (32,), (*V_PROJECTOR, "merger", "ln_q", "bias"): (32,),
-}
+VISION = qwen3_vl_tower(V_ENCODER, V_PROJECTOR)  # MaxText 0.2.5's names and shapes (its to_maxtext output)
 LAYER = (*A_ENCODER, "layers_0")
 AUDIO = {
     (*A_ENCODER, "conv2d1", "kernel"): (3, 3, 1, 16), (*A_ENCODER, "conv2d1", "bias"): (16,),
@@ -76,7 +58,6 @@ def source(tmp_path):
 
 
 def test_multimodal_is_unscanned_named_as_maxtext_and_exports_back(tmp_path, source):
-    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
     plan = make_plan(LocalSource(str(source)), scan_layers=None, devices=4, multimodal=True)
     assert plan.scan_layers is False
     assert [e["what"] for e in plan.not_converted] == []  # no talker in the synthetic checkpoint
@@ -85,13 +66,8 @@ def test_multimodal_is_unscanned_named_as_maxtext_and_exports_back(tmp_path, sou
     assert {path: shape for path, shape in leaves.items() if path[0] == "audio_encoder"} == AUDIO
     assert plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=16, scan_layers=None, progress="none", multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["scan_layers"] is False and report["multimodal"] is True
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is False
-    assert_same(load_file(str(source / "model.safetensors")), hf_tensors(hf))  # qkv fused back, convs as stored
+    report, _ = convert_verify_export(source, tmp_path, devices=16)
+    assert report["scan_layers"] is False  # qkv fused back, convs as stored, by export
 
 
 def test_conv2d_kernel_as_maxtext_permutes_it(tmp_path, source):

@@ -6,6 +6,7 @@ output); beside them the MoE decoder, unscanned (MaxText runs the deepstack path
 fused ``qkv`` and the experts back.
 """
 
+
 import json
 
 import pytest
@@ -14,10 +15,10 @@ from safetensors.numpy import load_file, save_file
 from ckptconv.commands import synth
 from ckptconv.commands.convert import ConvertRequest, convert
 from ckptconv.commands.export import ExportRequest, export
-from ckptconv.commands.verification import verify
 from ckptconv.plan.conversion import make_plan
 from ckptconv.read.sources import LocalSource
 from tests.conftest import run_cli
+from tests.multimodal import convert_verify_export
 from tests.test_export import assert_same, hf_tensors, jax_with_16_devices  # noqa: F401 (autouse: JAX with 16)
 from tests.test_qwen3_vl_vision import TOWER
 
@@ -33,7 +34,6 @@ def source(tmp_path):
 
 
 def test_multimodal_is_the_dense_tower_unscanned_and_exports_back(tmp_path, source):
-    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
     plan = make_plan(LocalSource(str(source)), scan_layers=None, devices=4, multimodal=True)
     assert plan.scan_layers is False and plan.not_converted == ()
     leaves = {leaf.path[2:]: leaf.shape for leaf in plan.leaves}
@@ -41,13 +41,8 @@ def test_multimodal_is_the_dense_tower_unscanned_and_exports_back(tmp_path, sour
     assert leaves[("decoder", "layers_1", "moe_block", "wi_0")] == (4, 64, 48)  # the MoE decoder beside it
     assert plan.tensor_count == len(load_file(str(source / "model.safetensors")))
 
-    convert(ConvertRequest(str(source), str(mt), devices=16, scan_layers=None, progress="none", multimodal=True))
-    report = json.loads((mt / "ckptconv-report.json").read_text())
-    assert report["scan_layers"] is False and report["multimodal"] is True
-    assert verify(str(source), str(mt)).ok
-    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
-    assert exported["status"] == "complete" and exported["scan_layers"] is False
-    assert_same(load_file(str(source / "model.safetensors")), hf_tensors(hf))  # qkv and gate_up_proj joined back
+    report, _ = convert_verify_export(source, tmp_path, devices=16)
+    assert report["scan_layers"] is False  # qkv and gate_up_proj joined back by export
 
 
 def test_scan_layers_with_multimodal_is_one_line_and_nothing_is_written(tmp_path, source):
@@ -74,3 +69,20 @@ def test_without_multimodal_the_tower_is_reported_and_the_default_stays_scanned(
     assert plan.scan_layers is True
     assert [(e["what"], e["tensors"]) for e in plan.not_converted] == [("vision tower", 3 + 12 + 6 + 6)]
     assert not [leaf for leaf in plan.leaves if "vision_encoder" in leaf.path]
+
+
+def test_a_checkpoint_of_the_release_before_the_tower_exports(tmp_path, source):
+    """ckptconv 0.1.0 recorded no tower sizes in a Qwen3-VL-MoE report (it never read the tower): its checkpoints
+    (a zoo's nightly ones) still export --like their source, held only to the fields their report records. The
+    report here is this version's with the tower's sizes taken out and 0.1.0's tool line, as 0.1.0 wrote it."""
+    mt, hf = tmp_path / "maxtext", tmp_path / "hf"
+    convert(ConvertRequest(str(source), str(mt), devices=16, progress="none"))
+    path = mt / "ckptconv-report.json"
+    report = json.loads(path.read_text())
+    assert report["tool"] != "ckptconv 0.1.0" and any(d.startswith("v_") for d in report["model"]["dims"])
+    report["model"]["dims"] = {d: n for d, n in report["model"]["dims"].items() if not d.startswith("v_")}
+    path.write_text(json.dumps({**report, "tool": "ckptconv 0.1.0"}))
+    exported = export(ExportRequest(str(mt), str(hf), like=str(source), progress="none"))
+    assert exported["status"] == "complete"
+    tensors = load_file(str(source / "model.safetensors"))
+    assert_same({n: t for n, t in tensors.items() if not n.startswith("model.visual.")}, hf_tensors(hf))

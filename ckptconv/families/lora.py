@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ckptconv.families.base import Family, Output, Rule
+from ckptconv.families.base import Family, Output, Rule, multimodal
 from ckptconv.families.transforms import TRANSPOSE, PerHead, RopeInterleave, Scale, Split, Step
 
 ADAPTER_PREFIX = "base_model.model."  # PEFT's PeftModel.base_model (LoraModel).model
@@ -57,7 +57,9 @@ def targets(family: Family) -> dict[str, tuple[Target, ...]]:
 
 
 def _is_projection(r: Rule) -> bool:
-    return (r.per_layer and not r.per_expert and r.hf.endswith(".weight") and len(r.hf_shape) == 2
+    """A decoder's linear projection; an encoder's (``--multimodal`` only) never is: adapters convert for the text
+    decoder alone, and a tower's module names (Gemma 4's ``linear``) must not stand for the decoder's."""
+    return (r.per_layer and not r.per_expert and r.when is not multimodal and r.hf.endswith(".weight") and len(r.hf_shape) == 2
             and len(r.outputs) == 1 and r.outputs[0].steps[:1] == (TRANSPOSE,)
             and all(isinstance(s, (Split, *VALUE_STEPS)) for s in r.outputs[0].steps[1:]))
 
