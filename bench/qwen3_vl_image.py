@@ -252,6 +252,8 @@ def imitate(hf_dir: str, work: str) -> dict:
 
     hf = Path(hf_dir)
     family = json.loads((hf / "synth-config.json").read_text())["model_type"]
+    if family == "qwen3_omni_moe":
+        return imitate_omni(hf, Path(work))
     model = getattr(transformers, FAMILIES[family][0]).from_pretrained(str(hf), dtype=torch.float32).eval()
     visual = model.model.visual
     ids = torch.tensor([image_tokens(family)])
@@ -276,6 +278,59 @@ def imitate(hf_dir: str, work: str) -> dict:
     result["mergers' GELU tanh-approximated"] = diff()
     visual.blocks[0].register_forward_pre_hook(bf16_positions, with_kwargs=True)
     result["and position embeddings rounded to bfloat16"] = diff()
+    return result
+
+
+def imitate_omni(hf: Path, work: Path) -> dict:
+    """Qwen3-Omni: the thinker's image and audio logits with MaxText's GELU (tanh-approximated, ``jax.nn.gelu``) in
+    place of transformers' exact one wherever transformers uses it (the vision mergers; the audio tower's
+    convolutions, MLPs and projector), then (image) the interpolated position embeddings rounded to bfloat16."""
+    import numpy as np
+    import torch
+    import transformers
+
+    thinker = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(hf), dtype=torch.float32).eval().thinker
+    visual = thinker.model.visual
+    feeds = {"image": {"pixel_values": torch.from_numpy(np.load(hf / "pixels.npy")),
+                       "image_grid_thw": torch.tensor([GRID])},
+             "audio": {"input_features": torch.from_numpy(np.load(hf / "mel.npy")),
+                       "feature_attention_mask": torch.ones(1, AUDIO_FRAMES, dtype=torch.long)}}
+    ids = inputs("qwen3_omni_moe")
+
+    def diff(name: str) -> float:
+        tokens = torch.tensor([ids[name]])
+        with torch.no_grad():
+            logits = thinker(input_ids=tokens, attention_mask=torch.ones_like(tokens), **feeds[name]).logits[0]
+        theirs = np.load(work / f"maxtext_{name}_logits.npy")
+        return float(np.abs(theirs[:, : logits.shape[-1]] - logits.numpy()).max())
+
+    result = {name: {"as is": diff(name)} for name in feeds}
+    exact = torch.nn.functional.gelu
+
+    def tanh_gelu(x, approximate="none"):
+        return exact(x, approximate="tanh")
+
+    bound = [m for m in thinker.modules() if getattr(m, "act", None) is exact]  # GELUActivation keeps its own
+    torch.nn.functional.gelu = tanh_gelu  # nn.GELU (the mergers) calls it at run time
+    for module in bound:
+        module.act = tanh_gelu
+    try:
+        for name in feeds:
+            result[name]["GELUs tanh-approximated"] = diff(name)
+        patches = {}
+
+        def bf16_positions(module, args, kwargs):  # the first block's input is patches + positions
+            positions = (args[0] - patches["embedded"]).to(torch.bfloat16).to(torch.float32)
+            return (patches["embedded"] + positions, *args[1:]), kwargs
+
+        visual.patch_embed.register_forward_hook(lambda module, inputs, out: patches.__setitem__("embedded", out))
+        visual.blocks[0].register_forward_pre_hook(bf16_positions, with_kwargs=True)
+        result["image"]["and position embeddings rounded to bfloat16"] = diff("image")
+    finally:
+        torch.nn.functional.gelu = exact
+        for module in bound:
+            module.act = exact
     return result
 
 
