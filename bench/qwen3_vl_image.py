@@ -1,7 +1,8 @@
 """MaxText's forward pass on ckptconv's Qwen3-VL ``--multimodal`` checkpoint, on text around one image, against
 transformers' logits (float32, tolerance 1e-4).
 
-    .venv/bin/python bench/qwen3_vl_image.py [--family qwen3_vl|qwen3_vl_moe|qwen3_5_moe] [--scan] [--keep]
+    .venv/bin/python bench/qwen3_vl_image.py [--family qwen3_vl|qwen3_vl_moe|qwen3_5_moe|qwen3_omni_moe] [--scan]
+                                             [--keep]
 
 ``--family qwen3_vl_moe``: the same, with a MoE decoder (4 experts of width 48) by
 ``Qwen3VLMoeForConditionalGeneration``, its fused experts written back in the releases' layout
@@ -9,7 +10,12 @@ transformers' logits (float32, tolerance 1e-4).
 Qwen3.5-35B-A3B (8 hybrid layers, hidden 64, 4 experts; the release's vocabulary of 248320, its vision tokens
 248053 / 248054 / 248056) with a 2-block tower without deepstack, by ``Qwen3_5MoeForConditionalGeneration``,
 stored as the hub ships it; MaxText's ``qwen3.5-35b-a3b``; ``--scan``: both conversions scanned (MaxText runs
-this vision path scanned too).
+this vision path scanned too). ``--family qwen3_omni_moe``: Qwen3-Omni's thinker (bench/vision.py's tiny model, 3
+MoE decoder layers, the same 2-block tower, a 2-layer audio tower, the release's vocabulary and token ids) by
+``Qwen3OmniMoeForConditionalGeneration`` (its thinker's logits), saved as the release lays it out (bench/hf_tiny.py);
+MaxText's ``qwen3-omni-30b-a3b`` (audio on, as its config has it), unscanned (deepstack); a third input, text around
+one 100-frame chunk of random mel features (13 ``<|audio_pad|>`` tokens between ``<|audio_start|>`` and
+``<|audio_end|>``), given to transformers as ``input_features`` and to MaxText as ``encoder_audios``.
 
 1. ``hf`` (in MaxText's venv): a tiny random ``Qwen3VLForConditionalGeneration`` by transformers' own class
    (3 decoder layers, hidden 64; a 2-block tower, hidden 32, 2 heads, deepstack after both blocks), weights rounded
@@ -53,7 +59,10 @@ TOLERANCE = 1e-4
 # QwenTokens for the model, and the releases')
 FAMILIES = {"qwen3_vl": ("Qwen3VLForConditionalGeneration", "qwen3-vl-2b", (151652, 151653, 151655)),
             "qwen3_vl_moe": ("Qwen3VLMoeForConditionalGeneration", "qwen3-vl-30b-a3b", (151652, 151653, 151655)),
-            "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "qwen3.5-35b-a3b", (248053, 248054, 248056))}
+            "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", "qwen3.5-35b-a3b", (248053, 248054, 248056)),
+            "qwen3_omni_moe": ("Qwen3OmniMoeForConditionalGeneration", "qwen3-omni-30b-a3b", (151652, 151653, 151655))}
+OMNI_AUDIO = (151669, 151670, 151675)  # <|audio_start|>, <|audio_end|>, <|audio_pad|>: MaxText's and the release's
+AUDIO_FRAMES = 100  # one chunk (n_window * 2): 13 audio tokens after the tower's three stride-2 convolutions
 GRID = (1, 4, 4)  # (t, h, w) patches: 16 patches, 4 image tokens after the 2 x 2 merge
 PREFIX, SUFFIX = [3, 17, 101, 42], [7, 200, 9, 64, 5]
 TEXT = [3, 17, 101, 42, 7, 200, 9, 64, 5, 33, 250, 11]
@@ -69,9 +78,32 @@ def image_tokens(family: str = "qwen3_vl") -> list[int]:
     return PREFIX + [start] + [pad] * (t * h * w // 4) + [end] + SUFFIX
 
 
+def audio_tokens() -> list[int]:
+    start, end, pad = OMNI_AUDIO
+    return PREFIX + [start] + [pad] * 13 + [end] + SUFFIX
+
+
+def inputs(family: str) -> dict:
+    """input name -> tokens: text, text around the image, and (Qwen3-Omni) text around the audio."""
+    return {"text": TEXT, "image": image_tokens(family)} | ({"audio": audio_tokens()} if family == "qwen3_omni_moe"
+                                                            else {})
+
+
 def config(family: str = "qwen3_vl") -> dict:
     from ckptconv.commands import synth
 
+    if family == "qwen3_omni_moe":  # bench/vision.py's tiny thinker, 3 layers, the release's vocabulary and ids
+        sys.path.insert(0, str(BENCH))
+        from vision import QWEN3_OMNI_AUDIO, QWEN3_VL_VISION
+
+        cfg = synth.SynthModel(model_type=family, num_layers=3, num_experts=4, moe_intermediate_size=48,
+                               tie_word_embeddings=False, vocab_size=151936).config()
+        thinker = cfg["thinker_config"]
+        thinker["vision_config"].update(QWEN3_VL_VISION)
+        thinker["audio_config"].update(QWEN3_OMNI_AUDIO)
+        thinker.update(image_token_id=FAMILIES[family][2][2], vision_start_token_id=FAMILIES[family][2][0],
+                       audio_start_token_id=OMNI_AUDIO[0], audio_token_id=OMNI_AUDIO[2])
+        return cfg
     if family == "qwen3_5_moe":
         sys.path.insert(0, str(REPO))
         from tests import hub_checkpoints
@@ -93,8 +125,10 @@ def work_dir(family: str, scan: bool) -> Path:
 def maxtext_sizes(cfg: dict, scan: bool) -> list[str]:
     """MaxText's model given the checkpoint's text and tower sizes, use_multimodal=true."""
     sys.path.insert(0, str(BENCH))
-    from vision import qwen3_vl_sizes
+    from vision import qwen3_omni_sizes, qwen3_vl_sizes
 
+    if cfg["model_type"] == "qwen3_omni_moe":
+        return qwen3_omni_sizes(cfg) + [f"n_window_for_audio={cfg['thinker_config']['audio_config'].get('n_window', 50)}"]
     text, vision = cfg["text_config"], cfg["vision_config"]
     if cfg["model_type"] == "qwen3_5_moe":  # bench/maxtext_hybrid.py's decoder sizes, and the tower's
         from maxtext_hybrid import overrides
@@ -124,6 +158,8 @@ def make_hf(out: Path) -> None:
 
     fields = json.loads((out / "synth-config.json").read_text())
     family = fields["model_type"]
+    if family == "qwen3_omni_moe":
+        return make_omni(out)
     if family == "qwen3_5_moe":  # the hub's layout (tests/hub_checkpoints.py: experts fused, mtp.* beside)
         sys.path.insert(0, str(REPO))
         from tests import hub_checkpoints
@@ -168,6 +204,42 @@ def make_hf(out: Path) -> None:
     np.save(out / "pixels.npy", pixels)
 
 
+def make_omni(out: Path) -> None:
+    """Qwen3-Omni: bench/hf_tiny.py's model and files (the release's layout), then the thinker's float32 logits and
+    3-D positions on text, text around the image, and text around one chunk of audio."""
+    import numpy as np
+    import torch
+    import transformers
+
+    made = subprocess.run([sys.executable, str(BENCH / "hf_tiny.py"), str(out / "synth-config.json"), str(out)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        raise SystemExit(f"hf_tiny.py: {made.stderr.strip().splitlines()[-1:]}")
+    model = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(out), dtype=torch.float32).eval()
+    thinker = model.thinker
+    vision, audio = thinker.config.vision_config, thinker.config.audio_config
+    t, h, w = GRID
+    patch = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+    pixels = np.random.default_rng(7).uniform(-1, 1, (t * h * w, patch)).astype(np.float32)
+    mel = np.random.default_rng(8).normal(size=(1, audio.num_mel_bins, AUDIO_FRAMES)).astype(np.float32)
+    grid = torch.tensor([GRID])
+    extra = {"text": {}, "image": {"pixel_values": torch.from_numpy(pixels), "image_grid_thw": grid},
+             "audio": {"input_features": torch.from_numpy(mel),
+                       "feature_attention_mask": torch.ones(1, AUDIO_FRAMES, dtype=torch.long)}}
+    with torch.no_grad():
+        for name, ids in inputs("qwen3_omni_moe").items():
+            tokens = torch.tensor([ids])
+            mask = torch.ones_like(tokens)
+            logits = thinker(input_ids=tokens, attention_mask=mask, **extra[name]).logits[0].numpy()
+            positions, _ = thinker.model.get_rope_index(
+                tokens, extra[name].get("image_grid_thw"), None, attention_mask=mask,
+                audio_seqlens=torch.tensor([AUDIO_FRAMES]) if name == "audio" else None)
+            np.save(out / f"{name}_positions.npy", positions[:, 0].T.numpy().astype(np.int64))  # (tokens, 3)
+            np.save(out / f"{name}_logits.npy", logits)
+    np.save(out / "pixels.npy", pixels)
+    np.save(out / "mel.npy", mel)
+
+
 def imitate(hf_dir: str, work: str) -> dict:
     """transformers' image logits with two of MaxText's run-time choices imitated, against MaxText's logits on
     ckptconv's checkpoint: its patch mergers' GELU (tanh-approximated, ``jax.nn.gelu``; transformers' mergers use
@@ -180,6 +252,8 @@ def imitate(hf_dir: str, work: str) -> dict:
 
     hf = Path(hf_dir)
     family = json.loads((hf / "synth-config.json").read_text())["model_type"]
+    if family == "qwen3_omni_moe":
+        return imitate_omni(hf, Path(work))
     model = getattr(transformers, FAMILIES[family][0]).from_pretrained(str(hf), dtype=torch.float32).eval()
     visual = model.model.visual
     ids = torch.tensor([image_tokens(family)])
@@ -207,6 +281,59 @@ def imitate(hf_dir: str, work: str) -> dict:
     return result
 
 
+def imitate_omni(hf: Path, work: Path) -> dict:
+    """Qwen3-Omni: the thinker's image and audio logits with MaxText's GELU (tanh-approximated, ``jax.nn.gelu``) in
+    place of transformers' exact one wherever transformers uses it (the vision mergers; the audio tower's
+    convolutions, MLPs and projector), then (image) the interpolated position embeddings rounded to bfloat16."""
+    import numpy as np
+    import torch
+    import transformers
+
+    thinker = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        str(hf), dtype=torch.float32).eval().thinker
+    visual = thinker.model.visual
+    feeds = {"image": {"pixel_values": torch.from_numpy(np.load(hf / "pixels.npy")),
+                       "image_grid_thw": torch.tensor([GRID])},
+             "audio": {"input_features": torch.from_numpy(np.load(hf / "mel.npy")),
+                       "feature_attention_mask": torch.ones(1, AUDIO_FRAMES, dtype=torch.long)}}
+    ids = inputs("qwen3_omni_moe")
+
+    def diff(name: str) -> float:
+        tokens = torch.tensor([ids[name]])
+        with torch.no_grad():
+            logits = thinker(input_ids=tokens, attention_mask=torch.ones_like(tokens), **feeds[name]).logits[0]
+        theirs = np.load(work / f"maxtext_{name}_logits.npy")
+        return float(np.abs(theirs[:, : logits.shape[-1]] - logits.numpy()).max())
+
+    result = {name: {"as is": diff(name)} for name in feeds}
+    exact = torch.nn.functional.gelu
+
+    def tanh_gelu(x, approximate="none"):
+        return exact(x, approximate="tanh")
+
+    bound = [m for m in thinker.modules() if getattr(m, "act", None) is exact]  # GELUActivation keeps its own
+    torch.nn.functional.gelu = tanh_gelu  # nn.GELU (the mergers) calls it at run time
+    for module in bound:
+        module.act = tanh_gelu
+    try:
+        for name in feeds:
+            result[name]["GELUs tanh-approximated"] = diff(name)
+        patches = {}
+
+        def bf16_positions(module, args, kwargs):  # the first block's input is patches + positions
+            positions = (args[0] - patches["embedded"]).to(torch.bfloat16).to(torch.float32)
+            return (patches["embedded"] + positions, *args[1:]), kwargs
+
+        visual.patch_embed.register_forward_hook(lambda module, inputs, out: patches.__setitem__("embedded", out))
+        visual.blocks[0].register_forward_pre_hook(bf16_positions, with_kwargs=True)
+        result["image"]["and position embeddings rounded to bfloat16"] = diff("image")
+    finally:
+        torch.nn.functional.gelu = exact
+        for module in bound:
+            module.act = exact
+    return result
+
+
 def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
     import jax.numpy as jnp
     import maxtext
@@ -217,14 +344,14 @@ def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
     hf = Path(hf_dir)
     cfg = json.loads((hf / "synth-config.json").read_text())
     family = cfg["model_type"]
-    text = cfg["text_config"]
-    length = len(image_tokens(family))
+    text = cfg.get("thinker_config", cfg)["text_config"]  # Qwen3-Omni: the thinker's
+    length = max(len(ids) for ids in inputs(family).values())
     overrides = {
         "model_name": FAMILIES[family][1], "override_model_config": True, "hardware": "cpu",
         "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
         "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
-        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": max(length, len(TEXT)),
-        "max_prefill_predict_length": max(length, len(TEXT)), "enable_checkpointing": False,
+        "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": length,
+        "max_prefill_predict_length": length, "enable_checkpointing": False,
         "enable_dropout": False, "use_mrope": "true", "normalization_layer_epsilon": text["rms_norm_eps"],
         "logits_via_embedding": "false", "dtype_mm": "float32", "sparse_matmul": False, "capacity_factor": -1,
     }
@@ -234,15 +361,18 @@ def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
     config = pyconfig.initialize(["logits", base, *settings])
     model, _ = model_creation_utils.from_pretrained(config)
-    vision = cfg["vision_config"]
+    vision = cfg.get("thinker_config", cfg)["vision_config"]
     t, h, w = GRID
     tp, p, c = vision.get("temporal_patch_size", 2), vision.get("patch_size", 16), vision.get("in_channels", 3)
     pixels = np.load(hf / "pixels.npy").reshape(1, c, t * tp, h * p, w * p)  # the same patches, in order
     result = {}
-    for name, ids in (("text", TEXT), ("image", image_tokens(family))):
+    media = {"text": {}, "image": {"encoder_images": jnp.asarray(pixels, jnp.float32)}}
+    if (hf / "mel.npy").exists():  # Qwen3-Omni: (batch, mel bins, frames), as MaxText's audio tower reads it
+        media["audio"] = {"encoder_audios": jnp.asarray(np.load(hf / "mel.npy"), jnp.float32)}
+    for name, ids in inputs(family).items():
         tokens = jnp.asarray(np.array(ids)[None], jnp.int32)
         positions = jnp.asarray(np.load(hf / f"{name}_positions.npy")[None], jnp.int32)
-        kwargs = {} if name == "text" else {"encoder_images": jnp.asarray(pixels, jnp.float32)}
+        kwargs = media[name]
         logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False, **kwargs),
                             np.float32)[0]
         want = np.load(hf / f"{name}_logits.npy")
@@ -324,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(ours, ignore_errors=True)
         shutil.rmtree(theirs, ignore_errors=True)
-    return 0 if result["text"]["ok"] and result["image"]["ok"] and result["leaves"]["identical"] else 1
+    return 0 if all(result[name]["ok"] for name in inputs(args.family)) and result["leaves"]["identical"] else 1
 
 
 if __name__ == "__main__":
