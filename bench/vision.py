@@ -866,12 +866,7 @@ def write(results: dict, path: Path) -> None:
                   "`convert --multimodal` of Gemma 3 4B's widths (2 decoder layers) with the release's whole SigLIP "
                   "tower (27 layers, hidden 1152, MLP 4304, 4096 positions: 0.83 GB of the checkpoint), peak RSS "
                   "as the report measures it against `plan`'s prediction:", "",
-                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
-        for r in memory["rows"]:
-            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
-            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
-                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
-        lines.append("")
+                  *memory_table(memory["rows"]), ""]
     qwen = results.get("qwen3_vl")
     if qwen:
         refused = qwen.get("refusal", {})
@@ -924,12 +919,7 @@ def write(results: dict, path: Path) -> None:
                   "its 256 experts, a vocabulary of 8192) with the release's whole tower (27 blocks, hidden 1152, MLP "
                   "4304, 2304 positions: 0.89 GB of the checkpoint), the default layout (scanned), peak RSS as the "
                   "report measures it against `plan`'s prediction:", "",
-                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
-        for r in memory35["rows"]:
-            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
-            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
-                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
-        lines.append("")
+                  *memory_table(memory35["rows"]), ""]
     gemma4_rows = [row for family in GEMMA4 for row in results.get(family, {}).get("rows", [])]
     if gemma4_rows:
         lines += [
@@ -977,12 +967,7 @@ def write(results: dict, path: Path) -> None:
                   "262144) with the releases' whole tower (27 layers, hidden 1152 = 16 heads of 72, MLP 4304, patch "
                   "16, 10240 positions per axis: 1.1 GB), peak RSS as the report measures it against `plan`'s "
                   "prediction:", "",
-                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
-        for r in memory4["rows"]:
-            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
-            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
-                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
-        lines.append("")
+                  *memory_table(memory4["rows"]), ""]
     omni = results.get("qwen3_omni")
     if omni:
         refused = omni.get("refusal", {})
@@ -1047,17 +1032,22 @@ def write(results: dict, path: Path) -> None:
                   "MLP 4304, 3 deepstack mergers; audio: 32 layers, d_model 1280, FFN 5120, 128 mel bins, 480 "
                   "channels) beside 2 decoder layers at the release's widths (8 experts), peak RSS as the report "
                   "measures it against `plan`'s prediction:", "",
-                  "| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
-        for r in omni_memory["rows"]:
-            measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
-            lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
-                         f"{r['predicted'] / 2**30:.2f} | {measured} |")
-        lines.append("")
+                  *memory_table(omni_memory["rows"]), ""]
     for body in by_hand.values():  # any other hand-written section, at the end
         lines += body
     lines += ["Raw rows: `bench/work/vision/results.json`.", ""]
     path.write_text("\n".join(lines))
 
+
+
+def memory_table(rows: list[dict]) -> list[str]:
+    """A memory run's rows as a Markdown table: peak RSS as the report measures it against plan's prediction."""
+    lines = ["| devices | source GB | leaves | predicted peak GiB | measured peak GiB |", "|---|---|---|---|---|"]
+    for r in rows:
+        measured = f"{r['measured'] / 2**30:.2f}" if r["measured"] else f"failed (exit {r['exit']})"
+        lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
+                     f"{r['predicted'] / 2**30:.2f} | {measured} |")
+    return lines
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
