@@ -711,21 +711,7 @@ def memory_case(family: str = "gemma3") -> dict:
                  else {**gemma4.WIDTHS_26B, "num_layers": 6, "num_experts": 8})
         model = WithTower(model_type=family, encoders=True, **sizes)
     synth.write_checkpoint(model, str(src))
-    rows = []
-    for devices in (16, 1):
-        dst = WORK / f"memory-dst{devices}"
-        shutil.rmtree(dst, ignore_errors=True)
-        flags = ["--multimodal", "--devices", str(devices)]
-        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "memory-plan.log")
-        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
-                   WORK / "memory-convert.log")
-        report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
-        rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
-                     "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
-                     "leaves": report.get("leaves"), "exit": done.returncode})
-        shutil.rmtree(dst, ignore_errors=True)
-    shutil.rmtree(src, ignore_errors=True)
-    return {"rows": rows}
+    return measure_peaks(src, "memory")
 
 
 def omni_memory_case() -> dict:
@@ -752,14 +738,20 @@ def omni_memory_case() -> dict:
     synth.write_checkpoint(WithTowers(model_type="qwen3_omni_moe", vocab_size=8192, hidden_size=2048, num_layers=2,
                                       num_heads=32, num_kv_heads=4, head_dim=128, num_experts=8,
                                       moe_intermediate_size=768, tie_word_embeddings=False, encoders=True), str(src))
+    return measure_peaks(src, "omni-memory")
+
+
+def measure_peaks(src: Path, name: str) -> dict:
+    """``plan``'s predicted peak and ``convert --multimodal``'s measured one for ``src`` on 16 devices and on 1
+    (outputs and ``src`` removed after; logs ``WORK/<name>-plan.log`` and ``-convert.log``)."""
     rows = []
     for devices in (16, 1):
-        dst = WORK / f"omni-memory-dst{devices}"
+        dst = WORK / f"{name}-dst{devices}"
         shutil.rmtree(dst, ignore_errors=True)
         flags = ["--multimodal", "--devices", str(devices)]
-        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / "omni-memory-plan.log")
+        planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / f"{name}-plan.log")
         done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
-                   WORK / "omni-memory-convert.log")
+                   WORK / f"{name}-convert.log")
         report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
         rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
                      "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
@@ -1048,6 +1040,7 @@ def memory_table(rows: list[dict]) -> list[str]:
         lines.append(f"| {r['devices']} | {(r['source_bytes'] or 0) / 1e9:.2f} | {r['leaves']} | "
                      f"{r['predicted'] / 2**30:.2f} | {measured} |")
     return lines
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
