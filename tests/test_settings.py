@@ -46,7 +46,7 @@ def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeyp
     synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
     plan = make_plan(LocalSource(str(tmp_path)), devices=16)
     alive = settings.IN_FLIGHT.tiles_alive
-    tile = max(((estimate.tile_bytes(job, plan), estimate.work_bytes(job)) for job in plan.jobs),
+    tile = max(((estimate.tile_bytes(job, plan), estimate.work_bytes(job, plan.spec)) for job in plan.jobs),
                key=lambda tw: alive * tw[0] + tw[1])[0]  # the tile of the job the prediction is sized by
     base = estimate.predicted_peak_bytes(plan)
     for field in ("prefetch", "writes"):

@@ -109,11 +109,13 @@ def plan_tiling(source_shape: Shape, itemsize: int, leaves: tuple[LeafShape, ...
         group = _group_size(piece_bytes, leaves, stack_shape, devices, budget)
         chunks = tuple(_chunk(leaf, _image(leaf, full_box(source_shape), source_shape, spec), devices, group)
                        for leaf in leaves)
+        chunks = _Padding.widen(chunks, leaves, full_box(source_shape), source_shape, spec, devices, budget)
         return Tiling(None, None, group, chunks, piece_bytes * group, budget, order)
     axis, quantum = _band_axis(source_shape, order, itemsize, leaves, spec, budget, whole)
     band = _band(axis, quantum, source_shape, order, itemsize, leaves, spec, devices, budget)
     box = _band_box(source_shape, order, axis, 0, band)
     chunks = tuple(_chunk(leaf, _image(leaf, box, source_shape, spec), devices, 1) for leaf in leaves)
+    chunks = _Padding.widen(chunks, leaves, box, source_shape, spec, devices, budget)
     return Tiling(axis, band, 1, chunks, band * _inner_bytes(source_shape, order, axis, itemsize), budget, order)
 
 
@@ -211,6 +213,45 @@ class _Padding:
         a = self.axis
         return boxes[:self.first] + [b[:a] + ((b[a][0], self.carried),) + b[a + 1:] for b in boxes[self.first:]]
 
+    @staticmethod
+    def widen(chunks: tuple[Shape, ...], leaves: tuple[LeafShape, ...], box: Box, source_shape: Shape,
+              spec: ModelSpec, devices: int, budget: int) -> tuple[Shape, ...]:
+        """Chunks of padded leaves, along the padded axis no longer limited by the data's extent.
+
+        Cut at the image of a read, a 100-row vocabulary padded to 262144 rows on 4 devices gets
+        gcd(100, 65536) = 4-row chunks: 65536 of them. When every read holds the data's whole
+        extent along the padded axis (``box``: the first read), the data's last read may carry
+        zeros up to any chunk boundary, so the chunk there can be the largest divisor of the
+        device part whose carried rows, as the steps make them, stay within the read budget;
+        never smaller than before.
+        """
+        return tuple(_Padding.of(leaf, chunk, source_shape, spec)._wider(leaf, chunk, box, source_shape, spec,
+                                                                          devices, budget)
+                     for leaf, chunk in zip(leaves, chunks))
+
+    def _wider(self, leaf: LeafShape, chunk: Shape, box: Box, source_shape: Shape, spec: ModelSpec, devices: int,
+               budget: int) -> Shape:
+        image = _image(leaf, box, source_shape, spec)
+        if self.axis is None or image[self.axis] != (0, self.filled):
+            return chunk
+        axis = leaf.piece_axes[self.axis]
+        part = leaf.part(devices)[axis]
+        # one row of the last read's tile: the read's image across the other piece axes, its pieces; the
+        # steps make it in float32, two arrays at once (a step's input and output), within one read's budget
+        row = math.prod(stop - start for n, (start, stop) in enumerate(image) if n != self.axis)
+        row_bytes = row * math.prod(chunk[a] for a in leaf.stack_axes) * 2 * max(4, leaf.itemsize)
+        fits = [d for d in _divisors(part) if d > chunk[axis]
+                and min(self.stop, -(-self.filled // d) * d) * row_bytes <= budget]
+        if not fits:
+            return chunk
+        return chunk[:axis] + (max(fits),) + chunk[axis + 1:]
+
+    def extra_elements(self, leaf: LeafShape, group: int) -> int:
+        """Elements of the zero rows the data's last read carries (made by the steps besides the read)."""
+        if self.axis is None:
+            return 0
+        return (self.carried - self.filled) * math.prod(leaf.piece_shape) // self.stop * group
+
     def units(self, leaf: LeafShape, budget: int) -> Iterator[Box]:
         """Piece boxes of the zero rows after ``carried``, each within the budget."""
         if self.axis is None:
@@ -220,6 +261,17 @@ class _Padding:
         for first in range(self.carried, self.stop, step):
             box = full_box(leaf.piece_shape)
             yield box[:self.axis] + ((first, min(first + step, self.stop)),) + box[self.axis + 1:]
+
+
+def padding_elements(tiling: Tiling, source_shape: Shape, leaves: tuple[LeafShape, ...], spec: ModelSpec) -> int:
+    """The most zero-row elements a read carries into one leaf besides its data (a padded vocabulary's last read)."""
+    return max((_Padding.of(leaf, chunk, source_shape, spec).extra_elements(leaf, tiling.group)
+                for leaf, chunk in zip(leaves, tiling.chunks)), default=0)
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 # --- choosing ------------------------------------------------------------------------------

@@ -15,8 +15,10 @@ import numpy as np
 
 from ckptconv import settings
 from ckptconv.families.inputs import FP8_KEPT, FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.families.tiles import padding_elements
 from ckptconv.families.transforms import Permute, box_shape
 from ckptconv.plan.conversion import ConversionPlan, Job
+from ckptconv.read.spec import ModelSpec
 
 # Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools, caches and
 # allocator slack under load (a tiny model converts in 0.19-0.20 GiB on these machines). That part
@@ -55,7 +57,7 @@ def _unit_out_bytes(job: Job, unit) -> int:
                 for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
 
 
-def work_bytes(job: Job) -> int:
+def work_bytes(job: Job, spec: ModelSpec) -> int:
     """Producing one read unit besides its output: the raw read, then either what decoding a
     quantised read takes or what the steps take. Decoding ends before the steps start, so the
     larger of the two counts, not their sum.
@@ -65,17 +67,20 @@ def work_bytes(job: Job) -> int:
     copies, whether one of them is a transpose or not); an exact chain that permutes axes holds one
     transposed copy in the source dtype. (Llama-3-70B's widths, whose worst job is the query kernel
     cast, transposed and scaled, peaked at 392-401 MiB; OLMo 3 32B's, whose jobs only transpose the
-    same 16 MiB reads, at 384-408 MiB.)"""
+    same 16 MiB reads, at 384-408 MiB.) A padded vocabulary's last read also carries zero rows up to
+    its chunk boundary: the steps make them too (``padding_elements``)."""
     raw = job.tiling.unit_bytes
     itemsize = job.pieces[0].dtype.itemsize
     elements = raw // itemsize
     decode = elements * job.pieces[0].decode_bytes
     steps = [step for leaf in job.leaves for step in leaf.steps]
     computing = not all(step.exact for step in steps)
+    padded = padding_elements(job.tiling, job.source_shape, job.shapes, spec)
     if computing:
-        compute = 2 * elements * np.dtype(np.float32).itemsize
+        compute = 2 * (elements + padded) * np.dtype(np.float32).itemsize
     else:
-        compute = elements * itemsize if any(isinstance(step, Permute) for step in steps) else 0
+        compute = (elements if any(isinstance(step, Permute) for step in steps) else 0) + padded
+        compute *= itemsize
     return raw + max(decode, compute)
 
 
@@ -99,7 +104,7 @@ def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -
     """Baseline + the OCDBT cache + the data file being gathered + the worst job's tiles in flight and
     read unit in production."""
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
-    worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job) for job, tile in zip(plan.jobs, tiles))
+    worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job, plan.spec) for job, tile in zip(plan.jobs, tiles))
     return BASELINE_BYTES + ocdbt_cache_bytes(plan) + data_file_bytes(plan, tiles) + worst
 
 
