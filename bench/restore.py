@@ -321,9 +321,10 @@ def requests_between(log_path: Path, start: int, tag: str | None) -> dict:
 # The bench
 
 class Gcs:
-    """fake-gcs-server (memory backend) and the counting proxy in front of it, both this script's children."""
+    """fake-gcs-server (memory backend, or files under ``root``) and the counting proxy in front of it, both this
+    script's children. Keep GBs on disk: the memory backend held 22 GiB for three 4 GiB checkpoints (OOM-killed)."""
 
-    def __init__(self, logs: Path, latency_ms: float = 0.0) -> None:
+    def __init__(self, logs: Path, latency_ms: float = 0.0, root: Path | None = None) -> None:
         from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
 
         self.server_port, self.proxy_port = _free_port(), _free_port()
@@ -334,7 +335,8 @@ class Gcs:
         self._server_err = open(logs / "fake-gcs-server.log", "wb")
         self.server = subprocess.Popen(
             [str(_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.server_port),
-             "-backend", "memory", "-log-level", "warn", "-external-url", self.url],
+             *(["-backend", "filesystem", "-filesystem-root", str(root)] if root else ["-backend", "memory"]),
+             "-log-level", "warn", "-external-url", self.url],
             stdin=subprocess.DEVNULL, stdout=self._server_err, stderr=self._server_err)
         if not _wait_ready(self.server_url, self.server):
             raise SystemExit(f"fake-gcs-server did not start; see {logs}")
@@ -378,8 +380,7 @@ def ensure_input(layers: int, shape: str = "0.6b") -> Path:
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     print(f"synthesising {path.name} (random bf16)", flush=True)
-    synth.write_checkpoint(dataclasses.replace(getattr(synth, preset), num_layers=layers), str(partial),
-                           fast=shape != "0.6b")
+    synth.write_checkpoint(dataclasses.replace(getattr(synth, preset), num_layers=layers), str(partial))
     partial.rename(path)
     return path
 
