@@ -1,6 +1,7 @@
 """Restore cost of a converted checkpoint on the TPU host: ckptconv's output against MaxText 0.2.5's (issue 27).
 
     nice -n 10 .venv/bin/python bench/restore.py [--layers 28] [--repeats 3] [--devices 16,1] [--locations local,gcs]
+    nice -n 10 .venv/bin/python bench/restore.py --prepare-only --shape 8b --layers 8   # inputs for restore_ab.py
 
 What one run does (everything under the git-ignored bench/work/restore/):
 1. synthesises a Qwen3-0.6B-shaped random bf16 checkpoint (``ckptconv.commands.synth``; ``--layers`` makes it
@@ -288,6 +289,11 @@ def proxy(port: int, upstream: str, log_path: str, latency_ms: float = 0.0) -> N
         do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _forward
 
     ThreadingHTTPServer.daemon_threads = True
+    # socketserver's listen backlog is 5: a restore opens more connections at once than that, and the kernel
+    # drops the extra SYNs, which the client resends after its initial 1 s retransmission timeout. Every such
+    # restore then took about 1 s longer (walls of 0.4 or 1.4 s for the same checkpoint), a stall of this
+    # proxy, not of GCS.
+    ThreadingHTTPServer.request_queue_size = 1024
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
@@ -315,9 +321,10 @@ def requests_between(log_path: Path, start: int, tag: str | None) -> dict:
 # The bench
 
 class Gcs:
-    """fake-gcs-server (memory backend) and the counting proxy in front of it, both this script's children."""
+    """fake-gcs-server (memory backend, or files under ``root``) and the counting proxy in front of it, both this
+    script's children. Keep GBs on disk: the memory backend held 22 GiB for three 4 GiB checkpoints (OOM-killed)."""
 
-    def __init__(self, logs: Path, latency_ms: float = 0.0) -> None:
+    def __init__(self, logs: Path, latency_ms: float = 0.0, root: Path | None = None) -> None:
         from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
 
         self.server_port, self.proxy_port = _free_port(), _free_port()
@@ -328,7 +335,8 @@ class Gcs:
         self._server_err = open(logs / "fake-gcs-server.log", "wb")
         self.server = subprocess.Popen(
             [str(_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.server_port),
-             "-backend", "memory", "-log-level", "warn", "-external-url", self.url],
+             *(["-backend", "filesystem", "-filesystem-root", str(root)] if root else ["-backend", "memory"]),
+             "-log-level", "warn", "-external-url", self.url],
             stdin=subprocess.DEVNULL, stdout=self._server_err, stderr=self._server_err)
         if not _wait_ready(self.server_url, self.server):
             raise SystemExit(f"fake-gcs-server did not start; see {logs}")
@@ -357,39 +365,46 @@ class Gcs:
         self._server_err.close()
 
 
-def ensure_input(layers: int) -> Path:
+# --shape: (synth preset, MaxText model name, the release's layer count, input and checkpoint name prefixes)
+SHAPES = {"0.6b": ("QWEN3_0_6B", "qwen3-0.6b", 28, "qwen3-0.6b", ""),
+          "8b": ("LLAMA3_8B", "llama3.1-8b", 32, "llama3-8b", "8b-")}
+
+
+def ensure_input(layers: int, shape: str = "0.6b") -> Path:
     from ckptconv.commands import synth
 
-    path = WORK / "inputs" / f"qwen3-0.6b-{layers}l"
+    preset, _, _, prefix, _ = SHAPES[shape]
+    path = WORK / "inputs" / f"{prefix}-{layers}l"
     if (path / "config.json").exists():
         return path
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     print(f"synthesising {path.name} (random bf16)", flush=True)
-    synth.write_checkpoint(dataclasses.replace(synth.QWEN3_0_6B, num_layers=layers), str(partial))
+    synth.write_checkpoint(dataclasses.replace(getattr(synth, preset), num_layers=layers), str(partial))
     partial.rename(path)
     return path
 
 
-def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool) -> tuple[Path, dict]:
+def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool, shape: str = "0.6b") -> tuple[Path, dict]:
     """Convert once with ``tool`` (kept and reused across runs unless ``fresh``): (checkpoint, facts)."""
     from bench.compare_maxtext import ckptconv_cmd, maxtext_cmd
     from bench.driver import error_line, run
 
-    dst = WORK / "ckpt" / f"{tool}-{layers}l"
+    _, model_name, release_layers, _, prefix = SHAPES[shape]
+    dst = WORK / "ckpt" / f"{tool}-{prefix}{layers}l"
     facts_path = dst.with_name(dst.name + ".json")
     if not fresh and (dst / "0" / "items").exists() and facts_path.exists():
         return dst, {**json.loads(facts_path.read_text()), "reused": True}
     shutil.rmtree(dst, ignore_errors=True)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    log = WORK / "logs" / f"convert-{tool}-{layers}l.log"
+    log = WORK / "logs" / f"convert-{tool}-{prefix}{layers}l.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     if tool == "ckptconv":
         cmd, env = ckptconv_cmd(src, dst)[:-2] + ["--progress", "none"], {}
-    elif layers == 28:
-        cmd, env = maxtext_cmd(ctx["mt_python"], ctx["base_yml"], "qwen3-0.6b", src, dst, lazy=True), ctx["mt_env"]
-    else:  # MaxText's table has only the 28-layer qwen3-0.6b: the tiny runner takes the checkpoint's own config
-        cmd = [ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), "qwen3-0.6b", str(src), str(dst),
+    elif layers == release_layers:
+        cmd, env = maxtext_cmd(ctx["mt_python"], ctx["base_yml"], model_name, src, dst, lazy=True), ctx["mt_env"]
+    else:  # MaxText's table has only the release's layer count: the tiny runner takes the checkpoint's own config
+        cmd = [ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), model_name, str(src), str(dst),
                f"base_num_decoder_layers={layers}", "scan_layers=true", "--", "--lazy_load_tensors=true",
                "--simulated_cpu_devices_count=16"]
         env = ctx["mt_env"]
@@ -457,6 +472,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="gs:// only: the counting proxy holds every request this long before forwarding it "
                              "(a round trip to real GCS costs tens of ms; fake-gcs-server on loopback none)")
     parser.add_argument("--report-only", action="store_true", help="rewrite --results from bench/work/restore/results.json")
+    parser.add_argument("--shape", choices=SHAPES, default="0.6b",
+                        help="with --prepare-only: 8b is Llama-3-8B's widths (--layers of its 32)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="only synthesise the input and convert it with both tools (kept under bench/work/restore/"
+                             "ckpt/), e.g. for bench/restore_ab.py --shard-of 16, which reads one host's shard only")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     devices = [int(d) for d in args.devices.split(",")]
@@ -465,6 +485,13 @@ def main(argv: list[str] | None = None) -> int:
         write_results(json.loads((WORK / "results.json").read_text()), Path(args.results), devices, locations)
         return 0
     from bench.compare_maxtext import ckptconv_versions, machine_facts, setup_maxtext
+
+    if args.prepare_only:
+        src, ctx = ensure_input(args.layers, args.shape), setup_maxtext()
+        for tool in CHECKPOINTS:
+            dst, facts = convert(tool, src, args.layers, ctx, args.fresh, args.shape)
+            print(f"{tool}: {dst} ({facts['bytes'] / GIB:.2f} GiB in {facts['files']} files, {facts['wall_seconds']} s)")
+        return 0
 
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -44,13 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-of", type=int, default=0,
                         help="instead of restores, one host's reads: device 0's shard of every leaf of a checkpoint "
                              "written for this many devices (bench/restore.py's _shard child; --devices ignored)")
+    parser.add_argument("--on-disk", action="store_true",
+                        help="the server keeps the objects under bench/work/restore/gcs-root (GBs of checkpoints)")
     args = parser.parse_args(argv)
     named = dict(item.split("=", 1) for item in args.checkpoints)
     devices = [1] if args.shard_of else [int(d) for d in args.devices.split(",")]
     (WORK / "logs").mkdir(parents=True, exist_ok=True)
     results = {"command": "nice -n 10 .venv/bin/python bench/restore_ab.py " + " ".join(argv or sys.argv[1:]),
                "started_at": _now(), "latency_ms": args.latency_ms, "shard_of": args.shard_of, "runs": []}
-    gcs = Gcs(WORK / "logs", args.latency_ms)
+    root = WORK / "gcs-root" if args.on_disk else None
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+    gcs = Gcs(WORK / "logs", args.latency_ms, root)
     try:
         uris = {name: gcs.upload_tree(Path(directory) / "0" / "items", "restore-ab", f"{name}/0/items")
                 for name, directory in named.items()}
@@ -66,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "data_reads": len(reads), "data_files_read": len({r.split()[0] for r in reads})})
     finally:
         gcs.stop()
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
         results["finished_at"] = _now()
         out = WORK / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
         out.write_text(json.dumps(results, indent=1, default=str))

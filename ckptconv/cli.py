@@ -20,6 +20,7 @@ from typing import Sequence
 
 from ckptconv import __version__, locations, settings
 from ckptconv.errors import INCOMPLETE, TERMINATION, CkptConvError, Terminated
+from ckptconv.units import parse_size
 
 GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
@@ -58,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     _progress_flag(convert)
     convert.add_argument("--no-compression", dest="compression", action="store_false",
                          help="store raw bytes instead of zstd (faster; larger files)")
+    _data_file_flag(convert)
     split = convert.add_mutually_exclusive_group()
     split.add_argument("--partition", metavar="I/N",
                        help="write only partition I of N (0-based; run each on any worker sharing DST)")
@@ -109,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("source", help="HF checkpoint: a directory, gs://BUCKET/DIR or hf://ORG/REPO[@REVISION]")
     _layout_flags(plan)
     plan.add_argument("--json", action="store_true", help="print JSON instead of one line per figure")
+    _data_file_flag(plan)
     _lora_flags(plan)
     _hf_token_flag(plan)
     return parser
@@ -137,6 +140,19 @@ def _layout_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--dtype", choices=settings.CONVERT_DTYPES, default=settings.DTYPE,
                          help="dtype of the checkpoint's weights (float8_e4m3fn: an FP8 release's weights kept "
                          "e4m3 with their scales, every other tensor in its own dtype, as MaxText's --save_dtype)")
+
+
+def _data_file_flag(command: argparse.ArgumentParser) -> None:
+    """What ``convert`` gathers into one OCDBT data file, and ``plan`` predicts it with."""
+    command.add_argument("--data-file-size", default=settings.DATA_FILE_SIZE, metavar="SIZE",
+                         help="tiles gathered into one OCDBT data file before its commit (uncompressed): a host "
+                         "restoring its shard makes about one storage read per leaf and data file, and the "
+                         "conversion holds up to about 1.8x this in RAM (plan predicts it); 0: every tile commits "
+                         "alone (least RAM, most data files)")
+
+
+def _use_data_file_size(args: argparse.Namespace) -> None:
+    settings.use_data_file_bytes(parse_size(args.data_file_size, "--data-file-size", zero=True))
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:
@@ -277,6 +293,7 @@ def run() -> None:
 def _convert(args: argparse.Namespace) -> int:
     from ckptconv.commands.convert import ConvertRequest, convert
 
+    _use_data_file_size(args)
     report = convert(ConvertRequest(
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
@@ -382,6 +399,7 @@ def _plan(args: argparse.Namespace) -> int:
     from ckptconv.plan.estimate import plan_summary
     from ckptconv.read import open_source
 
+    _use_data_file_size(args)
     request = ConvertRequest(source=args.source, destination="", devices=args.devices, scan_layers=args.scan_layers,
                              dtype=args.dtype, hf_token_file=args.hf_token_file, lora=args.lora,
                              merge_lora=args.merge_lora, multimodal=args.multimodal)

@@ -9,6 +9,7 @@ cheap (no NumPy), so the CLI reads its defaults from here before any command sta
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 # --- defaults (CLI, Prefect tasks and flows, deployments) ---
@@ -22,6 +23,10 @@ OUTPUT_DTYPES = ("bfloat16", "float32")  # what export's --dtype may be (numpy d
 KEEP_FP8 = "float8_e4m3fn"
 CONVERT_DTYPES = OUTPUT_DTYPES + (KEEP_FP8,)  # what convert's and plan's --dtype may be
 SHARD_SIZE = "5GB"  # largest safetensors file an export writes
+# What a conversion gathers into one OCDBT data file before committing it (InFlight.data_file_bytes, below): the
+# CLI's --data-file-size default. Bigger files mean fewer storage reads for a restoring host and more RAM held
+# while converting; the memory prediction counts whichever is chosen.
+DATA_FILE_SIZE = "64MiB"
 PROGRESS = "bar"  # on a terminal a bar, else a line every few seconds
 HUB_STAGING = "~/.cache/ckptconv/hub-export"  # where an export to hf:// is staged before its upload
 HUB_STAGING_ENV = "CKPTCONV_HUB_STAGING"  # ... unless this environment variable names another directory
@@ -72,3 +77,10 @@ class InFlight:
 
 
 IN_FLIGHT = InFlight()
+
+
+def use_data_file_bytes(nbytes: int) -> None:
+    """``--data-file-size``: this process's conversion (and ``plan``'s prediction of it) gathers ``nbytes`` of tiles
+    per OCDBT data file. Every user reads ``IN_FLIGHT`` when it runs, so the run and the estimate agree."""
+    global IN_FLIGHT
+    IN_FLIGHT = dataclasses.replace(IN_FLIGHT, data_file_bytes=nbytes)

@@ -26,6 +26,7 @@ class Conversion:
     overwrite: bool = False
     name: str | None = None
     multimodal: bool = False  # also the vision/audio encoders (convert --multimodal)
+    data_file_size: str = settings.DATA_FILE_SIZE  # convert --data-file-size: fewer reads for a host, more RAM here
 
     @property
     def slug(self) -> str:
@@ -39,7 +40,9 @@ class Conversion:
     def layout_args(self) -> list[str]:
         """The CLI flags shared by ``plan`` and ``convert``."""
         scan = [] if self.scan_layers is None else ["--scan-layers" if self.scan_layers else "--no-scan-layers"]
-        return ["--devices", str(self.devices), *scan, "--dtype", self.dtype, *(["--multimodal"] if self.multimodal else [])]
+        files = [] if self.data_file_size == settings.DATA_FILE_SIZE else ["--data-file-size", self.data_file_size]
+        return ["--devices", str(self.devices), *scan, "--dtype", self.dtype,
+                *(["--multimodal"] if self.multimodal else []), *files]
 
     def convert_args(self, report_path: str) -> list[str]:
         """``convert`` arguments with machine-readable progress and the report written to ``report_path``."""

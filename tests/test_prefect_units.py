@@ -51,6 +51,8 @@ def test_conversion_speaks_the_cli():
     assert Conversion("s", "d", overwrite=True).convert_args("r")[-1] == "--overwrite"
     assert "--multimodal" in Conversion("s", "d", multimodal=True).layout_args()
     assert "--multimodal" not in Conversion("s", "d").layout_args()
+    assert Conversion("s", "d", data_file_size="1GiB").layout_args()[-2:] == ["--data-file-size", "1GiB"]
+    assert "--data-file-size" not in Conversion("s", "d").layout_args()  # the default: the CLI's own
 
 
 @pytest.mark.parametrize("returncode, tail, timed_out, expected", [

@@ -1,8 +1,7 @@
 """The layout a restoring host reads (issue 27): tiles gathered into OCDBT data files of the writer's target
 size, chunks as the tile plan says, and the report's restore figures computed from the stored layout.
 
-Each conversion runs in a child process with ``settings.IN_FLIGHT.data_file_bytes`` set (as
-``python -m ckptconv convert`` would run with that setting), uncompressed, so a data file's size is the
+Each conversion runs ``python -m ckptconv convert --data-file-size SIZE``, uncompressed, so a data file's size is the
 bytes of tiles gathered into it.
 """
 
@@ -12,7 +11,6 @@ import json
 import math
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,20 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024**2
 MODEL = synth.SynthModel(num_layers=4, hidden_size=256, intermediate_size=1024, vocab_size=2048)
 
-CHILD = textwrap.dedent("""
-    import dataclasses, sys
-    from ckptconv import settings
-    settings.IN_FLIGHT = dataclasses.replace(settings.IN_FLIGHT, data_file_bytes=int(sys.argv[1]))
-    from ckptconv.cli import run
-    sys.argv = ["ckptconv", "convert", *sys.argv[2:]]
-    run()
-""")
-
-
 def convert(src: Path, dst: Path, limit: int, devices: int = 16) -> dict:
-    result = subprocess.run([sys.executable, "-c", CHILD, str(limit), str(src), str(dst), "--devices", str(devices),
-                             "--progress", "none", "--no-compression"], capture_output=True, text=True, cwd=ROOT,
-                            timeout=300)
+    result = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", str(devices),
+                             "--progress", "none", "--no-compression", "--data-file-size", str(limit)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads((dst / "ckptconv-report.json").read_text())
 
@@ -132,3 +120,20 @@ def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):
     assert "error" not in figures, figures
     assert figures["devices"] == 4 and figures["chunks"] > figures["device_chunks"] > 0
     assert figures["data_files"] >= 1 and figures["device_reads"] >= 2  # the manifest, a b-tree node, data
+
+
+def test_plan_predicts_the_data_file_size_convert_is_given(source):
+    """``--data-file-size`` is what ``plan`` predicts with (Prefect admits by it): the transaction's tiles at
+    1.25 bytes per byte gathered (tests/test_memory.py holds the default to measured peaks); a size that is not
+    one is refused in one line."""
+    def plan(size: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
+                               "--data-file-size", size], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    alone, gathered = (json.loads(plan(size).stdout) for size in ("0", "4MiB"))
+    assert (alone["data_file_bytes"], gathered["data_file_bytes"]) == (0, 4 * MIB)
+    held = min(max(4 * MIB, gathered["largest_tile_bytes"]), gathered["output_bytes"])
+    assert gathered["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(held * 1.25)
+    bad = plan("lots")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "ckptconv: error: --data-file-size 'lots': expected a size like 5GB, 500MB or 2GiB"]

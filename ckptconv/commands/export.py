@@ -39,6 +39,7 @@ from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_p
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
+from ckptconv.units import parse_size
 from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metadata, read_leaf_region
@@ -58,7 +59,6 @@ ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.j
 COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                 "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
                 "chat_template.json")
-SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 Chunk = tuple[str, np.ndarray]  # (HF tensor name, its next bytes in row-major order)
 
 
@@ -76,20 +76,6 @@ class ExportRequest:
     progress: str = settings.PROGRESS
     hf_token_file: str | None = None
     lora_alpha: float | None = None  # a LoRA adapter checkpoint that does not record its alpha
-
-
-def parse_size(text: str) -> int:
-    """``5GB``, ``500MB``, ``2GiB`` or a byte count -> bytes (HF's ``max_shard_size`` units)."""
-    value = text.strip().upper().replace(" ", "")
-    number = value.rstrip("KMGIB")
-    unit = value[len(number):]
-    try:
-        size = int(float(number) * SIZE_UNITS[unit])
-    except (KeyError, ValueError, OverflowError):  # OverflowError: inf, 1e400
-        raise BadInputError(f"--shard-size {text!r}: expected a size like 5GB, 500MB or 2GiB") from None
-    if size <= 0:
-        raise BadInputError(f"--shard-size {text!r} must be positive")
-    return size
 
 
 def items_dir(checkpoint: str) -> str:
@@ -160,7 +146,7 @@ def _plan(request: ExportRequest) -> _Planned:
             layouts = (FileLayout(ADAPTER_WEIGHTS, plan.tensors),)
         else:
             plan = make_export_plan(like, stored, dtype=request.dtype, where=request.checkpoint)
-            layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size))
+            layouts = shard_layouts(list(plan.tensors), parse_size(request.shard_size, "--shard-size"))
         _check_like_against_report(items, plan, request.like)
         print_ = fingerprint(items, stored, plan, request)
     return _Planned(items, plan, like, layouts, print_, timer, started)

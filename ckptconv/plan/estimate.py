@@ -45,6 +45,11 @@ OCDBT_CACHE_PER_CHUNK = 24 * 1024
 # on 16 devices peaked 50 MiB higher with 64 MiB data files and 146 MiB higher with 128 MiB ones
 # than with a data file per tile (which had two tiles in tensorstore at once); 1.25 keeps the bound.
 DATA_FILE_FACTOR = 1.25
+# Beyond 128 MiB (--data-file-size) the commit holds more of both copies at once: a transaction's uncompressed
+# chunks and the data file it encodes them into (bf16 compresses to 0.78). With 512 MiB data files the same shape
+# peaked 732 MiB above the 64 MiB run (446 -> 1178 MiB, 1.63 per byte added): 1.8 per byte above 128 MiB.
+DATA_FILE_FACTOR_LARGE = 1.8
+DATA_FILE_FACTOR_FROM = 128 * 1024**2
 
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -97,7 +102,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int]) -> int:
     if limit <= 0:
         return 0
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
-    return int(held * DATA_FILE_FACTOR)
+    return int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
+               + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
