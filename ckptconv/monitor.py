@@ -166,6 +166,12 @@ def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
     tensorstore thread may get its own arena. Fixing the threshold and capping arenas (what
     ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_ARENA_MAX`` do, but settable after start) keeps the
     peak at the live data. A no-op where glibc's ``mallopt`` is missing.
+
+    The arena cap binds only if set before threads have made their arenas: arenas are never freed,
+    and once a thread has found more than 8 glibc fixes its limit at 8 per core and never reads
+    ``M_ARENA_MAX`` again. So the CLI calls this at its entry, before any thread starts; called
+    first after JAX had started, a conversion ran on 16 arenas (2 cores), each holding its own freed
+    chunk buffers, and peaked higher the busier the machine (see ``cli.run``).
     """
     import ctypes
     import ctypes.util
