@@ -203,3 +203,14 @@ def trim_now_and_then(nbytes: int) -> None:
     if _trim_due[0] <= 0 and _LIBC is not None:
         _trim_due[0] = TRIM_EVERY_BYTES
         _LIBC.malloc_trim(0)
+
+
+def trim() -> None:
+    """Give every free heap page back to the OS now (and restart ``trim_now_and_then``'s count).
+
+    The writer calls it once a data file is committed: the commit frees the transaction's chunks and
+    their compressed copies together (twice the data file), and left resident until the next trim
+    they stood beside the next transaction's chunks at its commit."""
+    _trim_due[0] = TRIM_EVERY_BYTES
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
