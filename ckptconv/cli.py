@@ -281,7 +281,13 @@ def run() -> None:
 
     After a failure, tensorstore/Orbax threads may still call into a closed asyncio loop while the
     interpreter tears down, printing tracebacks after our one-line error: leave without teardown.
+
+    glibc's allocator is tuned first, before JAX, XLA, tensorstore or OpenBLAS start a thread
+    (:func:`ckptconv.monitor.tune_malloc`: its arena cap holds only for arenas not yet made).
     """
+    from ckptconv.monitor import tune_malloc
+
+    tune_malloc()
     code = main()
     if code:
         sys.stdout.flush()

@@ -166,6 +166,12 @@ def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
     tensorstore thread may get its own arena. Fixing the threshold and capping arenas (what
     ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_ARENA_MAX`` do, but settable after start) keeps the
     peak at the live data. A no-op where glibc's ``mallopt`` is missing.
+
+    The arena cap binds only if set before threads have made their arenas: arenas are never freed,
+    and once a thread has found more than 8 glibc fixes its limit at 8 per core and never reads
+    ``M_ARENA_MAX`` again. So the CLI calls this at its entry, before any thread starts; called
+    first after JAX had started, a conversion ran on 16 arenas (2 cores), each holding its own freed
+    chunk buffers, and peaked higher the busier the machine (see ``cli.run``).
     """
     import ctypes
     import ctypes.util
@@ -196,4 +202,15 @@ def trim_now_and_then(nbytes: int) -> None:
     _trim_due[0] -= nbytes
     if _trim_due[0] <= 0 and _LIBC is not None:
         _trim_due[0] = TRIM_EVERY_BYTES
+        _LIBC.malloc_trim(0)
+
+
+def trim() -> None:
+    """Give every free heap page back to the OS now (and restart ``trim_now_and_then``'s count).
+
+    The writer calls it once a data file is committed: the commit frees the transaction's chunks and
+    their compressed copies together (twice the data file), and left resident until the next trim
+    they stood beside the next transaction's chunks at its commit."""
+    _trim_due[0] = TRIM_EVERY_BYTES
+    if _LIBC is not None:
         _LIBC.malloc_trim(0)

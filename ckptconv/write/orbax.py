@@ -42,6 +42,7 @@ from ckptconv import settings
 from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.tiles import Region, Tile
 from ckptconv.layout import is_gcs
+from ckptconv.monitor import trim
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -276,6 +277,7 @@ class _Batch:
         if self._txn is not None:
             txn, self._txn = self._txn, None
             await txn.commit_async()
+            trim()  # the data file's chunks, freed together: none of it resident beside the next one
         self._bytes = 0
 
 
