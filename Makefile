@@ -50,9 +50,9 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 # (OLMo 3 32B's block: 542 MiB against 473 alone; predicted 523), a busy machine's figure, not the conversion's.
 # Two at a time is no better: in a clean-clone CI run OLMo 3 32B's block, beside another case, peaked at 547 MiB
 # against 546 predicted, and 459 alone on the same machine minutes later (MEMORY_WORKERS=2 to try it anyway).
-# Cause (helper-36): glibc's arena cap was set after JAX had made 16 arenas, and a committed data file's chunks
-# stayed resident; fixed in cli.run/monitor.trim. Two at a time since: 0.665-0.822 of predictions, 13.8 min
-# (load 4-7); kept at 1 until a run with the lowered baseline (estimate.py) holds every case.
+# The cause was glibc's: its arena cap was set after JAX had made 16 arenas, and a committed data file's chunks
+# stayed resident (fixed in cli.run and monitor.trim). Two at a time since: 0.665-0.822 of predictions, 13.8 min
+# on a machine loaded 4-7, no faster than one at a time there; kept at 1.
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 1
 
