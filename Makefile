@@ -45,16 +45,15 @@ demo: setup-demo
 # worker on 2 cores keeps the CPU busy meanwhile (measured: 13.1 min against 14.1 with two).
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --junitxml=$(RESULTS)
-# The tests that hold a conversion's peak RSS to plan's prediction (marker `memory`) run last, one at a time, with
-# nothing else on the machine: measured beside the parallel suite the same conversions peaked 20-70 MiB higher
-# (OLMo 3 32B's block: 542 MiB against 473 alone; predicted 523), a busy machine's figure, not the conversion's.
-# Two at a time is no better: in a clean-clone CI run OLMo 3 32B's block, beside another case, peaked at 547 MiB
-# against 546 predicted, and 459 alone on the same machine minutes later (MEMORY_WORKERS=2 to try it anyway).
-# The cause was glibc's: its arena cap was set after JAX had made 16 arenas, and a committed data file's chunks
-# stayed resident (fixed in cli.run and monitor.trim). Two at a time since: 0.665-0.822 of predictions, 13.8 min
-# on a machine loaded 4-7, no faster than one at a time there; kept at 1.
+# The tests that hold a conversion's peak RSS to plan's prediction (marker `memory`) run last, after the parallel
+# suite, two conversions at a time: beside the parallel suite the same conversions peaked 20-70 MiB higher, a busy
+# machine's figure, not the conversion's. Two at a time used to be no better (OLMo 3 32B's block, beside another
+# case, 547 MiB against 546 predicted, 459 alone). The cause was glibc's: its arena cap was set after JAX had made
+# 16 arenas, and a committed data file's chunks stayed resident (fixed in cli.run and monitor.trim). Since then, in
+# a clean clone on a quiet 2-core machine, two at a time: all 46 peaks at 0.70-0.87 of their predictions, 9.2 min
+# (one at a time: 14.2 min). MEMORY_WORKERS=1 runs them one at a time.
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
-MEMORY_WORKERS ?= 1
+MEMORY_WORKERS ?= 2
 
 test: setup
 	$(PYTEST) -m "not memory"
