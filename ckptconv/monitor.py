@@ -200,9 +200,8 @@ def trim_now_and_then(nbytes: int) -> None:
     add up over a long run. ``malloc_trim`` returns every free page, not only the heap's top.
     """
     _trim_due[0] -= nbytes
-    if _trim_due[0] <= 0 and _LIBC is not None:
-        _trim_due[0] = TRIM_EVERY_BYTES
-        _LIBC.malloc_trim(0)
+    if _trim_due[0] <= 0:
+        trim()
 
 
 def trim() -> None:
