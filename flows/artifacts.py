@@ -130,7 +130,9 @@ def restore_text(figures: dict | None) -> str:
             f"makes {figures['device_reads']} storage reads ({human_bytes(figures['device_read_bytes'])}, "
             f"{figures['device_chunks']} chunks in {figures['device_data_files']} data files), one host restoring all "
             f"{figures['devices']} shards {figures['all_devices_reads']} (computed from the layout, ranges of one file "
-            f"closer than {human_bytes(figures['coalescing_bytes'])} read together, as Orbax's restore does)")
+            f"closer than {human_bytes(figures['coalescing_bytes'])} read together, as Orbax's restore does)"
+            + (f"; device {figures['device']}'s shard read back from the output in {figures['device_read_seconds']} s "
+               f"from the converting worker" if "device_read_seconds" in figures else ""))
 
 
 def output_link(destination: str) -> str:
@@ -153,6 +155,7 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
     storage reads a host restoring device 0's shard makes, retries, memory held and when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
     admission = report.get("admission") or {}
+    restore = report.get("restore") or {}
     status = Status.FAILED if error else Status.SKIPPED if report.get("skipped") else Status.COMPLETE
     return {
         "model": job.slug, "status": status, "source": job.source, "destination": job.destination,
@@ -160,9 +163,11 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "wall_seconds": report.get("child_seconds" if report.get("skipped") else "wall_seconds"),
         "peak_rss_mib": _round(report.get("peak_rss_bytes"), MIB), "output_mib": _round(report.get("output_bytes"), MIB),
         "predicted_peak_mib": _round(predicted, MIB),
-        # what a TPU host pays to restore it (the report's ``restore``, computed from the stored layout)
-        "data_files": (report.get("restore") or {}).get("data_files"),
-        "device_restore_reads": (report.get("restore") or {}).get("device_reads"),
+        # what a TPU host pays to restore it (the report's ``restore``: computed from the stored layout, and the
+        # read of device 0's shard back from the output, timed)
+        "data_files": restore.get("data_files"),
+        "device_restore_reads": restore.get("device_reads"),
+        "device_restore_seconds": restore.get("device_read_seconds"),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
         "artifact_id": artifact_id,

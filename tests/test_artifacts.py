@@ -159,3 +159,8 @@ def test_model_page_says_what_a_host_pays_to_restore():
     assert (zoo_row(job, REPORT, None, 1)["data_files"], zoo_row(job, None, "x", 1)["device_restore_reads"]) == (None, None)
     failed = summary_markdown(job, {}, {**REPORT, "restore": {"error": "OSError: gone"}}, VERIFIED, "x")
     assert "| restore | layout not read: OSError: gone |" in failed
+    timed = {**restore, "device_read_seconds": 0.41, "device_decoded_bytes": 70 * MIB}
+    row = next(line for line in summary_markdown(job, {}, {**REPORT, "restore": timed}, VERIFIED, "x").splitlines()
+               if line.startswith("| restore |"))
+    assert "device 0's shard read back from the output in 0.41 s from the converting worker" in row
+    assert zoo_row(job, {**REPORT, "restore": timed}, None, 1)["device_restore_seconds"] == 0.41

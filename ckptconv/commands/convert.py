@@ -288,17 +288,24 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
 
 
 def restore_figures(dst: str) -> dict:
-    """What a TPU host pays to restore the checkpoint at ``dst``, from its stored layout (no data read):
-    chunks, OCDBT data files, and the storage reads a host restoring device 0's shard makes
-    (:mod:`ckptconv.read.restore_cost`); ``{"error": ...}`` if the layout cannot be read."""
-    from ckptconv.read import restore_cost, stored
+    """What a TPU host pays to restore the checkpoint at ``dst``: from its stored layout, chunks, OCDBT data files
+    and the storage reads a host restoring device 0's shard makes (:mod:`ckptconv.read.restore_cost`), and how long
+    reading that shard back took from here (:mod:`ckptconv.read.restore_probe`); ``{"error": ...}`` if the layout
+    cannot be read."""
+    from ckptconv.read import restore_cost, restore_probe, stored
 
     items = str(layout.items_path(dst))
     try:
         leaves = stored.read_items_metadata(items)
     except CkptConvError as err:
         return {"error": str(err).splitlines()[0][:200]}
-    return restore_cost.figures_or_none(items, leaves)
+    figures = restore_cost.figures_or_none(items, leaves)
+    if figures is not None and "error" not in figures:
+        try:
+            figures.update(restore_probe.time_device_read(items, leaves))
+        except (ValueError, OSError, CkptConvError) as err:  # a report field, never a reason to fail
+            figures["read_error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+    return figures
 
 
 def _extra_items(request: ConvertRequest) -> dict:
