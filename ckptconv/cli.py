@@ -21,6 +21,8 @@ from typing import Sequence
 from ckptconv import __version__, locations, settings
 from ckptconv.errors import INCOMPLETE, TERMINATION, CkptConvError, Terminated
 from ckptconv.units import parse_size
+from ckptconv.write.codecs import CODECS
+from ckptconv.write.codecs import DEFAULT as DEFAULT_CODEC
 
 GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
@@ -31,7 +33,7 @@ WRITERS = ("convert", "export")
 class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows every option's default. A flag (``--overwrite``, ``--no-compression``) and an
     option whose default is None say in their own help what happens without them: "(default: None)"
-    or "(default: True)" beside ``--no-compression`` would mislead more than inform."""
+    beside ``--no-compression`` would mislead more than inform."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         if action.default is None or isinstance(action, FLAG_ACTIONS):
@@ -57,8 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     convert.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at DST")
     _progress_flag(convert)
-    convert.add_argument("--no-compression", dest="compression", action="store_false",
-                         help="store raw bytes instead of zstd (faster; larger files)")
+    codec = convert.add_mutually_exclusive_group()
+    codec.add_argument("--compression", choices=tuple(CODECS), default=DEFAULT_CODEC,
+                       help="how stored chunks are compressed: zstd (Orbax's own, at level 1), lz4 (blosc lz4 over "
+                            "bit planes: 3%% smaller on bf16 weights and faster to decode; holds about twice the data "
+                            "file while writing unless --data-files-by-device), none (raw bytes)")
+    codec.add_argument("--no-compression", dest="compression", action="store_const", const="none",
+                       help="same as --compression none")
     _data_file_flag(convert)
     split = convert.add_mutually_exclusive_group()
     split.add_argument("--partition", metavar="I/N",
@@ -149,10 +156,15 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "restoring its shard makes about one storage read per leaf and data file, and the "
                          "conversion holds up to about 1.8x this in RAM (plan predicts it); 0: every tile commits "
                          "alone (least RAM, most data files)")
+    command.add_argument("--data-files-by-device", action="store_true",
+                         help="regroup the tiles by device through local spill files (TMPDIR, plan's spill_disk_bytes) "
+                         "so that each data file holds one device's chunks: a host restoring its shard reads its own "
+                         "files only (about 16x fewer reads on 16 devices), for more conversion time")
 
 
 def _use_data_file_size(args: argparse.Namespace) -> None:
     settings.use_data_file_bytes(parse_size(args.data_file_size, "--data-file-size", zero=True))
+    settings.use_data_files_by_device(args.data_files_by_device)
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:

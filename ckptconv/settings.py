@@ -84,3 +84,23 @@ def use_data_file_bytes(nbytes: int) -> None:
     per OCDBT data file. Every user reads ``IN_FLIGHT`` when it runs, so the run and the estimate agree."""
     global IN_FLIGHT
     IN_FLIGHT = dataclasses.replace(IN_FLIGHT, data_file_bytes=nbytes)
+
+
+# --data-files-by-device: the writer regroups tiles by device through a local spill (ckptconv.write.spill). Off by
+# default until the memory examples' predictions are calibrated for it (its peaks measured lower than the
+# prediction by more than the suite's 1.5 allows).
+DATA_FILES_BY_DEVICE = False
+
+
+def use_data_files_by_device(enabled: bool) -> None:
+    """``--data-files-by-device``: this process's conversion (and ``plan``) spills tiles to write data files by device."""
+    global DATA_FILES_BY_DEVICE
+    DATA_FILES_BY_DEVICE = bool(enabled)
+
+
+def spill_window_bytes(devices: int) -> int:
+    """Bytes of tiles' device parts the writer spills to local disk before writing them device by device
+    (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come (not asked, one
+    device, or a data file per tile)."""
+    limit = IN_FLIGHT.data_file_bytes
+    return devices * limit if DATA_FILES_BY_DEVICE and devices > 1 and limit > 0 else 0

@@ -265,7 +265,7 @@ def test_export_peak_rss_does_not_grow_with_layers(tmp_path):
     for layers in (3, 12):
         src, mt, hf = tmp_path / f"src{layers}", tmp_path / f"mt{layers}", tmp_path / f"hf{layers}"
         synth.write_checkpoint(model(layers), str(src), fast=True)
-        convert(ConvertRequest(str(src), str(mt), devices=16, progress="none", compression=False))
+        convert(ConvertRequest(str(src), str(mt), devices=16, progress="none", compression="none"))
         result = run_cli("export", str(mt), str(hf), "--like", str(src), "--progress", "none", "--shard-size", "200MB")
         assert result.returncode == 0, result.stderr
         report = json.loads((hf / "ckptconv-report.json").read_text())

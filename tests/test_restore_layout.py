@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024**2
 MODEL = synth.SynthModel(num_layers=4, hidden_size=256, intermediate_size=1024, vocab_size=2048)
 
-def convert(src: Path, dst: Path, limit: int, devices: int = 16) -> dict:
+def convert(src: Path, dst: Path, limit: int, devices: int = 16, *flags: str) -> dict:
     result = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", str(devices),
-                             "--progress", "none", "--no-compression", "--data-file-size", str(limit)],
+                             "--progress", "none", "--no-compression", "--data-file-size", str(limit), *flags],
                             capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads((dst / "ckptconv-report.json").read_text())
@@ -48,11 +48,13 @@ def _data_files(items: Path) -> dict[str, int]:
     return files
 
 
-def test_data_files_gather_tiles_up_to_the_target(source, tmp_path):
-    """Each data file holds at most the target (plus its chunks' checksums) and, but the last, more than the
-    target less one tile (one commit per data file); a data file per tile (the limit 0) makes many more."""
-    limit = 4 * MIB  # above the largest tile (2 MiB): a tile over the limit is a data file of its own
-    report = convert(source, tmp_path / "gathered", limit)
+def test_data_files_gather_each_device_parts_up_to_the_target(source, tmp_path):
+    """Tiles' device parts wait in a window of 16 targets and are written device by device, one commit per data
+    file: each data file holds at most the target (plus its chunks' checksums); at 1 MiB each device's share of the
+    model fills files up to the target; with a data file per tile (the limit 0) each file holds every device's
+    chunks of its tile, so a host reads more than twice as many."""
+    limit = 1 * MIB
+    report = convert(source, tmp_path / "gathered", limit, 16, "--data-files-by-device")
     items = tmp_path / "gathered" / "0" / "items"
     files = _data_files(items)
     total = sum(files.values())
@@ -60,18 +62,19 @@ def test_data_files_gather_tiles_up_to_the_target(source, tmp_path):
     assert total + inline >= report["output_bytes"]  # uncompressed: every byte of every leaf, plus checksums
     slack = 4 * report["restore"]["chunks"]  # a crc32c per chunk
     assert max(files.values()) <= limit + slack, sorted(files.values())
-    # one commit per data file: each but the last was closed by a tile that did not fit any more
-    tile = json.loads(subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json"],
-                                     capture_output=True, text=True, cwd=ROOT, check=True).stdout)["largest_tile_bytes"]
-    assert tile < limit
-    assert all(size >= limit - tile for size in sorted(files.values())[1:]), (sorted(files.values()), tile)
-    assert len(files) <= math.ceil(total / (limit - tile)) + 1, (len(files), total)
+    # a device's share of the model (1/16 of it) in as few files as the target allows, per window
+    share = report["output_bytes"] / 16
+    windows = math.ceil(report["output_bytes"] / (16 * limit))
+    assert report["restore"]["device_data_files"] <= math.ceil(share / (limit / 2)) + windows, report["restore"]
     assert report["restore"]["data_files"] == len(files)
 
     alone = convert(source, tmp_path / "alone", 0)
     assert alone["restore"]["chunks"] == report["restore"]["chunks"]  # the chunks do not depend on the files
-    assert alone["restore"]["data_files"] > 2 * report["restore"]["data_files"], (alone["restore"], report["restore"])
-    assert alone["restore"]["device_reads"] > report["restore"]["device_reads"]
+    in_order = convert(source, tmp_path / "in-order", limit)  # not asked: data files in the source's order
+    assert in_order["restore"]["device_data_files"] > 2 * report["restore"]["device_data_files"]
+    assert alone["restore"]["device_data_files"] > 2 * report["restore"]["device_data_files"], (alone["restore"],
+                                                                                                report["restore"])
+    assert alone["restore"]["device_reads"] > 2 * report["restore"]["device_reads"]
 
 
 def test_report_restore_figures_match_the_layout(source, tmp_path):
@@ -120,20 +123,57 @@ def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):
     assert "error" not in figures, figures
     assert figures["devices"] == 4 and figures["chunks"] > figures["device_chunks"] > 0
     assert figures["data_files"] >= 1 and figures["device_reads"] >= 2  # the manifest, a b-tree node, data
+    assert figures["device_read_seconds"] > 0 and figures["device_decoded_bytes"] > 0  # read back from the bucket
 
 
 def test_plan_predicts_the_data_file_size_convert_is_given(source):
     """``--data-file-size`` is what ``plan`` predicts with (Prefect admits by it): the transaction's tiles at
-    1.25 bytes per byte gathered (tests/test_memory.py holds the default to measured peaks); a size that is not
-    one is refused in one line."""
+    1.25 bytes per byte gathered, on top of the source's reads when the output fills more than one spill window
+    (16 x the size) and the writes overlap them; when it fits one window the spill is written after the reads, and
+    only the larger counts (tests/test_memory.py holds the default to measured peaks); a size that is not one is
+    refused in one line."""
     def plan(size: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
-                               "--data-file-size", size], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                               "--data-file-size", size, "--data-files-by-device"], capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)
 
-    alone, gathered = (json.loads(plan(size).stdout) for size in ("0", "4MiB"))
-    assert (alone["data_file_bytes"], gathered["data_file_bytes"]) == (0, 4 * MIB)
-    held = min(max(4 * MIB, gathered["largest_tile_bytes"]), gathered["output_bytes"])
-    assert gathered["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(held * 1.25)
+    alone, windows, one = (json.loads(plan(size).stdout) for size in ("0", "256KiB", "4MiB"))
+    assert (alone["data_file_bytes"], windows["data_file_bytes"], one["data_file_bytes"]) == (0, 256 * 1024, 4 * MIB)
+    assert 16 * 256 * 1024 < windows["output_bytes"] <= 16 * 4 * MIB
+    held = min(max(256 * 1024, windows["largest_tile_bytes"]), windows["output_bytes"])
+    assert windows["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(held * 1.25)
+    summed = alone["predicted_peak_rss_bytes"] + int(min(4 * MIB, one["output_bytes"]) * 1.25)
+    assert alone["predicted_peak_rss_bytes"] <= one["predicted_peak_rss_bytes"] < summed
     bad = plan("lots")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ckptconv: error: --data-file-size 'lots': expected a size like 5GB, 500MB or 2GiB"]
+
+
+def test_report_times_reading_device_0_shard_back(source, tmp_path):
+    """The report's restore figures carry the measured read of device 0's shard (every byte of it decoded), beside
+    the computed reads."""
+    figures = convert(source, tmp_path / "timed", 4 * MIB)["restore"]
+    items = tmp_path / "timed" / "0" / "items"
+    leaves = [leaf for leaf in read_items_metadata(str(items)) if leaf.chunk_shape is not None and leaf.shape]
+    itemsize = {"bfloat16": 2, "float32": 4}
+    shard = sum(math.prod(hi - lo for lo, hi in device_boxes(leaf, 0)) * itemsize[leaf.dtype] for leaf in leaves)
+    assert figures["device_decoded_bytes"] == shard
+    assert 0 < figures["device_read_seconds"] < 60
+
+
+@pytest.mark.parametrize("box, chunk", [(((0, 64), (0, 48), (0, 1024)), (4, 1, 1024)),
+                                        (((16, 32), (0, 1024)), (16, 64)), (((0, 3),), (3,))])
+def test_probe_pieces_are_whole_chunks_within_the_limit_covering_the_box_once(box, chunk):
+    import numpy as np
+
+    from ckptconv.read.restore_probe import pieces
+
+    limit = 64 * 1024
+    seen = np.zeros([hi for _, hi in box], dtype=np.int8)
+    for piece in pieces(box, chunk, 2, limit):
+        size = 2 * math.prod(s.stop - s.start for s in piece)
+        assert size <= limit or all(s.stop - s.start <= c for s, c in zip(piece, chunk)), piece  # or one chunk
+        assert all((s.start - lo) % c == 0 for s, (lo, _), c in zip(piece, box, chunk)), piece  # chunk-aligned
+        seen[piece] += 1
+    inside = tuple(slice(lo, hi) for lo, hi in box)
+    assert (seen[inside] == 1).all() and seen.sum() == math.prod(hi - lo for lo, hi in box)

@@ -275,7 +275,7 @@ def damaged_copy(converted, tmp_path):
     return src, tmp_path / "ckpt"
 
 
-@pytest.mark.parametrize("offset, mask, what", [(0, 0xFF, "zstd frame"), (-1, 0x01, "shard index crc32c")])
+@pytest.mark.parametrize("offset, mask, what", [(0, 0xFF, "compressed frame"), (-1, 0x01, "shard index crc32c")])
 def test_deep_inspect_decodes_every_chunk(damaged_copy, offset, mask, what):
     _, ckpt = damaged_copy
     corrupt_value(ckpt / "0" / "items", f"{LEAF}/c/1/0/0", offset, mask)
@@ -359,7 +359,7 @@ def test_reports_and_markers_that_are_json_but_not_objects_are_damaged_not_a_cra
 
 # --- beyond the anchors: every chunk carries a crc32c ----------------------------------------------
 
-@pytest.mark.parametrize("flags", [[], ["--no-compression"]], ids=["zstd", "raw"])
+@pytest.mark.parametrize("flags", [[], ["--compression", "lz4"], ["--no-compression"]], ids=["zstd", "lz4", "raw"])
 def test_bit_rot_in_a_stored_chunk_is_caught_without_the_source(synth_dir, tmp_path, flags):
     src, ckpt = synth_dir(), tmp_path / "ckpt"
     assert run_cli("convert", str(src), str(ckpt), "--progress", "none", "--devices", "4", *flags).returncode == 0

@@ -26,7 +26,7 @@ from ckptconv.read import open_source
 from ckptconv.read.gcs import GCS_ENDPOINT
 from ckptconv.read.sources import Source
 from ckptconv.settings import Status
-from ckptconv.write import destination, partition
+from ckptconv.write import codecs, destination, partition
 from ckptconv.write.destination import Destination
 from ckptconv.write.produce import plan_tiles, prefetch
 
@@ -48,7 +48,7 @@ class ConvertRequest:
     report: str | None = None
     overwrite: bool = False
     progress: str = settings.PROGRESS
-    compression: bool = True
+    compression: str = codecs.DEFAULT  # a name in ckptconv.write.codecs.CODECS
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
     partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
@@ -58,13 +58,20 @@ class ConvertRequest:
     multimodal: bool = False  # also the vision/audio encoders (MaxText's use_multimodal=true)
 
 
+# What the codec adds to a conversion's identity: compressed or not, the boolean it was before the codec could be
+# chosen. The stored values do not depend on the codec (every reader takes it from each leaf's zarr.json), so a
+# nightly run under a newer default skips the zstd checkpoints an older version wrote instead of refusing them,
+# and a partition written with zstd joins others written with lz4.
+_CODEC_IDENTITY = {"lz4": True, "zstd": True, "none": False}
+
+
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
     """Identity of (source bytes as far as cheaply knowable, options): equal means nothing to redo."""
     identity = {
         "provenance": source.provenance(),
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
-        "options": [request.devices, plan.scan_layers, request.dtype, request.compression]
+        "options": [request.devices, plan.scan_layers, request.dtype, _CODEC_IDENTITY[request.compression]]
         + ([request.lora_layout] if request.lora else []) + (["multimodal"] if request.multimodal else []),
         "format": 1,
     }
@@ -89,6 +96,8 @@ def _convert(request: ConvertRequest) -> dict:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
+    if request.compression not in codecs.CODECS:
+        raise BadInputError(f"compression {request.compression!r}: expected one of {', '.join(codecs.CODECS)}")
     if request.merge_lora and not request.lora:
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
     if request.lora_layout != "converter" and (request.merge_lora or not request.lora):
@@ -223,7 +232,7 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
         str(partition.staging_dir(request.destination)), [leaf for _, leaf in chosen], [i for i, _ in chosen],
         lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)), devices=request.devices,
         process_id=part.process_id, on_tile=lambda leaf, n: (trim_now_and_then(n), progress.advance(0, n)),
-        use_compression=request.compression)
+        codec=request.compression)
     timer.add("write", timer.wall() - begin, begin)
     progress.close()
     report = {
@@ -279,7 +288,7 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
         writer.write_checkpoint(
             request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
             devices=request.devices, custom_metadata=_custom_metadata(plan, request),
-            on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), use_compression=request.compression,
+            on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), codec=request.compression,
             extra_items=_extra_items(request), adopt=adopt,
         )
     end = timer.wall()
@@ -338,6 +347,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "not_converted": list(plan.not_converted),
         "dtype": request.dtype,
         "devices": request.devices,
+        "compression": request.compression,
         "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,
         "tensors": plan.tensor_count,

@@ -43,14 +43,12 @@ from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
 from ckptconv.families.tiles import Region, Tile
 from ckptconv.layout import is_gcs
 from ckptconv.monitor import trim
+from ckptconv.write import codecs
+from ckptconv.write.spill import DeviceSpill, device_parts
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
 TARGET_FILE_BYTES = 2 * 1024**3
-# zstd level for the chunks. Orbax's zarr3 default is 3; on bf16 weights level 1 stores the same
-# bytes (0.78 of raw, both) for 55% of the CPU (0.21 against 0.36 CPU-s per 128 MiB here), and
-# compression is most of a conversion's CPU after the transforms. Negative levels store raw bytes.
-ZSTD_LEVEL = 1
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
 
@@ -111,6 +109,8 @@ class _StreamedLeaf:
     dtype: np.dtype
     sharding: NamedSharding | None  # None: written like MaxText's 1-device numpy leaves
     write_shape: tuple[int, ...]
+    codec: str = codecs.DEFAULT  # a name in codecs.CODECS: how its chunks are compressed
+    devices: int = 1  # the devices it is laid out for (its shards' count when sharded)
 
 
 def _region(value: _StreamedLeaf, index: Region, data: np.ndarray, chunk: tuple[int, ...]) -> Region:
@@ -147,7 +147,8 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process
     """Create the leaf's zarr3 array in OCDBT with the planned chunk shape."""
     await info.await_path_creation()
     spec = _write_spec(value, info, arg, process_id)
-    store = await ts.open(ts.Spec(_with_checksum(_zstd_level(spec.json, ZSTD_LEVEL))), create=True, open=True,
+    store = await ts.open(ts.Spec(_with_checksum(codecs.with_codec(spec.json, value.codec, value.dtype))),
+                          create=True, open=True,
                           context=info.ts_context)
     return store, spec.metadata
 
@@ -155,19 +156,19 @@ async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process
 def _with_checksum(node: Any) -> Any:
     """``node`` (a spec's JSON) with a ``crc32c`` codec ending every chunk's codec chain.
 
-    Orbax's chain stores a chunk as zstd without its frame checksum (or raw bytes with
-    ``--no-compression``), so a flipped bit in a stored chunk decodes to other numbers without
-    a sound; only the shard index carries a crc32c. With the codec every chunk carries one too,
-    and any reader that decodes it (``inspect --deep``, ``export``, Orbax and MaxText restoring,
-    which read the codecs from the stored ``zarr.json``) fails on bit rot instead of using it.
+    Orbax's chain stores a chunk compressed without a checksum of its own (zstd without its frame checksum, blosc,
+    or raw bytes with ``--compression none``), so a flipped bit in a stored chunk decodes to other numbers without
+    a sound; only the shard index carries a crc32c. With the codec every chunk carries one too, and any reader
+    that decodes it (``inspect --deep``, ``export``, Orbax and MaxText restoring, which read the codecs from the
+    stored ``zarr.json``) fails on bit rot instead of using it.
     """
     if isinstance(node, dict):
         out = {key: _with_checksum(value) for key, value in node.items()}
         if out.get("name") == "sharding_indexed":
             config = dict(out.get("configuration", {}))
-            codecs = list(config.get("codecs", []))
-            if not any(codec.get("name") == CHUNK_CHECKSUM for codec in codecs):
-                config["codecs"] = codecs + [{"name": CHUNK_CHECKSUM}]
+            chain = list(config.get("codecs", []))
+            if not any(codec.get("name") == CHUNK_CHECKSUM for codec in chain):
+                config["codecs"] = chain + [{"name": CHUNK_CHECKSUM}]
             out["configuration"] = config
         return out
     if isinstance(node, list):
@@ -175,69 +176,156 @@ def _with_checksum(node: Any) -> Any:
     return node
 
 
-def _zstd_level(node: Any, level: int) -> Any:
-    """``node`` (a spec's JSON) with every zstd codec at ``level``; the stored chunk names the codec,
-    so any reader (Orbax, MaxText) decodes it whatever the level."""
-    if isinstance(node, dict):
-        out = {key: _zstd_level(value, level) for key, value in node.items()}
-        if out.get("name") == "zstd":
-            out["configuration"] = {**out.get("configuration", {}), "level": level}
-        return out
-    if isinstance(node, list):
-        return [_zstd_level(item, level) for item in node]
-    return node
-
-
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
                   process_id: str | None = None) -> list[Any]:
     """Write the tile stream (``settings.IN_FLIGHT.writes`` at most), opening each leaf at its first tile and
-    letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata."""
+    letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
+
+    With ``--data-files-by-device`` (``settings.spill_window_bytes``) sharded leaves go through
+    :class:`_SpilledWrites` (one data file per device per window); otherwise each tile is written as it comes."""
     by_index = {value.index: n for n, value in enumerate(values)}
     stores: dict[int, Any] = {}
     metadatas: list[Any] = [None] * len(values)
     written = [0] * len(values)
-    in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
-    batch = _Batch(settings.IN_FLIGHT.data_file_bytes)
-    for index, region, data in tiles():
-        n = by_index.get(index)
-        if n is None:
-            raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
-        value = values[n]
-        starts = n not in stores
-        if starts:
-            if metadatas[n] is not None:
-                raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
-            stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
-        region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
-        # Commit the data file being filled if this tile would overflow it, or if a leaf starts that does not fit
-        # whole in what is left of it: a host restoring its shard reads its chunks of one leaf in one data file in
-        # one request, but of two leaves in two (OCDBT stores a file's chunks in key order, leaf by leaf), so each
-        # leaf is in as few files as it can be (Qwen3-0.6B's shape on 16 devices: a host's reads from gs:// 26 -> 21,
-        # bench/RESTORE.md).
-        if batch.full(data.nbytes) or (starts and batch.full(math.prod(value.shape) * value.dtype.itemsize)):
-            while in_flight:
-                await _settle(*in_flight.popleft(), on_tile)
-            await batch.commit()
-        write = batch.store(stores[n])[region].write(data)
-        await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
-        in_flight.append((write, value.leaf, data.nbytes))
-        batch.add(data.nbytes)
-        written[n] += data.size
-        del data
-        if written[n] == math.prod(value.shape):
-            del stores[n]  # complete: the writes in flight keep what they need
-        while len(in_flight) >= settings.IN_FLIGHT.writes:
-            await _settle(*in_flight.popleft(), on_tile)
-    while in_flight:
-        await _settle(*in_flight.popleft(), on_tile)
-    await batch.commit()
+    writer = _Writer(on_tile)
+    devices = max((value.devices for value in values), default=1)
+    window = settings.spill_window_bytes(devices)
+    spilled = _SpilledWrites(window, writer, stores) if window else None
+    stream = iter(tiles())
+    try:
+        # the next tile is awaited in a thread, so a window being written in the background goes on meanwhile
+        while (tile := await asyncio.to_thread(next, stream, None)) is not None:
+            index, region, data = tile
+            n = by_index.get(index)
+            if n is None:
+                raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
+            value = values[n]
+            starts = n not in stores
+            if starts:
+                if metadatas[n] is not None:
+                    raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
+                stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
+            region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
+            if spilled is None:
+                # Commit the data file being filled if this tile would overflow it, or if a leaf starts that does
+                # not fit whole in what is left of it: a host restoring its shard reads its chunks of one leaf in
+                # one data file in one request, but of two leaves in two (OCDBT stores a file's chunks in key
+                # order, leaf by leaf), so each leaf is in as few files as it can be.
+                if starts and writer.batch.full(math.prod(value.shape) * value.dtype.itemsize):
+                    await writer.commit()
+                await writer.write(stores[n], region, data, value.leaf)
+            else:
+                await spilled.add(n, value, region, data)
+                if on_tile is not None:  # gathered, as a tile written into the data file being filled
+                    on_tile(value.leaf, data.nbytes)
+            written[n] += data.size
+            del data, tile
+            if written[n] == math.prod(value.shape):
+                if spilled is None:
+                    del stores[n]  # complete: the writes in flight keep what they need
+                else:
+                    spilled.complete(n)
+        if spilled is not None:
+            await spilled.finish()
+        await writer.commit()
+    finally:
+        if spilled is not None:
+            spilled.close()
     for value, count in zip(values, written):
         if count != math.prod(value.shape):
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
                              f"{math.prod(value.shape)} elements")
     return [dataclasses.replace(metadata, write_shape=value.write_shape)
             for value, metadata in zip(values, metadatas)]
+
+
+class _SpilledWrites:
+    """Two spill windows (:class:`~ckptconv.write.spill.DeviceSpill`): one filling from the tile stream while the
+    other is written in the background, device by device, each device's parts committed apart (its own data files).
+
+    So the source's reads and transforms overlap the writer's compression and commits, as they do without a spill.
+    With one window they took turns: Llama-3-8B's widths with 8 layers converted in 45 s against 27 s. A leaf's
+    store stays open until the window holding its last parts is written."""
+
+    def __init__(self, window: int, writer: _Writer, stores: dict[int, Any]):
+        self._spills = [DeviceSpill(window), DeviceSpill(window)]
+        self._filling = 0
+        self._done: list[int] = []  # leaves complete in the filling window
+        self._flush: asyncio.Task | None = None
+        self._writer, self._stores = writer, stores
+
+    async def add(self, n: int, value: _StreamedLeaf, region: Region, data: np.ndarray) -> None:
+        if self._spills[self._filling].full(data.nbytes):
+            await self._rotate()
+        for group, into, take in device_parts(region, value.shape, value.devices):
+            self._spills[self._filling].add(group, n, into, data[take])
+
+    def complete(self, n: int) -> None:
+        self._done.append(n)
+
+    async def finish(self) -> None:
+        """Write what waits, and wait for it."""
+        await self._rotate()
+        await self._wait()
+
+    def close(self) -> None:
+        if self._flush is not None and not self._flush.done():
+            self._flush.cancel()  # the write failed: nothing more of it is needed
+        for spill in self._spills:
+            spill.close()
+
+    async def _rotate(self) -> None:
+        await self._wait()  # the other window written and its leaves let go: it is empty again
+        spill, done = self._spills[self._filling], self._done
+        self._filling, self._done = 1 - self._filling, []
+        self._flush = asyncio.get_running_loop().create_task(self._write(spill, done))
+
+    async def _wait(self) -> None:
+        if self._flush is not None:
+            flush, self._flush = self._flush, None
+            await flush
+
+    async def _write(self, spill: DeviceSpill, done: list[int]) -> None:
+        for group, parts in spill.groups():
+            for part in parts:
+                await self._writer.write(self._stores[part.leaf], part.region, spill.read(group, part), None)
+            await self._writer.commit()
+        spill.clear()
+        for n in done:
+            del self._stores[n]  # complete, and all of it written
+
+
+class _Writer:
+    """Tile writes into the data file being gathered (:class:`_Batch`), at most ``settings.IN_FLIGHT.writes``
+    in flight; ``on_tile(leaf, nbytes)`` once each is written (``leaf`` None: already counted)."""
+
+    def __init__(self, on_tile: Callable[[Leaf, int], None] | None):
+        self.batch = _Batch(settings.IN_FLIGHT.data_file_bytes)
+        self._on_tile = on_tile
+        self._in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
+
+    async def write(self, store: Any, region: Region, data: np.ndarray, leaf: Leaf | None) -> None:
+        if self.batch.full(data.nbytes):
+            await self.commit()
+        write = self.batch.store(store)[region].write(data)
+        await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
+        self._in_flight.append((write, leaf, data.nbytes))
+        self.batch.add(data.nbytes)
+        while len(self._in_flight) >= settings.IN_FLIGHT.writes:
+            await self._settle()
+
+    async def _settle(self) -> None:
+        write, leaf, nbytes = self._in_flight.popleft()
+        await write
+        if leaf is not None and self._on_tile is not None:
+            self._on_tile(leaf, nbytes)
+
+    async def commit(self) -> None:
+        """Wait for the writes in flight and commit the data file being gathered."""
+        while self._in_flight:
+            await self._settle()
+        await self.batch.commit()
 
 
 class _Batch:
@@ -279,13 +367,6 @@ class _Batch:
             await txn.commit_async()
             trim()  # the data file's chunks, freed together: none of it resident beside the next one
         self._bytes = 0
-
-
-async def _settle(write: Any, leaf: Leaf, nbytes: int, on_tile: Callable[[Leaf, int], None] | None) -> None:
-    """Wait for one tile to be written, then tell the caller how many bytes it held."""
-    await write
-    if on_tile is not None:
-        on_tile(leaf, nbytes)
 
 
 class _StreamingHandler(jax_array_handlers.ArrayHandler):
@@ -383,7 +464,7 @@ def _tree(leaves: Sequence[Leaf], make: Callable[[int, Leaf], Any]) -> dict:
 
 def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
                      devices: int, custom_metadata: dict, on_tile: Callable[[Leaf, int], None] | None = None,
-                     use_compression: bool = True, extra_items: dict[str, Any] | None = None,
+                     codec: str = codecs.DEFAULT, extra_items: dict[str, Any] | None = None,
                      adopt: Callable[[epath.Path], None] | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
@@ -392,10 +473,10 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     the step. For ``devices > 1`` JAX must already run with exactly that many. ``tiles()``
     yields ``(leaf index, region, data)`` covering every leaf exactly once, in any order;
     ``on_tile(leaf, nbytes)`` runs in Orbax's writer thread each time a tile of ``nbytes``
-    is written (for progress): into the data file being gathered, on storage once that commits. Orbax commits atomically (rename locally,
-    ``commit_success.txt`` on GCS); temporary directories left by an interrupted earlier run
-    are deleted first; a complete step 0 is never overwritten. Errors raised by ``tiles()``
-    propagate unchanged and leave no complete step. ``extra_items`` are small plain values
+    is written (for progress): into the data file being gathered (or the spill), on storage once that commits.
+    Orbax commits atomically (rename locally, ``commit_success.txt`` on GCS); temporary directories left by an
+    interrupted earlier run are deleted first; a complete step 0 is never overwritten. Errors raised by
+    ``tiles()`` propagate unchanged and leave no complete step. ``extra_items`` are small plain values
     saved beside the leaves by Orbax's standard handlers (MaxText's ``step`` int and empty
     ``opt_state``).
 
@@ -417,7 +498,8 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
         leaf = dataclasses.replace(leaf, shape=shape, chunk_shape=tuple(int(c) for c in leaf.chunk_shape))
         spec = PartitionSpec(*partition_spec(shape, devices))
         sharding = NamedSharding(mesh, spec) if mesh is not None else None
-        return _StreamedLeaf(leaf, index, shape, np.dtype(leaf.dtype), sharding, write_shape(shape, devices))
+        return _StreamedLeaf(leaf, index, shape, np.dtype(leaf.dtype), sharding, write_shape(shape, devices), codec,
+                             devices)
 
     store = array_metadata_store.Store()
     sharded = mesh is not None
@@ -429,7 +511,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
         (np.ndarray, type_handlers.NumpyHandler()),
         (jax.Array, type_handlers.ArrayHandler(array_metadata_store=store)))
     handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True,
-                                          use_compression=use_compression,
+                                          use_compression=codecs.compresses(codec),
                                           type_handler_registry=registry)
     # Orbax's clean-up of unfinished steps: locally it deletes ``*.orbax-checkpoint-tmp*`` names (the
     # destination protocol has refused any that is not ours before this point); on GCS it would delete
@@ -457,7 +539,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
 
 def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int], tiles: Callable[[], Iterable[Tile]],
                     *, devices: int, process_id: str, on_tile: Callable[[Leaf, int], None] | None = None,
-                    use_compression: bool = True) -> None:
+                    codec: str = codecs.DEFAULT) -> None:
     """Write the data of some leaves into ``staging/ocdbt.process_<process_id>``, as one host of a
     multi-host Orbax save writes its part: the same array specs, names and chunks, no metadata.
 
@@ -471,9 +553,10 @@ def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int]
     parent = epath.Path(staging)
     parent.mkdir(parents=True, exist_ok=True)
     values = [_StreamedLeaf(leaf, index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype), None,
-                            write_shape(tuple(leaf.shape), devices)) for leaf, index in zip(leaves, indices)]
+                            write_shape(tuple(leaf.shape), devices), codec, devices)
+              for leaf, index in zip(leaves, indices)]
     infos = [type_handlers.ParamInfo(name=".".join(leaf.path), parent_dir=parent, is_ocdbt_checkpoint=True,
-                                     use_compression=use_compression, use_zarr3=True,
+                                     use_compression=codecs.compresses(codec), use_zarr3=True,
                                      ocdbt_target_data_file_size=TARGET_FILE_BYTES, ts_context=context)
              for leaf in leaves]
     args = [ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES)] * len(values)
