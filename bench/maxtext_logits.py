@@ -28,6 +28,9 @@ REPO = BENCH.parent
 WORK = BENCH / "work" / "logits"
 MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
 TOLERANCE = 1e-4
+# --devices of the conversions (1 as MaxText's single-device runs; more: the data files by device, MaxText still
+# restoring them onto its one CPU device)
+DEVICES = "1"
 sys.path.insert(0, str(REPO))
 
 from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
@@ -216,7 +219,7 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
 MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, devices: str = DEVICES) -> dict:
     root = WORK / case.name
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -229,7 +232,7 @@ def run_case(case: Case) -> dict:
     if made.returncode:
         return row | {"error": "hf_tiny: " + error_line(made)}
     shutil.copy(config, hf / "synth-config.json")
-    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
+    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", devices,
                      "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
                     env={"PYTHONPATH": str(REPO)})
     if converted.returncode:
@@ -285,6 +288,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", default=str(BENCH / "LOGITS.md"))
     parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
+    parser.add_argument("--devices", default=DEVICES, help="ckptconv convert --devices (MaxText restores onto 1)")
     args = parser.parse_args(argv)
     if not MT_PYTHON.exists():
         parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
@@ -295,7 +299,7 @@ def main(argv: list[str]) -> int:
     for case in CASES:
         if wanted and case.name not in wanted:
             continue
-        row = run_case(case)
+        row = run_case(case, args.devices)
         print(json.dumps(row), flush=True)
         rows.append(row)
     names = [case.name for case in CASES]

@@ -225,6 +225,9 @@ def _version(package: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # The counting proxy: its own process, one log line per request with the bytes it returned
 
+PROXY_PIECE = 1024 * 1024  # bytes the proxy passes on at a time
+
+
 def proxy(port: int, upstream: str, log_path: str, latency_ms: float = 0.0) -> None:
     """Forward to ``upstream``, logging each request; ``latency_ms`` > 0 holds every request that long before
     forwarding it (each in its own thread, so concurrent requests wait together, as round trips to GCS do)."""
@@ -263,27 +266,39 @@ def proxy(port: int, upstream: str, log_path: str, latency_ms: float = 0.0) -> N
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     response = conn.getresponse()
-                    data = response.read()
                     break
                 except (http.client.HTTPException, OSError):
                     conn.close()
                     local.conn = None
                     if attempt:
                         raise
+            # The body is passed on as it arrives, as GCS streams it: a whole-body store and forward would
+            # delay every response by its own transfer, most for the largest ones.
+            size = response.getheader("Content-Length")
             self.send_response(response.status)
             for key, value in response.getheaders():
                 if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                     self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
+            pieces: list[bytes] = []
+            if size is None:  # not known up front: take it all, then send it with its length
+                pieces.append(response.read())
+                size = str(len(pieces[0]))
+            self.send_header("Content-Length", size)
             self.end_headers()
-            aborted = ""
+            aborted, sent = "", 0
             try:
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                while True:
+                    piece = pieces.pop() if pieces else response.read(PROXY_PIECE)
+                    if not piece:
+                        break
+                    sent += len(piece)
+                    if self.command != "HEAD":
+                        self.wfile.write(piece)
             except OSError:  # the client hung up before taking the whole body: the server still sent it
                 aborted, self.close_connection = " aborted", True
+                sent += len(response.read())  # drain, so the kept-alive upstream connection stays usable
             with lock:
-                log.write(f"REQ {self.command} {response.status} {len(data)} {length} {self.path}"
+                log.write(f"REQ {self.command} {response.status} {sent} {length} {self.path}"
                           f"{' ' + self.headers['Range'] if self.headers.get('Range') else ''}{aborted}\n")
 
         do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _forward
