@@ -266,8 +266,8 @@ def test_a_zoo_entry_no_worker_takes_never_starts_and_the_rest_goes_on(deployed,
 
 @pytest.mark.slow
 def test_partitioned_conversion_over_two_workers_equals_a_single_one(deployed, synth_dir, tmp_path):
-    """``convert-partitioned`` starts 2 ``convert-partition`` flow runs; two workers of one pool, each
-    taking one run at a time, write one partition each; the finalize commits one checkpoint."""
+    """``convert-partitioned`` starts 2 ``convert-partition`` flow runs; two workers of one pool write one
+    partition each; the finalize commits one checkpoint."""
     from tests.test_convert import restore
     from tests.test_partition import MOE
 
@@ -277,9 +277,8 @@ def test_partitioned_conversion_over_two_workers_equals_a_single_one(deployed, s
     script = ("import json, sys; from flows.partitioned import convert_partitioned; "
               "r = convert_partitioned(source=sys.argv[1], destination=sys.argv[2], partitions=2, devices=4, "
               "name='split'); print(json.dumps(r['partitions']))")
-    with _workers(env, tmp_path, {"worker-a": ("cpu-pool", {}), "worker-b": ("cpu-pool", {})}, "--limit", "1"):
-        done = subprocess.run([sys.executable, "-c", script, str(source), str(split)], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+    done = _one_partition_per_worker(env, tmp_path, [script, str(source), str(split)], "split",
+                                     {"worker-a": {}, "worker-b": {}})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(row["partition"] for row in rows) == ["0/2", "1/2"]
@@ -306,10 +305,8 @@ def test_partitioned_conversion_into_a_gcs_bucket_over_two_workers(deployed, gcs
     script = ("import json, sys; from flows.partitioned import convert_partitioned; "
               "r = convert_partitioned(source=sys.argv[1], destination=sys.argv[2], partitions=2, devices=4, "
               "name='split-gcs'); print(json.dumps(r['partitions']))")
-    workers = {"worker-a": ("cpu-pool", gcs.env), "worker-b": ("cpu-pool", gcs.env)}
-    with _workers(env, tmp_path, workers, "--limit", "1"):
-        done = subprocess.run([sys.executable, "-c", script, str(source), split], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+    done = _one_partition_per_worker(env, tmp_path, [script, str(source), split], "split-gcs",
+                                     {"worker-a": gcs.env, "worker-b": gcs.env})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(row["partition"] for row in rows) == ["0/2", "1/2"]
@@ -319,6 +316,55 @@ def test_partitioned_conversion_into_a_gcs_bucket_over_two_workers(deployed, gcs
     expected, got = restore(single), restore(_download(gcs, split, tmp_path / "downloaded"))
     assert got.keys() == expected.keys()
     assert all(got[name].tobytes() == value.tobytes() for name, value in expected.items())
+
+
+def _one_partition_per_worker(env: dict, tmp_path: Path, script: list[str], slug: str,
+                              workers: dict[str, dict]) -> subprocess.CompletedProcess:
+    """Run ``python -c *script`` (a partitioned flow named ``slug``) and let each of ``workers`` (cpu-pool, extra env)
+    take one of its partition runs; the flow process's result.
+
+    A free worker takes any scheduled run, so two long-lived workers may share the partitions either way: in one CI
+    run the server created the second partition's run 28 s after the first, which had finished by then, and the
+    worker that ran the first took it too. Here each worker polls once (``--run-once --limit 1``: it takes the first
+    scheduled run it sees and exits when that has ended) and the next starts only after the one before has taken its
+    run, so worker n runs partition n's flow run whatever the server's timing."""
+    api = env["PREFECT_API_URL"]
+
+    def states() -> list[str]:
+        found = _answer(lambda: httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
+            "flow_runs": {"name": {"like_": f"{slug}-partition"}}}))
+        return [(run["state"] or {}).get("type") for run in found]
+
+    out, err = (open(tmp_path / f"{slug}-flow.{name}", "w+") for name in ("out", "err"))
+    flow = subprocess.Popen([sys.executable, "-c", *script], env=env, cwd=ROOT, stdout=out, stderr=err, text=True)
+    procs = []
+    try:
+        _wait_for("both partition runs", lambda: states().count("SCHEDULED") == len(workers) or flow.poll() is not None,
+                  timeout=300)
+        for taken, (name, more) in enumerate(workers.items()):
+            if flow.poll() is not None:
+                break
+            with open(tmp_path / f"{name}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "prefect", "worker", "start", "--pool", "cpu-pool", "--name", name,
+                     "--type", "process", "--run-once", "--limit", "1"], env={**env, "CKPTCONV_WORKER": name, **more},
+                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            _wait_for(f"{name} to take a partition run",
+                      lambda: sum(state != "SCHEDULED" for state in states()) > taken or flow.poll() is not None,
+                      timeout=300)
+        flow.wait(timeout=600)
+        for proc in procs:
+            proc.wait(timeout=120)
+    finally:
+        for proc in [flow, *procs]:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL) if proc is not flow else proc.kill()
+                proc.wait()
+    out.seek(0), err.seek(0)
+    done = subprocess.CompletedProcess(flow.args, flow.returncode, out.read(), err.read())
+    out.close(), err.close()
+    return done
 
 
 def _start_run(api: str, destination: Path, source: Path, name: str) -> str:
