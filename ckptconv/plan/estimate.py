@@ -111,21 +111,30 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int]) -> int:
                + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
 
 
-def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
-    """Baseline + the OCDBT cache + the data file being gathered + the worst job's tiles in flight and
-    read unit in production.
+def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None) -> dict[str, int]:
+    """What the predicted peak is made of, in bytes (the report and ``plan`` show it, so a peak that comes close
+    to its prediction says which term to look at): the runtime ``baseline``, the OCDBT ``cache``, the ``writer``'s
+    data file being gathered, the ``producer``'s worst job (its tiles alive and the read unit being made), and
+    ``overlap``: what the writer and the producer hold together.
 
-    The last two overlap when the writer commits while the source is read: without a spill, and with one whose
-    output fills more than one window (one window is written while the next fills). A model that fits one window
-    is spilled while the source is read and written after the stream has ended, so only the larger counts:
+    The two overlap when the writer commits while the source is read: without a spill, and with one whose output
+    fills more than one window (one window is written while the next fills). A model that fits one window is
+    spilled while the source is read and written after the stream has ended, so only the larger counts:
     Qwen3's and Qwen3-VL's memory examples (0.6-0.9 GiB out, one 1 GiB window on 16 devices) peaked at 290-395 MiB
     against 516 predicted with the sum."""
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
     worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job, plan.spec) for job, tile in zip(plan.jobs, tiles))
     writer = data_file_bytes(plan, tiles)
     window = settings.spill_window_bytes(plan.devices)
-    held = max(writer, worst) if 0 < plan.output_bytes <= window else writer + worst
-    return BASELINE_BYTES + ocdbt_cache_bytes(plan) + held
+    overlap = max(writer, worst) if 0 < plan.output_bytes <= window else writer + worst
+    return {"baseline": BASELINE_BYTES, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
+            "overlap": overlap}
+
+
+def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
+    """Baseline + the OCDBT cache + what the writer and the producer hold together (:func:`peak_terms`)."""
+    terms = peak_terms(plan, tiles)
+    return terms["baseline"] + terms["cache"] + terms["overlap"]
 
 
 def predicted_seconds(plan: ConversionPlan) -> float:
@@ -155,6 +164,7 @@ def plan_summary(plan: ConversionPlan) -> dict:
         # the tile that fills one
         "spill_disk_bytes": min(2 * window + max(tiles), plan.output_bytes) if window else 0,
         "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan, tiles)),
+        "predicted_peak_terms": peak_terms(plan, tiles),
         "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
         "predicted_seconds": predicted_seconds(plan),
         "devices": plan.devices,
