@@ -257,3 +257,4 @@ def test_plan_predicts_what_the_report_records(converted):
     report = json.loads((dst / "ckptconv-report.json").read_text())
     planned = run_cli("plan", str(src), "--devices", "4", "--json")
     assert json.loads(planned.stdout)["predicted_peak_rss_bytes"] == report["predicted_peak_rss_bytes"]
+    assert json.loads(planned.stdout)["predicted_peak_terms"] == report["predicted_peak_terms"]

@@ -57,6 +57,22 @@ def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeyp
     assert settings.IN_FLIGHT.tiles_alive == settings.IN_FLIGHT.prefetch + settings.IN_FLIGHT.writes + 2
 
 
+def test_the_predicted_peak_is_its_terms(tmp_path, monkeypatch):
+    """plan and the report show what the prediction is made of: baseline, OCDBT cache, and what the writer and the
+    producer hold together (their sum while both run; the larger only when a spilled model fits one window)."""
+    synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
+    plan = make_plan(LocalSource(str(tmp_path)), devices=16)
+    for by_device, together in ((False, "sum"), (True, "larger")):
+        monkeypatch.setattr(settings, "DATA_FILES_BY_DEVICE", by_device)
+        monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, data_file_bytes=2**30))
+        terms = estimate.peak_terms(plan)
+        assert estimate.predicted_peak_bytes(plan) == terms["baseline"] + terms["cache"] + terms["overlap"]
+        assert terms["overlap"] == {"sum": terms["writer"] + terms["producer"],
+                                    "larger": max(terms["writer"], terms["producer"])}[together], (by_device, terms)
+        assert estimate.plan_summary(plan)["predicted_peak_terms"] == terms
+        monkeypatch.undo()
+
+
 def test_the_shipped_deployments_take_their_defaults_from_settings():
     """deploy/prefect.yaml names only what differs from the flows' defaults: a parameter it restated
     (16 devices, bfloat16, ...) would silently pin the deployments when a default in settings moves."""
