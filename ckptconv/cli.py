@@ -156,10 +156,12 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "restoring its shard makes about one storage read per leaf and data file, and the "
                          "conversion holds up to about 1.8x this in RAM (plan predicts it); 0: every tile commits "
                          "alone (least RAM, most data files)")
-    command.add_argument("--data-files-by-device", action="store_true",
+    command.add_argument("--data-files-by-device", action=argparse.BooleanOptionalAction,
+                         default=settings.DATA_FILES_BY_DEVICE,
                          help="regroup the tiles by device through local spill files (TMPDIR, plan's spill_disk_bytes) "
                          "so that each data file holds one device's chunks: a host restoring its shard reads its own "
-                         "files only (about 16x fewer reads on 16 devices), for more conversion time")
+                         "files only (about 16x fewer reads on 16 devices), for more conversion time; "
+                         "--no-data-files-by-device writes them in the source's order")
 
 
 def _use_data_file_size(args: argparse.Namespace) -> None:

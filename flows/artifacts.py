@@ -98,7 +98,9 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
         ("status", status),
         ("source", f"`{source.get('uri', job.source)}` ({provenance})"),
         ("destination", f"`{job.destination}`"),
-        ("layout", f"{report['devices']} devices, scan_layers={str(report['scan_layers']).lower()}, {report['dtype']}"),
+        ("layout", f"{report['devices']} devices, scan_layers={str(report['scan_layers']).lower()}, {report['dtype']}"
+                   + (f", {report['compression']} chunks" if "compression" in report else "")
+                   + (", data files by device" if report.get("data_files_by_device") else "")),
         ("model", f"{report['family']} (decoder block {report['maxtext_decoder_block']}), "
                   f"{report['tensors']} tensors -> {report['leaves']} leaves"),
         ("size", f"source {human_bytes(report['source_bytes'])}, output {human_bytes(report['output_bytes'])}"),

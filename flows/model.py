@@ -56,13 +56,16 @@ def _sharding(job: Conversion, state: State) -> str:
 def convert_model(source: str, destination: str, devices: int = settings.DEVICES, scan_layers: bool | None = settings.SCAN_LAYERS,
                   dtype: str = settings.DTYPE, overwrite: bool = False, name: str | None = None,
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True,
-                  multimodal: bool = False, data_file_size: str = settings.DATA_FILE_SIZE) -> dict:
+                  multimodal: bool = False, data_file_size: str = settings.DATA_FILE_SIZE,
+                  data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                  compression: str = settings.COMPRESSION) -> dict:
     """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
 
     Its zoo row is also published as an artifact: a zoo that started this run through the
     deployment (on another worker) reads it back from the server, no shared result storage needed.
     """
-    job = Conversion(source, destination, devices, scan_layers, dtype, overwrite, name, multimodal, data_file_size)
+    job = Conversion(source, destination, devices, scan_layers, dtype, overwrite, name, multimodal, data_file_size,
+                     data_files_by_device, compression)
     row = convert_one(job, timeout_seconds, retry_kills)
     publish_row(job, row)
     return row

@@ -35,9 +35,12 @@ PARTITION_DEPLOYMENT = "convert-partition/convert-partition-cpu"
 def convert_partition(source: str, destination: str, partition: int, partitions: int, devices: int = settings.DEVICES,
                       scan_layers: bool | None = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, multimodal: bool = False,
-                      data_file_size: str = settings.DATA_FILE_SIZE) -> dict:
+                      data_file_size: str = settings.DATA_FILE_SIZE,
+                      data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                      compression: str = settings.COMPRESSION) -> dict:
     """Write partition ``partition`` of ``partitions`` (``ckptconv convert --partition I/N``) on this worker."""
-    job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size)
+    job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size,
+                     data_files_by_device, compression)
     spec = f"{partition}/{partitions}"
     plan = plan_conversion(job)
     convert = convert_checkpoint.with_options(task_run_name=f"convert-{job.slug}-partition{partition}")
@@ -61,6 +64,7 @@ def run_partition(job: Conversion, partition: int, partitions: int, deployment: 
     parameters = {"source": job.source, "destination": job.destination, "partition": partition,
                   "partitions": partitions, "devices": job.devices, "scan_layers": job.scan_layers, "dtype": job.dtype,
                   "multimodal": job.multimodal, "data_file_size": job.data_file_size,
+                  "data_files_by_device": job.data_files_by_device, "compression": job.compression,
                   "name": job.name, "timeout_seconds": timeout_seconds}
     run = run_deployment(deployment, parameters=parameters, timeout=0,
                          flow_run_name=f"{job.slug}-partition{partition}of{partitions}", as_subflow=True)
@@ -79,12 +83,15 @@ def convert_partitioned(source: str, destination: str, partitions: int = 2, devi
                         deployment: str = PARTITION_DEPLOYMENT,
                         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, multimodal: bool = False,
-                        data_file_size: str = settings.DATA_FILE_SIZE) -> dict:
+                        data_file_size: str = settings.DATA_FILE_SIZE,
+                        data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                        compression: str = settings.COMPRESSION) -> dict:
     """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish.
 
     ``start_wait_seconds``: how long a partition may wait while no worker of its pool can take it.
     """
-    job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size)
+    job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size,
+                     data_files_by_device, compression)
     plan = plan_conversion(job)
     futures = [run_partition.submit(job, i, partitions, deployment, timeout_seconds, start_wait_seconds)
                for i in range(partitions)]

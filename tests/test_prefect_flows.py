@@ -70,6 +70,20 @@ def test_convert_model_converts_verifies_and_publishes(synth_dir, tmp_path, memo
     assert "| status | skipped" in summary and "| verify | not rerun" in summary
 
 
+def test_convert_model_passes_the_restore_layout_on(synth_dir, tmp_path, memory_limit):
+    """``compression`` and ``data_files_by_device`` reach the child (a zoo manifest entry sets them alike): its chunks
+    are lz4 and device 0's shard lies in fewer data files than the checkpoint has; the page says so."""
+    memory_limit(8)
+    source, destination = synth_dir(), tmp_path / "by-device"
+    row = convert_model(source=str(source), destination=str(destination), devices=4, compression="lz4",
+                        data_files_by_device=True)
+    assert row["status"] == "complete"
+    report = json.loads((destination / "ckptconv-report.json").read_text())
+    assert report["compression"] == "lz4" and report["data_files_by_device"] is True
+    assert 1 <= report["restore"]["device_data_files"] < report["restore"]["data_files"], report["restore"]
+    assert "4 devices, scan_layers=true, bfloat16, lz4 chunks, data files by device" in latest_artifact("conversion-by-device").data
+
+
 def test_progress_artifact_follows_the_child_lines():
     key = "conversion-progress-probe-progress"
     seen = []

@@ -53,6 +53,13 @@ def test_conversion_speaks_the_cli():
     assert "--multimodal" not in Conversion("s", "d").layout_args()
     assert Conversion("s", "d", data_file_size="1GiB").layout_args()[-2:] == ["--data-file-size", "1GiB"]
     assert "--data-file-size" not in Conversion("s", "d").layout_args()  # the default: the CLI's own
+    # the restore layout: a flag only where it differs from the CLI's default; the codec is convert's alone (plan's
+    # prediction does not depend on it)
+    assert Conversion("s", "d", data_files_by_device=True).layout_args()[-1:] == ["--data-files-by-device"]
+    assert not {"--data-files-by-device", "--no-data-files-by-device", "--compression"} & set(
+        Conversion("s", "d").convert_args("r"))
+    lz4 = Conversion("s", "d", compression="lz4")
+    assert lz4.convert_args("r")[-2:] == ["--compression", "lz4"] and "--compression" not in lz4.layout_args()
 
 
 @pytest.mark.parametrize("returncode, tail, timed_out, expected", [

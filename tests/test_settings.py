@@ -81,7 +81,8 @@ def test_the_shipped_deployments_take_their_defaults_from_settings():
     import yaml
 
     restatable = {"devices": settings.DEVICES, "scan_layers": settings.SCAN_LAYERS, "dtype": settings.DTYPE,
-                  "shard_size": settings.SHARD_SIZE, "data_file_size": settings.DATA_FILE_SIZE}
+                  "shard_size": settings.SHARD_SIZE, "data_file_size": settings.DATA_FILE_SIZE,
+                  "data_files_by_device": settings.DATA_FILES_BY_DEVICE, "compression": settings.COMPRESSION}
     text = (Path(__file__).resolve().parents[1] / "deploy" / "prefect.yaml").read_text()
     for deployment in yaml.safe_load(text)["deployments"]:
         restated = sorted(set(deployment.get("parameters") or {}) & set(restatable))

@@ -349,6 +349,8 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "dtype": request.dtype,
         "devices": request.devices,
         "compression": request.compression,
+        # each OCDBT data file holds one device's chunks (the spill was used: asked, more than one device, data files)
+        "data_files_by_device": settings.spill_window_bytes(request.devices) > 0,
         "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,
         "tensors": plan.tensor_count,

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ckptconv import settings
+
 # zstd's level when zstd is chosen. Orbax's zarr3 default is 3; on bf16 weights level 1 stores the same
 # bytes (0.78 of raw, both) for 55% of the CPU (0.21 against 0.36 CPU-s per 128 MiB here).
 ZSTD_LEVEL = 1
@@ -45,7 +47,7 @@ CODECS: dict[str, Callable[[np.dtype], dict[str, Any]] | None] = {
 # about twice the data file while it is gathered (a 256 MiB leaf written in 64 MiB data files on 16 devices grew
 # RSS by 171 MiB with lz4 against 77 with zstd), beyond what plan predicts. With --data-files-by-device each
 # device's data file is a sixteenth of the window and the difference did not show.
-DEFAULT = "zstd"
+DEFAULT = settings.COMPRESSION
 
 
 def compresses(name: str) -> bool:
