@@ -31,10 +31,12 @@ MiB = 2**20
 GiB = 2**30
 
 
-def convert_peak(src, dst, devices: int, *options: str) -> tuple[int, int, int]:
+def convert_peak(src, dst, devices: int, *options: str, record=None) -> tuple[int, int, int]:
     """(measured peak, predicted peak, source bytes) of one conversion in a fresh process (output removed);
     ``options`` (e.g. ``--dtype float8_e4m3fn``) given to ``convert``. The prediction is the one the report
-    records, which is ``plan``'s (tests/test_cli_messages.py holds the two equal), read without a second process."""
+    records, which is ``plan``'s (tests/test_cli_messages.py holds the two equal), read without a second process.
+    ``record`` (pytest's ``record_property``) keeps the figures in the JUnit XML (test-results-memory.xml), where
+    they survive xdist, which hides a passing test's output."""
     result = run_cli("convert", str(src), str(dst), "--devices", str(devices), "--progress", "none", *options,
                      timeout=900)
     assert result.returncode == 0, result.stderr
@@ -42,8 +44,11 @@ def convert_peak(src, dst, devices: int, *options: str) -> tuple[int, int, int]:
     shutil.rmtree(dst)  # the wide cases write gigabytes: keep the suite's disk use small
     predicted = report["predicted_peak_rss_bytes"]
     measured = report["peak_rss_bytes"]
-    print(f"{src.name} on {devices} devices: measured {measured / MiB:.0f} MiB, predicted {predicted / MiB:.0f} MiB, "
-          f"source {report['source_bytes'] / MiB:.0f} MiB")
+    figures = (f"measured {measured / MiB:.0f} MiB, predicted {predicted / MiB:.0f} MiB, "
+               f"source {report['source_bytes'] / MiB:.0f} MiB, wall {report['wall_seconds']:.1f} s")
+    print(f"{src.name} on {devices} devices: {figures}")
+    if record is not None:
+        record(f"{src.name} on {devices} devices", figures)
     assert measured <= predicted, "admission relies on the prediction being an upper bound"
     assert predicted <= 1.5 * measured, "a prediction far above the peak wastes the worker's memory"
     return measured, predicted, report["source_bytes"]
@@ -55,7 +60,7 @@ EXAMPLES = {example.name: (family, example) for family in FAMILIES for example i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name):
+def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name, record_property):
     """The family's memory example on each of its device counts: predicted >= measured >= predicted / 1.5;
     no higher than the same widths with fewer layers or experts (``fewer``), and under ``bound``. That the whole
     release (``full``) is predicted no higher needs no conversion: tests/test_families.py plans it with the rest."""
@@ -63,11 +68,13 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name):
     fewer_peak = fewer_bytes = None
     if example.fewer:
         fewer = synth_dir(synth.for_family(family, example.fewer), name=f"{name}-fewer", fast=True)
-        fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0])
+        fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0],
+                                                  record=record_property)
     src = synth_dir(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
                     fast=True)
     for devices in example.devices:
-        measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices)
+        measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices,
+                                                         record=record_property)
         assert source_bytes > example.source_bytes  # the case really is as wide as it says
         if example.bound:
             assert measured <= example.bound, (measured / MiB, example.bound / MiB)
