@@ -258,3 +258,17 @@ def test_plan_predicts_what_the_report_records(converted):
     planned = run_cli("plan", str(src), "--devices", "4", "--json")
     assert json.loads(planned.stdout)["predicted_peak_rss_bytes"] == report["predicted_peak_rss_bytes"]
     assert json.loads(planned.stdout)["predicted_peak_terms"] == report["predicted_peak_terms"]
+
+
+def test_restore_figures_of_a_relative_path_are_those_of_the_absolute_one(converted, monkeypatch):
+    """The library takes a checkpoint by a relative path as the CLI does: a local path made a ``file://`` URL as it
+    was (``file://dst/0/items``) named a host, not a directory."""
+    from ckptconv.commands.convert import restore_figures
+
+    _, dst, _ = converted
+    timed = ("device_read_seconds",)
+    absolute = {k: v for k, v in restore_figures(str(dst)).items() if k not in timed}
+    monkeypatch.chdir(dst.parent)
+    relative = {k: v for k, v in restore_figures(dst.name).items() if k not in timed}
+    assert "error" not in relative and "read_error" not in relative, relative
+    assert relative == absolute and relative["device_reads"] >= 2

@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ckptconv.read.stored import StoredLeaf
+from ckptconv.read.stored import StoredLeaf, kvstore_url
 
 # Orbax 0.12.8's restore context (tensorstore_utils: experimental_read_coalescing_threshold_bytes):
 # ranges of one file closer than this are read in one request.
@@ -41,8 +41,7 @@ def stored_chunks(items: str) -> tuple[list[StoredChunk], int, int]:
     """(every chunk, b-tree nodes, b-tree bytes) of the OCDBT database at ``items`` (``DST/0/items``)."""
     import tensorstore as ts
 
-    base = str(items).rstrip("/") + "/"
-    kvstore = ts.KvStore.open(base if "://" in base else "file://" + base).result()
+    kvstore = ts.KvStore.open(kvstore_url(str(items).rstrip("/")) + "/").result()
     manifest = ts.ocdbt.dump(kvstore).result()
     versions = manifest.get("versions") or []
     if not versions:

@@ -63,7 +63,7 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
         raise DamagedCheckpointError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
     try:
-        tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(items))
+        tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(absolute(items)))
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
         raise DamagedCheckpointError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
                             f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}") from None
@@ -86,12 +86,24 @@ def list_keys(items: str) -> set[str]:
     return {key.decode() for key in open_database(items).list().result()}
 
 
+def absolute(location: str) -> str:
+    """A URL as it is, a local path made absolute: Orbax refuses a relative checkpoint path, and after ``file://`` a
+    relative one names a host (``file://out/0/items``), where the CLI takes paths relative to where it runs."""
+    location = str(location)
+    return location if "://" in location else os.path.abspath(location)
+
+
+def kvstore_url(location: str) -> str:
+    """``location`` as a tensorstore kvstore URL (a local path as an absolute ``file://`` one)."""
+    location = absolute(location)
+    return location if "://" in location else "file://" + location
+
+
 def open_database(items: str):
     """The OCDBT database at ``items`` (a local path or a URL) as a tensorstore KvStore."""
     import tensorstore as ts
 
-    base = str(items) if "://" in str(items) else "file://" + str(items)
-    return ts.KvStore.open({"driver": "ocdbt", "base": base}).result()
+    return ts.KvStore.open({"driver": "ocdbt", "base": kvstore_url(items)}).result()
 
 
 def _is_meta(node: Any) -> bool:
@@ -133,7 +145,7 @@ def open_items_leaf(items: str, path: tuple[str, ...]):
     import tensorstore as ts
     from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
-    kvstore = ts_utils.build_kvstore_tspec(items, name=".".join(path), use_ocdbt=True)
+    kvstore = ts_utils.build_kvstore_tspec(absolute(items), name=".".join(path), use_ocdbt=True)
     spec = {"driver": "zarr3", "kvstore": kvstore, "recheck_cached_data": False, "recheck_cached_metadata": False}
     context = ts_utils.get_ts_context(use_ocdbt=True)
     return ts.open(spec, open=True, read=True, context=context).result()
