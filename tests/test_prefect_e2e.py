@@ -356,15 +356,18 @@ def _one_partition_per_worker(env: dict, tmp_path: Path, script: list[str], slug
         for proc in procs:
             proc.wait(timeout=120)
     finally:
-        for proc in [flow, *procs]:
+        if flow.poll() is None:
+            flow.kill()
+        for proc in procs:  # a worker and the flow-run processes it started: one process group
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL) if proc is not flow else proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    out.seek(0), err.seek(0)
-    done = subprocess.CompletedProcess(flow.args, flow.returncode, out.read(), err.read())
-    out.close(), err.close()
-    return done
+        flow.wait()
+    with out, err:
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(flow.args, flow.returncode, out.read(), err.read())
 
 
 def _start_run(api: str, destination: Path, source: Path, name: str) -> str:
