@@ -51,7 +51,8 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 # case, 547 MiB against 546 predicted, 459 alone). The cause was glibc's: its arena cap was set after JAX had made
 # 16 arenas, and a committed data file's chunks stayed resident (fixed in cli.run and monitor.trim). Since then, in
 # a clean clone on a quiet 2-core machine, two at a time: all 46 peaks at 0.70-0.87 of their predictions, 9.2 min
-# (one at a time: 14.2 min). MEMORY_WORKERS=1 runs them one at a time.
+# (one at a time: 14.2 min); in a later clean clone 0.82-0.96, 9.9 min (a fresh venv maps more of the shared
+# libraries: ckptconv/plan/estimate.py's baseline). MEMORY_WORKERS=1 runs them one at a time.
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 2
 
