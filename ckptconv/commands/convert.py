@@ -58,20 +58,17 @@ class ConvertRequest:
     multimodal: bool = False  # also the vision/audio encoders (MaxText's use_multimodal=true)
 
 
-# What the codec adds to a conversion's identity: compressed or not, the boolean it was before the codec could be
-# chosen. The stored values do not depend on the codec (every reader takes it from each leaf's zarr.json), so a
-# nightly run under a newer default skips the zstd checkpoints an older version wrote instead of refusing them,
-# and a partition written with zstd joins others written with lz4.
-_CODEC_IDENTITY = {"lz4": True, "zstd": True, "none": False}
-
-
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
     """Identity of (source bytes as far as cheaply knowable, options): equal means nothing to redo."""
     identity = {
         "provenance": source.provenance(),
         "config": plan.config_text,
         "tensors": sorted((t.name, t.file, t.dtype.str, t.shape, t.offset) for t in plan.tensors.values()),
-        "options": [request.devices, plan.scan_layers, request.dtype, _CODEC_IDENTITY[request.compression]]
+        # the codec adds only compressed or not (codecs.compresses), the boolean it was before a codec could be
+        # chosen: the stored values do not depend on it (every reader takes it from each leaf's zarr.json), so a
+        # nightly run under a newer default skips the zstd checkpoints an older version wrote instead of refusing
+        # them, and a partition written with zstd joins others written with lz4
+        "options": [request.devices, plan.scan_layers, request.dtype, codecs.compresses(request.compression)]
         + ([request.lora_layout] if request.lora else []) + (["multimodal"] if request.multimodal else []),
         "format": 1,
     }
