@@ -191,8 +191,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
-    report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan)
-    report["predicted_peak_terms"] = estimate.peak_terms(plan)
+    report["predicted_peak_terms"] = terms = estimate.peak_terms(plan)
+    report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan, terms=terms)
     report["restore"] = restore_figures(request.destination)  # after the peak: its reads are not the conversion's
     rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
     dst.commit(report, request.report)

@@ -138,9 +138,11 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None) -> dict[str
             "overlap": overlap}
 
 
-def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None) -> int:
-    """Baseline + the OCDBT cache + what the writer and the producer hold together (:func:`peak_terms`)."""
-    terms = peak_terms(plan, tiles)
+def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,
+                         terms: dict[str, int] | None = None) -> int:
+    """Baseline + the OCDBT cache + what the writer and the producer hold together (``terms``, else
+    :func:`peak_terms`)."""
+    terms = terms or peak_terms(plan, tiles)
     return terms["baseline"] + terms["cache"] + terms["overlap"]
 
 
@@ -152,6 +154,7 @@ def predicted_seconds(plan: ConversionPlan) -> float:
 
 def plan_summary(plan: ConversionPlan) -> dict:
     tiles = [tile_bytes(job, plan) for job in plan.jobs]
+    terms = peak_terms(plan, tiles)
     window = settings.spill_window_bytes(plan.devices)
     return {
         "source": plan.source_uri,
@@ -170,8 +173,8 @@ def plan_summary(plan: ConversionPlan) -> dict:
         # local disk (TMPDIR) the writer's spill takes at most: two windows (one filling, one being written) and
         # the tile that fills one
         "spill_disk_bytes": min(2 * window + max(tiles), plan.output_bytes) if window else 0,
-        "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan, tiles)),
-        "predicted_peak_terms": peak_terms(plan, tiles),
+        "predicted_peak_rss_bytes": (predicted := predicted_peak_bytes(plan, terms=terms)),
+        "predicted_peak_terms": terms,
         "predicted_peak_rss_gib": round(predicted / 1024**3, 2),
         "predicted_seconds": predicted_seconds(plan),
         "devices": plan.devices,
