@@ -160,8 +160,9 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          default=settings.DATA_FILES_BY_DEVICE,
                          help="regroup the tiles by device through local spill files (TMPDIR, plan's spill_disk_bytes) "
                          "so that each data file holds one device's chunks: a host restoring its shard reads its own "
-                         "files only (about 16x fewer reads on 16 devices), for more conversion time; "
-                         "--no-data-files-by-device writes them in the source's order")
+                         "files only (about 16x fewer reads on 16 devices), for a few more seconds of conversion; "
+                         "--no-data-files-by-device writes them in the source's order; default: by device when the "
+                         "output fills more than two spill windows (devices x --data-file-size each)")
 
 
 def _use_data_file_size(args: argparse.Namespace) -> None:

@@ -88,21 +88,48 @@ def use_data_file_bytes(nbytes: int) -> None:
     IN_FLIGHT = dataclasses.replace(IN_FLIGHT, data_file_bytes=nbytes)
 
 
-# --data-files-by-device: the writer regroups tiles by device through a local spill (ckptconv.write.spill). Off by
-# default until the memory examples' predictions are calibrated for it (its peaks measured lower than the
-# prediction by more than the suite's 1.5 allows).
-DATA_FILES_BY_DEVICE = False
+# --data-files-by-device: the writer regroups tiles by device through a local spill (ckptconv.write.spill), so a host
+# restoring its shard reads its own data files only. None (the default) chooses by size: by device when the output
+# fills more than AUTO_SPILL_WINDOWS spill windows (2 GiB on 16 devices with 64 MiB data files), in the source's order
+# otherwise. The spill costs a conversion about one window's write at its start and end (the writer waits for the
+# first window to fill, and writes the last after the reads end), the same few seconds at any size: on 2 cores,
+# 16 devices, Llama-3-70B's widths with 6 layers (11.5 GiB) took 54-58 s against 47-51 s, OLMo 3 32B's block (5.7 GB)
+# 31-32 s against 22-24 s, while device 0's host reads fell from 161 to 15. Below two windows a host reads at most 32
+# data files either way, and the peak is not predicted tightly: the producer and the writer overlap or not by
+# timing (the memory examples by device, with lz4, peaked at 0.66-0.92 of the prediction in a fresh venv; those above
+# two windows, with zstd, at 0.75-0.83: tests/test_memory.py).
+DATA_FILES_BY_DEVICE: bool | None = None
+AUTO_SPILL_WINDOWS = 2
+_PLANNED_OUTPUT_BYTES = 0  # this process's planned conversion's output (use_planned_output): what "by size" reads
 
 
-def use_data_files_by_device(enabled: bool) -> None:
-    """``--data-files-by-device``: this process's conversion (and ``plan``) spills tiles to write data files by device."""
+def use_data_files_by_device(enabled: bool | None) -> None:
+    """``--data-files-by-device`` / ``--no-data-files-by-device`` / neither (None: by size)."""
     global DATA_FILES_BY_DEVICE
-    DATA_FILES_BY_DEVICE = bool(enabled)
+    DATA_FILES_BY_DEVICE = None if enabled is None else bool(enabled)
 
 
-def spill_window_bytes(devices: int) -> int:
+def use_planned_output(output_bytes: int) -> None:
+    """This process's conversion, once planned, writes ``output_bytes``: the choice by size goes by it, so the writer
+    (which sees one partition's leaves, not the whole output), the estimate and the report make the same one."""
+    global _PLANNED_OUTPUT_BYTES
+    _PLANNED_OUTPUT_BYTES = output_bytes
+
+
+def data_files_by_device(devices: int, output_bytes: int | None = None) -> bool:
+    """Whether a conversion of ``output_bytes`` (default: the planned one's) for ``devices`` writes its data files by
+    device: as asked, else by size (``AUTO_SPILL_WINDOWS``); never on one device (its data files are all the host's)
+    or with a data file per tile."""
+    window = devices * IN_FLIGHT.data_file_bytes
+    if devices < 2 or window <= 0:
+        return False
+    if DATA_FILES_BY_DEVICE is not None:
+        return DATA_FILES_BY_DEVICE
+    return (_PLANNED_OUTPUT_BYTES if output_bytes is None else output_bytes) > AUTO_SPILL_WINDOWS * window
+
+
+def spill_window_bytes(devices: int, output_bytes: int | None = None) -> int:
     """Bytes of tiles' device parts the writer spills to local disk before writing them device by device
-    (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come (not asked, one
-    device, or a data file per tile)."""
-    limit = IN_FLIGHT.data_file_bytes
-    return devices * limit if DATA_FILES_BY_DEVICE and devices > 1 and limit > 0 else 0
+    (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come (:func:`data_files_by_device`
+    says no)."""
+    return devices * IN_FLIGHT.data_file_bytes if data_files_by_device(devices, output_bytes) else 0

@@ -57,7 +57,7 @@ def convert_model(source: str, destination: str, devices: int = settings.DEVICES
                   dtype: str = settings.DTYPE, overwrite: bool = False, name: str | None = None,
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True,
                   multimodal: bool = False, data_file_size: str = settings.DATA_FILE_SIZE,
-                  data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                  data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
                   compression: str = settings.COMPRESSION) -> dict:
     """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
 

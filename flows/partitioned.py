@@ -36,7 +36,7 @@ def convert_partition(source: str, destination: str, partition: int, partitions:
                       scan_layers: bool | None = settings.SCAN_LAYERS, dtype: str = settings.DTYPE, name: str | None = None,
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, multimodal: bool = False,
                       data_file_size: str = settings.DATA_FILE_SIZE,
-                      data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                      data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
                       compression: str = settings.COMPRESSION) -> dict:
     """Write partition ``partition`` of ``partitions`` (``ckptconv convert --partition I/N``) on this worker."""
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size,
@@ -84,7 +84,7 @@ def convert_partitioned(source: str, destination: str, partitions: int = 2, devi
                         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, multimodal: bool = False,
                         data_file_size: str = settings.DATA_FILE_SIZE,
-                        data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE,
+                        data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
                         compression: str = settings.COMPRESSION) -> dict:
     """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish.
 

@@ -27,8 +27,8 @@ class Conversion:
     name: str | None = None
     multimodal: bool = False  # also the vision/audio encoders (convert --multimodal)
     data_file_size: str = settings.DATA_FILE_SIZE  # convert --data-file-size: fewer reads for a host, more RAM here
-    # convert --data-files-by-device: a host reads its own data files only, for more conversion time
-    data_files_by_device: bool = settings.DATA_FILES_BY_DEVICE
+    # convert --data-files-by-device: a host reads its own data files only, for more conversion time; None: by size
+    data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE
     compression: str = settings.COMPRESSION  # convert --compression: zstd, lz4 or none
 
     @property
@@ -44,7 +44,7 @@ class Conversion:
         """The CLI flags shared by ``plan`` and ``convert``."""
         scan = [] if self.scan_layers is None else ["--scan-layers" if self.scan_layers else "--no-scan-layers"]
         files = [] if self.data_file_size == settings.DATA_FILE_SIZE else ["--data-file-size", self.data_file_size]
-        if self.data_files_by_device != settings.DATA_FILES_BY_DEVICE:
+        if self.data_files_by_device is not None:
             files.append("--data-files-by-device" if self.data_files_by_device else "--no-data-files-by-device")
         return ["--devices", str(self.devices), *scan, "--dtype", self.dtype,
                 *(["--multimodal"] if self.multimodal else []), *files]

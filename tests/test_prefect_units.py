@@ -56,6 +56,7 @@ def test_conversion_speaks_the_cli():
     # the restore layout: a flag only where it differs from the CLI's default; the codec is convert's alone (plan's
     # prediction does not depend on it)
     assert Conversion("s", "d", data_files_by_device=True).layout_args()[-1:] == ["--data-files-by-device"]
+    assert Conversion("s", "d", data_files_by_device=False).layout_args()[-1:] == ["--no-data-files-by-device"]
     assert not {"--data-files-by-device", "--no-data-files-by-device", "--compression"} & set(
         Conversion("s", "d").convert_args("r"))
     lz4 = Conversion("s", "d", compression="lz4")

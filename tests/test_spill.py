@@ -171,3 +171,34 @@ def test_plan_says_the_spill_disk_a_conversion_needs(tmp_path):
     assert plan("--devices", "4", "--data-file-size", "0")["spill_disk_bytes"] == 0
     unasked = run_cli("plan", str(src), "--json", "--devices", "16")
     assert json.loads(unasked.stdout)["spill_disk_bytes"] == 0  # not asked: tiles written as they come
+
+
+def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
+    """Asked neither way, a conversion writes its data files by device when its output fills more than two spill
+    windows (devices x --data-file-size each), in the source's order otherwise, and never on one device; either flag
+    overrides the size. plan, the conversion and its report follow the same choice."""
+    src = tmp_path / "src"
+    synth.write_checkpoint(MODEL, str(src))
+
+    def spill(*flags: str) -> int:
+        done = run_cli("plan", str(src), "--json", *flags)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["spill_disk_bytes"]
+
+    output = json.loads(run_cli("plan", str(src), "--json", "--devices", "4").stdout)["output_bytes"]
+    fills_three = str((output - 1) // (2 * 4))  # 2 windows of 4 data files hold less than the output
+    fits_two = str(-(-output // (2 * 4)))  # ... hold all of it
+    assert spill("--devices", "4", "--data-file-size", fills_three) > 0
+    assert spill("--devices", "4", "--data-file-size", fits_two) == 0
+    assert spill("--devices", "4", "--data-file-size", fills_three, "--no-data-files-by-device") == 0
+    assert spill("--devices", "4", "--data-file-size", fits_two, "--data-files-by-device") > 0
+    assert spill("--devices", "1", "--data-file-size", fills_three) == 0
+    for size, by_device in ((fills_three, True), (fits_two, False)):
+        dst = tmp_path / f"out-{size}"
+        done = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--data-file-size", size)
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads((dst / "ckptconv-report.json").read_text())
+        assert report["data_files_by_device"] is by_device
+        figures = report["restore"]
+        # by device, a host reads its own device's files (and the replicated leaves'), well under half of them
+        assert (figures["device_data_files"] < figures["data_files"] / 2) is by_device, figures

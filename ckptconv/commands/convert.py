@@ -121,6 +121,12 @@ def plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, S
     """The plan, and the source its jobs read: the base, or for an adapter alone the adapter (``plan`` too)."""
     if request.merge_lora and not request.lora:
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
+    plan, source = _plan_for(request, source)
+    settings.use_planned_output(plan.output_bytes)  # data files by device or not: by its size, unless asked
+    return plan, source
+
+
+def _plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
     layout_options = {"dtype": request.dtype, "scan_layers": request.scan_layers, "devices": request.devices}
     if not request.lora:
         return make_plan(source, **layout_options, multimodal=request.multimodal), source

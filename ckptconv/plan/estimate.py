@@ -132,7 +132,7 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None) -> dict[str
     tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
     worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job, plan.spec) for job, tile in zip(plan.jobs, tiles))
     writer = data_file_bytes(plan, tiles)
-    window = settings.spill_window_bytes(plan.devices)
+    window = settings.spill_window_bytes(plan.devices, plan.output_bytes)
     overlap = max(writer, worst) if 0 < plan.output_bytes <= window else writer + worst
     return {"baseline": BASELINE_BYTES, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
             "overlap": overlap}
@@ -155,7 +155,7 @@ def predicted_seconds(plan: ConversionPlan) -> float:
 def plan_summary(plan: ConversionPlan) -> dict:
     tiles = [tile_bytes(job, plan) for job in plan.jobs]
     terms = peak_terms(plan, tiles)
-    window = settings.spill_window_bytes(plan.devices)
+    window = settings.spill_window_bytes(plan.devices, plan.output_bytes)
     return {
         "source": plan.source_uri,
         "family": plan.family.name,

@@ -1,5 +1,6 @@
 """Tiles regrouped by the device that restores them, through local spill files, so that each OCDBT data file
-holds one device's chunks (``convert --data-files-by-device``; opt-in until ``plan`` is calibrated for it).
+holds one device's chunks (``convert --data-files-by-device``; by default when the output fills more than two
+windows, ``settings.data_files_by_device``).
 
 The tiles come in the source's order, each covering part of every device's shard. Committed as they come, every
 data file would hold a slice of every device's shard, and a TPU host restoring its shard would read every data
