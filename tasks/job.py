@@ -27,7 +27,8 @@ class Conversion:
     name: str | None = None
     multimodal: bool = False  # also the vision/audio encoders (convert --multimodal)
     data_file_size: str = settings.DATA_FILE_SIZE  # convert --data-file-size: fewer reads for a host, more RAM here
-    # convert --data-files-by-device: a host reads its own data files only, for more conversion time; None: by size
+    # convert --[no-]data-files-by-device: a host reads its own data files only, for a few seconds more conversion;
+    # None: the CLI's choice by the output's size
     data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE
     compression: str = settings.COMPRESSION  # convert --compression: zstd, lz4 or none
 

@@ -180,25 +180,27 @@ def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
     src = tmp_path / "src"
     synth.write_checkpoint(MODEL, str(src))
 
-    def spill(*flags: str) -> int:
+    def by_device(*flags: str) -> bool:
         done = run_cli("plan", str(src), "--json", *flags)
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)["spill_disk_bytes"]
+        planned = json.loads(done.stdout)
+        assert planned["data_files_by_device"] is (planned["spill_disk_bytes"] > 0), planned
+        return planned["data_files_by_device"]
 
     output = json.loads(run_cli("plan", str(src), "--json", "--devices", "4").stdout)["output_bytes"]
-    fills_three = str((output - 1) // (2 * 4))  # 2 windows of 4 data files hold less than the output
-    fits_two = str(-(-output // (2 * 4)))  # ... hold all of it
-    assert spill("--devices", "4", "--data-file-size", fills_three) > 0
-    assert spill("--devices", "4", "--data-file-size", fits_two) == 0
-    assert spill("--devices", "4", "--data-file-size", fills_three, "--no-data-files-by-device") == 0
-    assert spill("--devices", "4", "--data-file-size", fits_two, "--data-files-by-device") > 0
-    assert spill("--devices", "1", "--data-file-size", fills_three) == 0
-    for size, by_device in ((fills_three, True), (fits_two, False)):
+    over_two = str((output - 1) // (2 * 4))  # two windows of 4 data files hold less than the output
+    within_two = str(-(-output // (2 * 4)))  # ... hold all of it
+    assert by_device("--devices", "4", "--data-file-size", over_two)
+    assert not by_device("--devices", "4", "--data-file-size", within_two)
+    assert not by_device("--devices", "4", "--data-file-size", over_two, "--no-data-files-by-device")
+    assert by_device("--devices", "4", "--data-file-size", within_two, "--data-files-by-device")
+    assert not by_device("--devices", "1", "--data-file-size", over_two)
+    for size, chosen in ((over_two, True), (within_two, False)):
         dst = tmp_path / f"out-{size}"
         done = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--data-file-size", size)
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads((dst / "ckptconv-report.json").read_text())
-        assert report["data_files_by_device"] is by_device
+        assert report["data_files_by_device"] is chosen
         figures = report["restore"]
         # by device, a host reads its own device's files (and the replicated leaves'), well under half of them
-        assert (figures["device_data_files"] < figures["data_files"] / 2) is by_device, figures
+        assert (figures["device_data_files"] < figures["data_files"] / 2) is chosen, figures
