@@ -22,7 +22,6 @@ from ckptconv import __version__, locations, settings
 from ckptconv.errors import INCOMPLETE, TERMINATION, CkptConvError, Terminated
 from ckptconv.units import parse_size
 from ckptconv.write.codecs import CODECS
-from ckptconv.write.codecs import DEFAULT as DEFAULT_CODEC
 
 GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
@@ -60,10 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--overwrite", action="store_true", help="replace a checkpoint already at DST")
     _progress_flag(convert)
     codec = convert.add_mutually_exclusive_group()
-    codec.add_argument("--compression", choices=tuple(CODECS), default=DEFAULT_CODEC,
+    codec.add_argument("--compression", choices=tuple(CODECS), default=settings.COMPRESSION,
                        help="how stored chunks are compressed: zstd (Orbax's own, at level 1), lz4 (blosc lz4 over "
                             "bit planes: 3%% smaller on bf16 weights and faster to decode; holds about twice the data "
-                            "file while writing unless --data-files-by-device), none (raw bytes)")
+                            "file while writing in the source's order), none (raw bytes); default: lz4 where the data "
+                            "files are by device, zstd otherwise")
     codec.add_argument("--no-compression", dest="compression", action="store_const", const="none",
                        help="same as --compression none")
     _data_file_flag(convert)

@@ -27,8 +27,9 @@ SHARD_SIZE = "5GB"  # largest safetensors file an export writes
 # CLI's --data-file-size default. Bigger files mean fewer storage reads for a restoring host and more RAM held
 # while converting; the memory prediction counts whichever is chosen.
 DATA_FILE_SIZE = "64MiB"
-# How stored chunks are compressed (convert --compression; ckptconv.write.codecs says why zstd stays the default).
-COMPRESSION = "zstd"
+# How stored chunks are compressed (convert --compression). None: lz4 where the data files are by device, zstd in the
+# source's order (ckptconv.write.codecs.chosen says why).
+COMPRESSION: str | None = None
 PROGRESS = "bar"  # on a terminal a bar, else a line every few seconds
 HUB_STAGING = "~/.cache/ckptconv/hub-export"  # where an export to hf:// is staged before its upload
 HUB_STAGING_ENV = "CKPTCONV_HUB_STAGING"  # ... unless this environment variable names another directory

@@ -58,7 +58,7 @@ def convert_model(source: str, destination: str, devices: int = settings.DEVICES
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True,
                   multimodal: bool = False, data_file_size: str = settings.DATA_FILE_SIZE,
                   data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
-                  compression: str = settings.COMPRESSION) -> dict:
+                  compression: str | None = settings.COMPRESSION) -> dict:
     """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
 
     Its zoo row is also published as an artifact: a zoo that started this run through the

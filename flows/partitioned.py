@@ -37,7 +37,7 @@ def convert_partition(source: str, destination: str, partition: int, partitions:
                       timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, multimodal: bool = False,
                       data_file_size: str = settings.DATA_FILE_SIZE,
                       data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
-                      compression: str = settings.COMPRESSION) -> dict:
+                      compression: str | None = settings.COMPRESSION) -> dict:
     """Write partition ``partition`` of ``partitions`` (``ckptconv convert --partition I/N``) on this worker."""
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size,
                      data_files_by_device, compression)
@@ -85,7 +85,7 @@ def convert_partitioned(source: str, destination: str, partitions: int = 2, devi
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, multimodal: bool = False,
                         data_file_size: str = settings.DATA_FILE_SIZE,
                         data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
-                        compression: str = settings.COMPRESSION) -> dict:
+                        compression: str | None = settings.COMPRESSION) -> dict:
     """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish.
 
     ``start_wait_seconds``: how long a partition may wait while no worker of its pool can take it.

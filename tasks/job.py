@@ -30,7 +30,7 @@ class Conversion:
     # convert --[no-]data-files-by-device: a host reads its own data files only, for a few seconds more conversion;
     # None: the CLI's choice by the output's size
     data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE
-    compression: str = settings.COMPRESSION  # convert --compression: zstd, lz4 or none
+    compression: str | None = settings.COMPRESSION  # convert --compression: zstd, lz4 or none; None: by the layout
 
     @property
     def slug(self) -> str:
@@ -53,7 +53,7 @@ class Conversion:
     def convert_args(self, report_path: str) -> list[str]:
         """``convert`` arguments with machine-readable progress and the report written to ``report_path``."""
         extra = ["--overwrite"] if self.overwrite else []
-        if self.compression != settings.COMPRESSION:
+        if self.compression is not None:
             extra += ["--compression", self.compression]
         return ["convert", self.source, self.destination, *self.layout_args(),
                 "--progress", "jsonl", "--report", report_path, *extra]

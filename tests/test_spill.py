@@ -176,7 +176,8 @@ def test_plan_says_the_spill_disk_a_conversion_needs(tmp_path):
 def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
     """Asked neither way, a conversion writes its data files by device when its output fills more than two spill
     windows (devices x --data-file-size each), in the source's order otherwise, and never on one device; either flag
-    overrides the size. plan, the conversion and its report follow the same choice."""
+    overrides the size. plan, the conversion and its report follow the same choice, and the codec follows it (lz4 by
+    device, zstd in the source's order)."""
     src = tmp_path / "src"
     synth.write_checkpoint(MODEL, str(src))
 
@@ -201,6 +202,7 @@ def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads((dst / "ckptconv-report.json").read_text())
         assert report["data_files_by_device"] is chosen
+        assert report["compression"] == ("lz4" if chosen else "zstd")  # the codec follows the layout
         figures = report["restore"]
         # by device, a host reads its own device's files (and the replicated leaves'), well under half of them
         assert (figures["device_data_files"] < figures["data_files"] / 2) is chosen, figures

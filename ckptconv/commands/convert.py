@@ -48,7 +48,7 @@ class ConvertRequest:
     report: str | None = None
     overwrite: bool = False
     progress: str = settings.PROGRESS
-    compression: str = codecs.DEFAULT  # a name in ckptconv.write.codecs.CODECS
+    compression: str | None = settings.COMPRESSION  # a name in ckptconv.write.codecs.CODECS; None: by the layout
     hf_token_file: str | None = None  # a path, not the token: the token is read only by the hub source
     partition: str | None = None  # "I/N": write only partition I of N (see ckptconv.write.partition)
     finalize: int | None = None  # N: join N finished partitions into the checkpoint and commit it
@@ -93,7 +93,7 @@ def _convert(request: ConvertRequest) -> dict:
         partition.Partition.parse(request.partition)  # a bad I/N fails before anything is read
     if request.finalize is not None and request.finalize < 1:
         raise BadInputError(f"--finalize {request.finalize}: the number of partitions must be >= 1")
-    if request.compression not in codecs.CODECS:
+    if request.compression is not None and request.compression not in codecs.CODECS:
         raise BadInputError(f"compression {request.compression!r}: expected one of {', '.join(codecs.CODECS)}")
     if request.merge_lora and not request.lora:
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
@@ -107,6 +107,8 @@ def _convert(request: ConvertRequest) -> dict:
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
         plan, source = plan_for(request, source)
+        by_device = settings.data_files_by_device(request.devices)
+        request = dataclasses.replace(request, compression=codecs.chosen(request.compression, by_device))
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         part = partition.Partition.parse(request.partition)

@@ -19,8 +19,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ckptconv import settings
-
 # zstd's level when zstd is chosen. Orbax's zarr3 default is 3; on bf16 weights level 1 stores the same
 # bytes (0.78 of raw, both) for 55% of the CPU (0.21 against 0.36 CPU-s per 128 MiB here).
 ZSTD_LEVEL = 1
@@ -43,11 +41,24 @@ CODECS: dict[str, Callable[[np.dtype], dict[str, Any]] | None] = {
     "zstd": _zstd,
     "none": None,
 }
-# zstd by default: blosc keeps each chunk's compressed copy in a buffer of the chunk's full size, so lz4 holds
-# about twice the data file while it is gathered (a 256 MiB leaf written in 64 MiB data files on 16 devices grew
-# RSS by 171 MiB with lz4 against 77 with zstd), beyond what plan predicts. With --data-files-by-device each
-# device's data file is a sixteenth of the window and the difference did not show.
-DEFAULT = settings.COMPRESSION
+# Unless --compression says otherwise, a conversion writes lz4 where its data files are by device and zstd where they
+# are in the source's order (chosen). In the source's order blosc's buffers cost memory: blosc keeps each chunk's
+# compressed copy in a buffer of the chunk's full size, so lz4 holds about twice the data file while it is gathered
+# (a 256 MiB leaf written in 64 MiB data files on 16 devices grew RSS by 171 MiB with lz4 against 77 with zstd),
+# beyond what plan predicts. By device each device's data file is written apart and the difference did not show
+# (the memory examples above two windows peaked at 0.78-0.92 of the prediction with lz4, 0.75-0.83 with zstd), and
+# there a host reads its shard faster: device 0's shard of Llama-3-8B's widths (8 layers, 16 devices) from gs://
+# with 20 ms per request in 0.77 s against 0.90 s with zstd (medians of 5; the same 11 requests), bench/RESTORE.md.
+SOURCE_ORDER = "zstd"
+BY_DEVICE = "lz4"
+DEFAULT = SOURCE_ORDER  # a writer called without a choice writes in the source's order
+
+
+def chosen(asked: str | None, by_device: bool) -> str:
+    """The codec a conversion writes: as asked (``--compression``), else by its layout (``settings.COMPRESSION`` None)."""
+    if asked is not None:
+        return asked
+    return BY_DEVICE if by_device else SOURCE_ORDER
 
 
 def compresses(name: str) -> bool:
