@@ -98,7 +98,7 @@ def use_data_file_bytes(nbytes: int) -> None:
 # 31-32 s against 22-24 s, while device 0's host reads fell from 161 to 15. Below two windows a host reads at most 32
 # data files either way, and the peak is not predicted tightly: the producer and the writer overlap or not by
 # timing (the memory examples by device, with lz4, peaked at 0.66-0.92 of the prediction in a fresh venv; those above
-# two windows, with zstd, at 0.75-0.83: tests/test_memory.py).
+# two windows at 0.78-0.92 with lz4, the codec there unless asked, and 0.75-0.83 with zstd: tests/test_memory.py).
 DATA_FILES_BY_DEVICE: bool | None = None
 AUTO_SPILL_WINDOWS = 2
 _PLANNED_OUTPUT_BYTES = 0  # this process's planned conversion's output (use_planned_output): what "by size" reads
