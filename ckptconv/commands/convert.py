@@ -355,7 +355,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "devices": request.devices,
         "compression": request.compression,
         # each OCDBT data file holds one device's chunks (the spill was used: asked, more than one device, data files)
-        "data_files_by_device": settings.spill_window_bytes(request.devices) > 0,
+        "data_files_by_device": settings.data_files_by_device(request.devices),
         "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,
         "tensors": plan.tensor_count,
