@@ -128,22 +128,32 @@ def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):
 
 def test_plan_predicts_the_data_file_size_convert_is_given(source):
     """``--data-file-size`` is what ``plan`` predicts with (Prefect admits by it): the transaction's tiles at
-    1.25 bytes per byte gathered, on top of the source's reads when the output fills more than one spill window
-    (16 x the size) and the writes overlap them; when it fits one window the spill is written after the reads, and
-    only the larger counts (tests/test_memory.py holds the default to measured peaks); a size that is not one is
-    refused in one line."""
-    def plan(size: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
-                               "--data-file-size", size, "--data-files-by-device"], capture_output=True, text=True,
-                              cwd=ROOT, timeout=120)
+    1.25 bytes per byte gathered, on top of the source's reads when the output fills two spill windows or more
+    (16 x the size each) and the writes overlap them; when it fits one window the spill is written after the reads,
+    and only the larger counts; in between, the writes overlap the part of the reads past the first window, and
+    the tiles count in that part's share of a window (tests/test_memory.py holds the default to measured peaks); a
+    size that is not one is refused in one line."""
+    def plan(size: str | int) -> dict:
+        result = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
+                                 "--data-file-size", str(size), "--data-files-by-device"], capture_output=True,
+                                text=True, cwd=ROOT, timeout=120)
+        return json.loads(result.stdout) if result.returncode == 0 else result
 
-    alone, windows, one = (json.loads(plan(size).stdout) for size in ("0", "256KiB", "4MiB"))
-    assert (alone["data_file_bytes"], windows["data_file_bytes"], one["data_file_bytes"]) == (0, 256 * 1024, 4 * MIB)
-    assert 16 * 256 * 1024 < windows["output_bytes"] <= 16 * 4 * MIB
-    held = min(max(256 * 1024, windows["largest_tile_bytes"]), windows["output_bytes"])
-    assert windows["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(held * 1.25)
-    summed = alone["predicted_peak_rss_bytes"] + int(min(4 * MIB, one["output_bytes"]) * 1.25)
+    def writer(planned: dict) -> int:
+        size = planned["data_file_bytes"]
+        return int(min(max(size, planned["largest_tile_bytes"]), planned["output_bytes"]) * 1.25)
+
+    alone, windows, one = (plan(size) for size in ("0", "128KiB", "4MiB"))
+    assert (alone["data_file_bytes"], windows["data_file_bytes"], one["data_file_bytes"]) == (0, 128 * 1024, 4 * MIB)
+    output = alone["output_bytes"]
+    assert 2 * 16 * 128 * 1024 <= output <= 16 * 4 * MIB
+    assert windows["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == writer(windows)
+    summed = alone["predicted_peak_rss_bytes"] + int(min(4 * MIB, output) * 1.25)
     assert alone["predicted_peak_rss_bytes"] <= one["predicted_peak_rss_bytes"] < summed
+    between = plan(output // 24)  # a window of two thirds of the output: the reads overlap the writes for half one
+    share = (output - 16 * (output // 24)) / (16 * (output // 24))
+    assert 0.4 < share < 0.6
+    assert between["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(writer(between) * share)
     bad = plan("lots")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ckptconv: error: --data-file-size 'lots': expected a size like 5GB, 500MB or 2GiB"]
