@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ckptconv import settings
 from ckptconv.commands import synth
 from ckptconv.read.restore_cost import device_boxes, stored_chunks
 from ckptconv.read.stored import read_items_metadata
@@ -174,10 +175,10 @@ def test_plan_says_the_spill_disk_a_conversion_needs(tmp_path):
 
 
 def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
-    """Asked neither way, a conversion writes its data files by device when its output fills more than two spill
-    windows (devices x --data-file-size each), in the source's order otherwise, and never on one device; either flag
-    overrides the size. plan, the conversion and its report follow the same choice, and the codec follows it (lz4 by
-    device, zstd in the source's order)."""
+    """Asked neither way, a conversion writes its data files by device when its output fills more than
+    ``settings.AUTO_SPILL_WINDOWS`` spill windows (one: devices x --data-file-size), in the source's order otherwise,
+    and never on one device; either flag overrides the size. plan, the conversion and its report follow the same
+    choice, and the codec follows it (lz4 by device, zstd in the source's order)."""
     src = tmp_path / "src"
     synth.write_checkpoint(MODEL, str(src))
 
@@ -189,14 +190,15 @@ def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
         return planned["data_files_by_device"]
 
     output = json.loads(run_cli("plan", str(src), "--json", "--devices", "4").stdout)["output_bytes"]
-    over_two = str((output - 1) // (2 * 4))  # two windows of 4 data files hold less than the output
-    within_two = str(-(-output // (2 * 4)))  # ... hold all of it
-    assert by_device("--devices", "4", "--data-file-size", over_two)
-    assert not by_device("--devices", "4", "--data-file-size", within_two)
-    assert not by_device("--devices", "4", "--data-file-size", over_two, "--no-data-files-by-device")
-    assert by_device("--devices", "4", "--data-file-size", within_two, "--data-files-by-device")
-    assert not by_device("--devices", "1", "--data-file-size", over_two)
-    for size, chosen in ((over_two, True), (within_two, False)):
+    windows = settings.AUTO_SPILL_WINDOWS
+    over = str((output - 1) // (windows * 4))  # the threshold's windows of 4 data files hold less than the output
+    within = str(-(-output // (windows * 4)))  # ... hold all of it
+    assert by_device("--devices", "4", "--data-file-size", over)
+    assert not by_device("--devices", "4", "--data-file-size", within)
+    assert not by_device("--devices", "4", "--data-file-size", over, "--no-data-files-by-device")
+    assert by_device("--devices", "4", "--data-file-size", within, "--data-files-by-device")
+    assert not by_device("--devices", "1", "--data-file-size", over)
+    for size, chosen in ((over, True), (within, False)):
         dst = tmp_path / f"out-{size}"
         done = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none", "--data-file-size", size)
         assert done.returncode == 0, done.stderr[-2000:]
