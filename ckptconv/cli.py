@@ -162,7 +162,7 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "so that each data file holds one device's chunks: a host restoring its shard reads its own "
                          "files only (about 16x fewer reads on 16 devices), for a few more seconds of conversion; "
                          "--no-data-files-by-device writes them in the source's order; default: by device when the "
-                         "output fills more than two spill windows (devices x --data-file-size each)")
+                         "output fills more than one spill window (devices x --data-file-size: 1 GiB on 16 devices)")
 
 
 def _use_data_file_size(args: argparse.Namespace) -> None:

@@ -46,7 +46,7 @@ CODECS: dict[str, Callable[[np.dtype], dict[str, Any]] | None] = {
 # compressed copy in a buffer of the chunk's full size, so lz4 holds about twice the data file while it is gathered
 # (a 256 MiB leaf written in 64 MiB data files on 16 devices grew RSS by 171 MiB with lz4 against 77 with zstd),
 # beyond what plan predicts. By device each device's data file is written apart and the difference did not show
-# (the memory examples above two windows peaked at 0.78-0.92 of the prediction with lz4, 0.75-0.83 with zstd), and
+# (the memory examples over one window peaked at 0.75-0.89 of the prediction with lz4, tests/test_memory.py), and
 # there a host reads its shard faster: device 0's shard of Llama-3-8B's widths (8 layers, 16 devices) from gs://
 # with 20 ms per request in 0.77 s against 0.90 s with zstd (medians of 5; the same 11 requests), bench/RESTORE.md.
 SOURCE_ORDER = "zstd"

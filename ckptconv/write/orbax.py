@@ -182,7 +182,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
     """Write the tile stream (``settings.IN_FLIGHT.writes`` at most), opening each leaf at its first tile and
     letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
 
-    With data files by device (``settings.spill_window_bytes``: asked, or the planned output over two windows) sharded
+    With data files by device (``settings.spill_window_bytes``: asked, or the planned output over one window) sharded
     leaves go through :class:`_SpilledWrites` (one data file per device per window); otherwise each tile is written
     as it comes."""
     by_index = {value.index: n for n, value in enumerate(values)}
