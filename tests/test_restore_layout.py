@@ -133,7 +133,7 @@ def test_plan_predicts_the_data_file_size_convert_is_given(source):
     and only the larger counts; in between, the writes overlap the part of the reads past the first window, and
     the tiles count in that part's share of a window (tests/test_memory.py holds the default to measured peaks); a
     size that is not one is refused in one line."""
-    def plan(size: str | int) -> dict:
+    def plan(size: str | int) -> dict | subprocess.CompletedProcess:
         result = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
                                  "--data-file-size", str(size), "--data-files-by-device"], capture_output=True,
                                 text=True, cwd=ROOT, timeout=120)
