@@ -670,10 +670,10 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
         lines += ["", "Failed runs:", ""] + [f"- {f}" for f in failures]
     lines += ["", "## Machine and conditions", "",
               f"- {m['nproc']} CPUs ({m['cpu']}), {m['mem_total_bytes'] / GIB:.1f} GiB RAM, Linux {m['kernel']}; disk `{m['disk']}`",
-              f"- **Shared machine**: another job (a CI run) ran beside this benchmark, and every process here ran under "
-              f"`nice -n 10`. Load averages (1/5/15 min) at start {results['load_start']}, at end {results['load_end']}; "
-              "each run's 1-min load before it started is in `bench/work/restore/results.json`. Compare the two "
-              "checkpoints only through the alternating medians; absolute times are inflated by the other work.",
+              f"- Load averages (1/5/15 min) at start {results['load_start']}, at end {results['load_end']}; every process "
+              "here ran under `nice -n 10`. Each run's 1-min load before it started is in "
+              "`bench/work/restore/results.json`; it counts the bench's own runs before it (they follow each other "
+              "without a pause). Compare the checkpoints through the alternating medians.",
               "- Local restores read from the page cache (the checkpoints were written or read just before; "
               "24 GiB RAM holds both), so they measure Orbax/tensorstore work, not the disk.",
               ("- gs:// is fake-gcs-server (memory backend, loopback, no throttling) behind a single-process Python "
