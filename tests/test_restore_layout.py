@@ -150,8 +150,8 @@ def test_plan_predicts_the_data_file_size_convert_is_given(source):
     assert windows["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == writer(windows)
     summed = alone["predicted_peak_rss_bytes"] + int(min(4 * MIB, output) * 1.25)
     assert alone["predicted_peak_rss_bytes"] <= one["predicted_peak_rss_bytes"] < summed
-    between = plan(output // 24)  # a window of two thirds of the output: the reads overlap the writes for half one
-    share = (output - 16 * (output // 24)) / (16 * (output // 24))
+    size = output // 24  # a window of two thirds of the output: the reads overlap the writes for half one
+    between, share = plan(size), (output - 16 * size) / (16 * size)
     assert 0.4 < share < 0.6
     assert between["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(writer(between) * share)
     bad = plan("lots")

@@ -354,7 +354,7 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "dtype": request.dtype,
         "devices": request.devices,
         "compression": request.compression,
-        # each OCDBT data file holds one device's chunks (the spill was used: asked, more than one device, data files)
+        # each OCDBT data file holds one device's chunks (as asked, else by the planned output's size)
         "data_files_by_device": settings.data_files_by_device(request.devices),
         "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,

@@ -185,7 +185,7 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "largest_read_bytes": max(job.tiling.unit_bytes for job in plan.jobs),
         "largest_tile_bytes": max(tiles),
         "data_file_bytes": settings.IN_FLIGHT.data_file_bytes,
-        "data_files_by_device": window > 0,  # as asked, else by the output's size (settings.data_files_by_device)
+        "data_files_by_device": settings.data_files_by_device(plan.devices, plan.output_bytes),
         # local disk (TMPDIR) the writer's spill takes at most: two windows (one filling, one being written) and
         # the tile that fills one
         "spill_disk_bytes": min(2 * window + max(tiles), plan.output_bytes) if window else 0,
