@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 from ckptconv.monitor import current_rss_bytes
 
@@ -23,14 +23,19 @@ LINE_SECONDS = 10.0  # between two progress lines without a terminal
 
 
 class Progress:
-    """Counts tensors and bytes written; renders as ``bar``, ``jsonl`` or ``none``."""
+    """Counts tensors and bytes written; renders as ``bar``, ``jsonl`` or ``none``.
+
+    ``clock`` is this object's own (``time.monotonic`` unless given): a test drives it without touching
+    the process-wide clock that other threads in the same process read.
+    """
 
     def __init__(self, total_tensors: int, total_bytes: int, mode: str = "bar", stream: TextIO = sys.stderr,
-                 desc: str = "convert") -> None:
+                 desc: str = "convert", clock: Callable[[], float] = time.monotonic) -> None:
         self.total_tensors, self.total_bytes = total_tensors, total_bytes
         self.tensors = self.bytes = 0
         self.mode, self.stream, self.desc = mode, stream, desc
-        self._last_emit = self._start = time.monotonic()
+        self._clock = clock
+        self._last_emit = self._start = clock()
         self._bar = None
         self._lines = mode == "bar" and not _is_terminal(stream)
         if mode == "bar" and not self._lines:
@@ -47,10 +52,10 @@ class Progress:
             self._bar.set_postfix_str(f"{self.tensors}/{self.total_tensors} tensors, rss {rss / GIB:.2f} GiB", refresh=False)
             self._bar.update(nbytes)
         elif self._lines:
-            if time.monotonic() - self._last_emit >= LINE_SECONDS:
+            if self._clock() - self._last_emit >= LINE_SECONDS:
                 self._line(rss)
         elif self.mode == "jsonl":
-            now = time.monotonic()
+            now = self._clock()
             if now - self._last_emit >= 0.5 or self.bytes >= self.total_bytes:
                 self._last_emit = now
                 self.event("progress", tensors=self.tensors, total_tensors=self.total_tensors,
@@ -64,7 +69,7 @@ class Progress:
 
     def _line(self, rss: int) -> None:
         """One whole line: share done, bytes, tensors, rate, ETA, RSS."""
-        now = time.monotonic()
+        now = self._clock()
         self._last_emit = now
         elapsed = now - self._start
         rate = self.bytes / elapsed if elapsed > 0 else 0.0

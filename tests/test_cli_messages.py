@@ -138,16 +138,16 @@ def test_verify_shows_progress_and_keeps_json_clean(converted, as_json):
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
-def test_progress_lines_come_periodically_without_a_terminal(monkeypatch):
-    """One line per LINE_SECONDS of advancing and one at the end (the clock is the test's)."""
+def test_progress_lines_come_periodically_without_a_terminal():
+    """One line per LINE_SECONDS of advancing and one at the end (the clock is the Progress object's own:
+    patching ``time.monotonic`` would hand the test's clock to every thread of the worker process)."""
     import io
 
     from ckptconv import progress
 
     clock = iter(float(t) for t in range(0, 1000, 4))
-    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     stream = io.StringIO()
-    shown = progress.Progress(10, 10 * 2**20, "bar", stream=stream, desc="verify")
+    shown = progress.Progress(10, 10 * 2**20, "bar", stream=stream, desc="verify", clock=lambda: next(clock))
     for _ in range(10):
         shown.advance(1, 2**20)
     shown.close()
