@@ -56,9 +56,12 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 2
 
+# Each phase prints its wall time on its last line (`== phase: N s`), where CI's log shows where the minutes went.
 test: setup
-	$(PYTEST) -m "not memory"
-	$(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory --junitxml=$(MEMORY_RESULTS)
+	@start=$$(date +%s); $(PYTEST) -m "not memory"; status=$$?; \
+	  echo "== parallel phase: $$(( $$(date +%s) - start )) s"; exit $$status
+	@start=$$(date +%s); $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory \
+	  --junitxml=$(MEMORY_RESULTS); status=$$?; echo "== memory phase: $$(( $$(date +%s) - start )) s"; exit $$status
 
 test-fast: setup
 	$(PYTEST) -m "not slow"
