@@ -101,7 +101,8 @@ MOE = tuple(
 ) + tuple(_copy(f"{norm}.weight", ("mlp", norm, "scale"), ("emb",), kinds=MOE_KINDS)
           for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"))
 
-ROWS = ATTENTION + NORMS + DENSE_MLP + MOE + (_copy("layer_scalar", ("layer_scalar",), ("one",)),) + small.ROWS
+ROWS = (ATTENTION + NORMS + DENSE_MLP + MOE + (_copy("layer_scalar", ("layer_scalar",), ("one",)),) + small.ROWS
+        + small.UNREAD)
 
 GLOBAL_ROWS = (
     # MaxText pads to its vocabulary, then scales (zero rows stay zero: the same as scaling first)

@@ -11,7 +11,9 @@
   layer ``per_layer_input_gate``, ``per_layer_projection`` and ``post_per_layer_input_norm``;
 - the last ``num_kv_shared_layers`` layers reuse an earlier layer's keys and values: no k/v projections, no
   ``k_norm`` (transformers builds none, MaxText holds none); with ``use_double_wide_mlp`` (E2B) their MLP is twice
-  as wide.
+  as wide. The releases as shipped still store those layers' ``k_proj``, ``v_proj`` and ``k_norm`` (E2B's layers
+  15-34): nothing reads them and MaxText 0.2.5's converter skips them, so they are reported, not written
+  (:data:`UNREAD`).
 
 MaxText threads the per-layer inputs and the shared keys and values through an unscanned loop only, so these models
 are laid out unscanned (``decoder/layers_{i}``); a scanned layout is refused (:class:`UnscannedOnly`).
@@ -19,7 +21,7 @@ are laid out unscanned (``decoder/layers_{i}``); a scanned layout is refused (:c
 
 from __future__ import annotations
 
-from ckptconv.families.base import LayerStack, UnscannedOnly, rule
+from ckptconv.families.base import LayerStack, UnscannedOnly, never, rule
 from ckptconv.families.decoder import KERNEL, KV_KERNEL
 from ckptconv.read.spec import ConfigReader, ModelSpec
 
@@ -34,6 +36,7 @@ OWN_KV_LOCAL, OWN_KV_GLOBAL = frozenset({"local_ple"}), frozenset({"global_ple"}
 NARROW = frozenset({"local_ple", "global_ple", "local_ple_shared", "global_ple_shared"})
 WIDE = frozenset({"local_ple_wide", "global_ple_wide"})
 ALL = LOCAL | GLOBAL
+SHARED_LOCAL, SHARED_GLOBAL = LOCAL - OWN_KV_LOCAL, GLOBAL - OWN_KV_GLOBAL
 
 ROWS = (
     # the global layers' values (the large models' global layers have none: keys serve as values)
@@ -46,6 +49,18 @@ ROWS = (
     rule(P + f"mlp.{hf}.weight", ("mlp", maxtext, "kernel"), shape, KERNEL, kinds=WIDE)
     for hf, maxtext, shape in (("gate_proj", "wi_0", ("wide_mlp", "emb")), ("up_proj", "wi_1", ("wide_mlp", "emb")),
                                ("down_proj", "wo", ("emb", "wide_mlp"))))
+
+
+SHARED_KV_NOTE = ("keys and values of a KV-shared layer: stored in the release, never read (the layer reuses an "
+                  "earlier layer's; transformers builds no such weight and MaxText 0.2.5's converter skips it)")
+# what a KV-shared layer of the release still stores: never active, so reported where present, never required
+UNREAD = tuple(
+    rule(P + f"self_attn.{hf}.weight", ("self_attention", maxtext, *leaf), shape, kinds=kinds, when=never,
+         note=SHARED_KV_NOTE)
+    for kinds, kv, hd in ((SHARED_LOCAL, "kv", "hd"), (SHARED_GLOBAL, "gkv", "ghd"))
+    for hf, maxtext, leaf, shape in (("k_proj", "key", ("kernel",), (kv, "emb")),
+                                     ("v_proj", "value", ("kernel",), (kv, "emb")),
+                                     ("k_norm", "key_norm", ("scale",), (hd,))))
 
 
 def is_small_spec(spec: ModelSpec) -> bool:

@@ -180,7 +180,8 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     tensors, not_converted = _sort_tensors(source, family, spec, stored)
     stacks, scan_layers = choose_layout(where, family, spec, scan_layers)
     _check_piece_count(where, family.active_rules(spec), stacks, spec, len(stored))
-    _check_layer_kinds(source, family.active_rules(spec), stacks, tensors)
+    _check_layer_kinds(source, family.active_rules(spec), stacks, tensors,
+                       tuple(r for r in family.rules if not r.when(spec)))
     expected = expected_tensors(family.active_rules(spec), stacks, spec)
     # rules whose sizes config.json does not give (Gemma 3's vision rules for a gemma3_text config) name nothing
     sized = tuple(r for r in family.rules if set(r.hf_shape) <= spec.dims.keys())
@@ -304,11 +305,12 @@ def _check_piece_count(where: str, rules: tuple[Rule, ...], stacks: tuple[LayerS
 
 
 def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[LayerStack, ...],
-                       tensors: dict[str, TensorInfo]) -> None:
+                       tensors: dict[str, TensorInfo], reported: tuple[Rule, ...] = ()) -> None:
     """A layer holding another kind's tensors (a full-attention layer where config.json's pattern puts a
     linear one) is named as such, not as the tensors it then lacks. An encoder numbers its layers apart from
     the decoder's (Llama 4's vision layer 0 beside decoder layer 0): a layer index is another kind's only if no
-    stack of that kind holds the index."""
+    stack of that kind holds the index. A name an inactive rule of the layer's own kind accounts for (``reported``:
+    the keys a KV-shared Gemma 4 layer still stores) is that layer's, reported rather than written."""
     kinded = [r for r in rules if r.per_layer and r.kinds is not None]
     held = defaultdict(set)  # layer index -> the kinds of the stacks holding it
     for stack in stacks:
@@ -318,7 +320,7 @@ def _check_layer_kinds(source: Source, rules: tuple[Rule, ...], stacks: tuple[La
     for stack in (s for s in stacks if not s.encoder):
         # a name both kinds hold, in their own shapes (Gemma 4's q_proj: global layers' heads are wider), is
         # checked by shape, not here
-        own = {r.hf for r in rules if r.per_layer and applies(r, stack)}
+        own = {r.hf for r in rules + reported if r.per_layer and applies(r, stack)}
         for r in (r for r in kinded
                   if stack.kind not in r.kinds and r.hf not in own and not r.kinds <= encoder_kinds):
             for layer in (i for i in stack.layers if not held[i] & r.kinds):

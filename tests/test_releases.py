@@ -1,0 +1,164 @@
+"""Releases as they are shipped: each release's real tensor list and config.json, planned from header-only files.
+
+Every family's other tests build checkpoints from our own reading of a release. Here the fixtures
+(``tests/fixtures/releases/<name>.json.gz``, made by ``make_fixture.py`` beside them) hold a real release's tensor
+names, shapes and dtypes (from a public dump of its files, or its ``model.safetensors.index.json`` with shapes
+derived from config.json where the fixture says so), the file each tensor is in where known, and its config.json;
+never a weight. Each is written as sparse safetensors files (headers only) and planned: the plan must succeed,
+read every tensor MaxText holds, and name every other one in ``not_converted`` with its reason. ``EXPECTED`` pins,
+per release, how many tensors are reported not converted and why, so a tensor silently dropped or newly refused
+fails here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+from ckptconv import dtypes
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
+
+FIXTURES = Path(__file__).parent / "fixtures" / "releases"
+SHARD_BYTES = 5 * 10**9  # where a listing names no files: the hub's usual shard size
+
+
+def load(name: str) -> dict:
+    with gzip.open(FIXTURES / f"{name}.json.gz", "rt") as f:
+        return json.load(f)
+
+
+def write_release(fixture: dict, directory: Path) -> None:
+    """config.json and sparse safetensors files whose headers are the release's: the files the listing names (with
+    an index), else one ``model.safetensors`` or shards of ``SHARD_BYTES`` in the listing's order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(fixture["config"]))
+    files: dict[str, list[tuple[str, str, list[int]]]] = {}
+    names = fixture["files"]
+    size, shard = 0, 0
+    for name, (dtype, shape, *file) in fixture["tensors"].items():
+        nbytes = math.prod(shape) * dtypes.SAFETENSORS[dtype].itemsize
+        if file:
+            key = names[file[0]]
+        else:
+            if size and size + nbytes > SHARD_BYTES:
+                shard, size = shard + 1, 0
+            size += nbytes
+            key = shard
+        files.setdefault(key, []).append((name, dtype, shape))
+    if not names and len(files) > 1:
+        files = {f"model-{i + 1:05d}-of-{len(files):05d}.safetensors": entries for i, entries in files.items()}
+    elif not names:
+        files = {"model.safetensors": files[0]}
+    for file, entries in files.items():
+        _write_header_only(directory / file, entries)
+    if len(files) > 1:
+        weight_map = {name: file for file, entries in files.items() for name, _, _ in entries}
+        (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _write_header_only(path: Path, entries: list[tuple[str, str, list[int]]]) -> None:
+    header, offset = {}, 0
+    for name, dtype, shape in entries:
+        nbytes = math.prod(shape) * dtypes.SAFETENSORS[dtype].itemsize
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    data = json.dumps(header, separators=(",", ":")).encode()
+    data += b" " * (-len(data) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(data)) + data)
+        f.truncate(8 + len(data) + offset)  # sparse: the plan reads headers only
+
+
+def not_converted(plan) -> dict[str, int]:
+    """What the plan reports not converted: reason -> number of tensors."""
+    counts: dict[str, int] = {}
+    for entry in plan.not_converted:
+        n = entry["tensors"] if isinstance(entry["tensors"], int) else len(entry["tensors"])
+        counts[entry["what"]] = counts.get(entry["what"], 0) + n
+    return counts
+
+
+# Per release: the tensors reported not converted, by the start of their reason (what the report says), and how
+# many. Every other tensor the release holds is read into MaxText's tree (the plan refuses any it cannot place).
+EXPECTED: dict[str, dict[str, int]] = {
+    "gemma-4-E2B-it": {"audio tower": 751, "audio projector": 1, "vision tower": 658, "vision projector": 1,
+                       "keys and values of a KV-shared layer": 60},
+}
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory):
+    written: dict[str, Path] = {}
+
+    def write(name: str) -> Path:
+        if name not in written:
+            written[name] = tmp_path_factory.mktemp(name)
+            write_release(load(name), written[name])
+        return written[name]
+    return write
+
+
+def test_every_fixture_has_its_expectations():
+    """A fixture added without saying what it reports, or an expectation without its fixture, fails."""
+    assert sorted(p.name.removesuffix(".json.gz") for p in FIXTURES.glob("*.json.gz")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_release_plans_as_shipped(release_dir, name):
+    """The release plans; the tensors it does not convert are the expected ones, each with its reason."""
+    fixture = load(name)
+    plan = make_plan(LocalSource(str(release_dir(name))))
+    reported = not_converted(plan)
+    by_reason = {}
+    for what, count in reported.items():
+        key = next((k for k in EXPECTED[name] if what.startswith(k)), what)
+        by_reason[key] = by_reason.get(key, 0) + count
+    assert by_reason == EXPECTED[name], reported
+    read = sum(len(getattr(piece, "parts", (piece,))) for job in plan.jobs for piece in job.pieces)
+    assert read + sum(reported.values()) <= len(fixture["tensors"])
+
+
+def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp_path):
+    """E2B's form as shipped: its KV-shared layers still store k_proj, v_proj and k_norm. They convert, each reported
+    with its reason, and every leaf is bit-identical to the conversion of the same model without them (as MaxText
+    0.2.5's is)."""
+    import numpy as np
+
+    from ckptconv.commands import synth
+    from ckptconv.families import gemma4
+    from tests.conftest import run_cli
+    from tests.test_convert import restore
+
+    spec = synth.for_family(gemma4.FAMILY, gemma4.E2B_TINY)
+    text = spec.config()["text_config"]
+    layers, shared = text["num_hidden_layers"], text["num_kv_shared_layers"]
+    hd, ghd, kv = text["head_dim"], text["global_head_dim"], text["num_key_value_heads"]
+    extra = {}
+    for i in range(layers - shared, layers):
+        width = ghd if text["layer_types"][i] == "full_attention" else hd
+        p = f"model.language_model.layers.{i}.self_attn."
+        extra |= {p + "k_proj.weight": (kv * width, text["hidden_size"]),
+                  p + "v_proj.weight": (kv * width, text["hidden_size"]), p + "k_norm.weight": (width,)}
+    outputs = {}
+    for name, tensors in (("plain", {}), ("shipped", extra)):
+        src, dst = tmp_path / f"{name}-src", tmp_path / f"{name}-dst"
+        synth.write_checkpoint(synth.SynthModel(model_type="gemma4", extra_tensors=tensors, **gemma4.E2B_TINY),
+                               str(src))
+        result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "1")
+        assert result.returncode == 0, result.stderr
+        report = json.loads((dst / "ckptconv-report.json").read_text())
+        outputs[name] = (restore(dst), report["not_converted"])
+    (plain, plain_notes), (shipped, shipped_notes) = outputs["plain"], outputs["shipped"]
+    assert plain.keys() == shipped.keys()
+    for leaf in plain:
+        np.testing.assert_array_equal(plain[leaf], shipped[leaf], err_msg=leaf)
+    assert [n for n in shipped_notes if n not in plain_notes] and all(
+        n["what"].startswith("keys and values of a KV-shared layer") for n in shipped_notes if n not in plain_notes)
+    reported = {t for n in shipped_notes if n not in plain_notes for t in n["tensors"]}
+    assert reported == set(extra)
