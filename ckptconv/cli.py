@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Sequence
 
-from ckptconv import __version__, locations, settings
+from ckptconv import __version__, accelerator, locations, settings
 from ckptconv.errors import INCOMPLETE, TERMINATION, CkptConvError, Terminated
 from ckptconv.units import parse_size
 from ckptconv.write.codecs import CODECS
@@ -27,6 +27,7 @@ GIB = 1024**3
 PARENT_PID_ENV = "CKPTCONV_PARENT_PID"
 PR_SET_PDEATHSIG = 1
 WRITERS = ("convert", "export")
+ACCELERATOR_COMMANDS = ("restore-check",)  # every other command only reads and writes files: JAX on the CPU
 
 
 class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
@@ -121,6 +122,17 @@ def _parser() -> argparse.ArgumentParser:
     _data_file_flag(plan)
     _lora_flags(plan)
     _hf_token_flag(plan)
+
+    check = commands.add_parser("restore-check", help="restore a checkpoint onto this host's accelerators as a "
+                                "training job does, and check every leaf on them bit for bit against the stored data",
+                                formatter_class=_DefaultsHelp)
+    check.add_argument("destination", help="a convert destination: directory or gs://BUCKET/DIR")
+    check.add_argument("--source", help="also verify the stored data against the HF checkpoint it was converted "
+                       "from first (as `verify SRC DST`): the chain from SRC to the chip in one command")
+    check.add_argument("--cpu-devices", type=int, metavar="N", help="restore onto N simulated CPU devices instead "
+                       "of the accelerator (a host without one; what CI runs); default: JAX's choice (JAX_PLATFORMS)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    _hf_token_flag(check)
     return parser
 
 
@@ -234,6 +246,8 @@ def _reader_gone() -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    if args.command not in ACCELERATOR_COMMANDS:  # before JAX loads: never open (or wait for) the host's TPU
+        accelerator.use_cpu_only()
     if args.command in WRITERS:  # read-only commands have nothing to leave in order: a signal ends them at once
         signal.signal(signal.SIGTERM, _on_stop_signal)
         signal.signal(signal.SIGINT, _on_stop_signal)
@@ -434,7 +448,27 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan}
+def _restore_check(args: argparse.Namespace) -> int:
+    from ckptconv import storage_failures
+    from ckptconv.plan.devices import configure
+
+    if args.cpu_devices:
+        configure(args.cpu_devices)
+    from ckptconv.commands.restore_check import restore_check
+
+    with storage_failures.translated():
+        result = restore_check(args.destination, source=args.source, hf_token_file=args.hf_token_file)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
+    else:
+        for mismatch in result.mismatches[:20]:
+            print(f"  {mismatch}")
+        print(result.summary())
+    return 0 if result.ok else 1
+
+
+COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan,
+            "restore-check": _restore_check}
 # Each command's path arguments and what they must be, checked before the command opens any of them.
 LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
     "convert": (("source", locations.SOURCE), ("destination", locations.OUTPUT), ("lora", locations.SOURCE)),
@@ -443,4 +477,5 @@ LOCATIONS: dict[str, tuple[tuple[str, locations.Role], ...]] = {
     "inspect": (("destination", locations.CHECKPOINT),),
     "verify": (("source", locations.SOURCE), ("destination", locations.CHECKPOINT)),
     "plan": (("source", locations.SOURCE), ("lora", locations.SOURCE)),
+    "restore-check": (("destination", locations.CHECKPOINT), ("source", locations.SOURCE)),
 }

@@ -208,8 +208,11 @@ def read_back(checkpoint: str, action: Callable[[], T]) -> T:
     """Run ``action()``, which reads the checkpoint at ``checkpoint``: a storage refusal is a
     :class:`StorageError`, anything else Orbax, tensorstore or JSON raise on a damaged file is one
     line naming the checkpoint (``CKPTCONV_TRACEBACK=1`` keeps the traceback, for a bug report)."""
+    from ckptconv.accelerator import open_backends
+
     try:
         with storage_failures.translated():
+            open_backends()  # a backend that cannot start (the chip held elsewhere) is said so, not called damage
             return action()
     except CkptConvError:
         raise
