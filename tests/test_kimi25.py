@@ -74,7 +74,8 @@ def test_converts_to_the_leaves_of_the_same_kimi_k2(tmp_path, synth_dir, scan, d
 
 
 def test_quantization_config_at_the_top_is_read_too():
-    """A release may keep quantization_config beside text_config: the same spec; in both places: refused."""
+    """A release may keep quantization_config beside text_config: the same spec; in both places, the same spec if
+    the copies are identical (as transformers 5.7 saves Kimi-K2.5), refused if they differ (tests/test_releases.py)."""
     family, config = BY_MODEL_TYPE["kimi_k25"], K25.config()
     inner = read_spec(family, config, "src/config.json")
     moved = {**config, "quantization_config": config["text_config"]["quantization_config"],
@@ -82,9 +83,12 @@ def test_quantization_config_at_the_top_is_read_too():
     outer = read_spec(family, moved, "src/config.json")
     assert (outer.dims, outer.values, outer.num_layers) == (inner.dims, inner.values, inner.num_layers)
     assert inner.values["quantization"] == INT4_SCHEME and inner.model_type == "kimi_k25"
-    both = {**config, "quantization_config": config["text_config"]["quantization_config"]}
+    both = read_spec(family, {**config, "quantization_config": config["text_config"]["quantization_config"]},
+                     "src/config.json")
+    assert (both.dims, both.values, both.num_layers) == (inner.dims, inner.values, inner.num_layers)
+    differing = {**config, "quantization_config": {**config["text_config"]["quantization_config"], "ignore": []}}
     with pytest.raises(BadInputError, match="quantization_config in both config.json and its text_config"):
-        read_spec(family, both, "src/config.json")
+        read_spec(family, differing, "src/config.json")
 
 
 def test_config_written_by_transformers_parses():

@@ -162,3 +162,52 @@ def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp
         n["what"].startswith("keys and values of a KV-shared layer") for n in shipped_notes if n not in plain_notes)
     reported = {t for n in shipped_notes if n not in plain_notes for t in n["tensors"]}
     assert reported == set(extra)
+
+
+def _kimi_k25_config() -> dict:
+    from ckptconv.commands import synth
+    from ckptconv.families import kimi_k25
+
+    return synth.for_family(kimi_k25.FAMILY, {**kimi_k25.K26_WIDTHS, "num_layers": 2}).config()
+
+
+def test_kimi_k25_identical_quantization_configs_at_the_top_and_in_text_config_read_as_one():
+    """Kimi-K2.5's config.json as transformers 5.7 saves it: the same quantization_config at the top and in
+    text_config. One setting, read once: the spec is the one either copy alone gives."""
+    import copy
+
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    inner = _kimi_k25_config()
+    both = copy.deepcopy(inner)
+    both["quantization_config"] = copy.deepcopy(inner["text_config"]["quantization_config"])
+    outer = copy.deepcopy(both)
+    del outer["text_config"]["quantization_config"]
+    family = BY_MODEL_TYPE["kimi_k25"]
+    specs = [read_spec(family, config, "config.json") for config in (inner, both, outer)]
+    layouts = {json.dumps([s.num_layers, s.dims, s.values], sort_keys=True) for s in specs}
+    assert len(layouts) == 1 and specs[1].values["quantization"] is not None
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("ignore", ["re:.*lm_head"], "['re:.*lm_head'] at the top"),
+    ("config_groups.group_0.weights.observer", "mse",
+     "differ at config_groups.group_0.weights.observer: 'mse' at the top, 'minmax' in text_config"),
+])
+def test_kimi_k25_differing_quantization_configs_are_refused_naming_both(field, value, shown):
+    import copy
+
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    config = _kimi_k25_config()
+    config["quantization_config"] = top = copy.deepcopy(config["text_config"]["quantization_config"])
+    *parents, last = field.split(".")
+    for key in parents:
+        top = top[key]
+    top[last] = value
+    with pytest.raises(BadInputError, match="quantization_config in both config.json and its text_config") as err:
+        read_spec(BY_MODEL_TYPE["kimi_k25"], config, "config.json")
+    assert shown in str(err.value) and "which one holds is unclear" in str(err.value)

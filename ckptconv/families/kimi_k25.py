@@ -7,7 +7,8 @@ wrapper only moves it:
 
 - its ``config.json`` is in ``text_config`` (``model_type`` ``kimi_k2``, or ``deepseek_v3`` as
   transformers rewrites it), read exactly as a Kimi-K2 ``config.json``; the compressed-tensors
-  ``quantization_config`` sits in ``text_config`` (read at the top level too, never both);
+  ``quantization_config`` sits in ``text_config`` (read at the top level too; both, as transformers 5.7 saves
+  the release, only when the two are identical);
 - its tensors carry a ``language_model.`` prefix (``language_model.model.layers.N.*``,
   ``language_model.lm_head.weight``; transformers 5.24's ``save_pretrained`` writes the layers as
   ``language_model.model.blocks.N``), stripped by aliases (export writes the names ``--like`` has);
@@ -51,9 +52,42 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("model_type", TEXT_MODEL_TYPES, None)
     inner = read_text_spec(text)
     if outer and inner.values["quantization"]:
-        cfg.fail("quantization_config in both config.json and its text_config: which one holds is unclear")
+        _check_same_copies(cfg, cfg.raw("quantization_config"), text.raw("quantization_config"))
     values = {**inner.values, "quantization": inner.values["quantization"] or outer}
     return make_spec(cfg, "kimi_k25", inner.dims, values, inner.num_layers)
+
+
+def _check_same_copies(cfg: ConfigReader, outer: dict, inner: dict) -> None:
+    """Two copies of ``quantization_config`` (the top level's and ``text_config``'s) are one setting when identical;
+    differing, which one holds is unclear: refused, naming the first field they differ in and both values."""
+    path, a, b = _first_difference(outer, inner)
+    if path is not None:
+        cfg.fail(f"quantization_config in both config.json and its text_config, and they differ at {path or 'the top'}:"
+                 f" {_short(a)} at the top, {_short(b)} in text_config; which one holds is unclear")
+
+
+def _first_difference(a: object, b: object, path: str = "") -> tuple[str | None, object, object]:
+    """The first (sorted) key path where two JSON values differ, with both values there; (None, a, b) if equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            found = _first_difference(a.get(key, _ABSENT), b.get(key, _ABSENT), f"{path}.{key}" if path else key)
+            if found[0] is not None:
+                return found
+        return None, a, b
+    return (None, a, b) if a == b and type(a) is type(b) else (path, a, b)
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def not_converted(spec: ModelSpec) -> tuple[tuple[str, str], ...]:
