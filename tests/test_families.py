@@ -542,11 +542,14 @@ def test_every_registered_family_is_complete():
     (for each of its model types), at least one round-trip, logit and memory example (names unique per kind;
     a family with encoders, a round trip with them: ``Example.multimodal``),
     MaxText's run-time semantics for the reference forward pass, MaxText's tree restated here, and a row in the
-    README's table of supported families."""
+    README's table of supported families and a section in docs/families.md, what is written for it."""
     from tests.test_logits import SEMANTICS
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
     rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    sections = [line.split(":")[0] for line in (root / "docs" / "families.md").read_text().splitlines()
+                if line.startswith("### `")]
     missing = []
     for family in FAMILIES:
         for kind in ("round_trip", "logits", "memory"):
@@ -558,6 +561,8 @@ def test_every_registered_family_is_complete():
                 missing.append(f"{family.name}: its synthetic config.json for {mt!r} says {config['model_type']!r}")
             if not any(f"`{mt}`" in row.split("|")[1] for row in rows):
                 missing.append(f"{family.name}: no README row for {mt!r}")
+            if not any(f"`{mt}`" in section for section in sections):
+                missing.append(f"{family.name}: no section for {mt!r} in docs/families.md")
         if family.encoders and not any(example.multimodal for example in family.synthetic.round_trip):
             missing.append(f"{family.name}: encoders {family.encoders} but no --multimodal round-trip example")
         by_logits = any(example.reference == "transformers" for example in family.synthetic.logits)

@@ -331,7 +331,7 @@ def test_restore_layout_is_rooted_where_maxtext_lora_training_reads(tmp_path, sy
 
 
 ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"}
-# Families whose adapters ckptconv does not convert yet, and why (README, LoRA section).
+# Families whose adapters ckptconv does not convert yet, and why (docs/lora.md).
 NO_LORA = {"deepseek_v4": "transformers renames DeepSeek-V4's modules when it loads the release (its conversion "
                           "mapping), so a PEFT adapter names modules the hub's files do not hold"}
 

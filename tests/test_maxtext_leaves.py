@@ -5,7 +5,7 @@ same synthetic checkpoint.
 MaxText's leaves are recorded once by the bench driver (``bench/compare_deepseek_v4.py``, MaxText's venv) as
 ``tests/data/maxtext_leaves/<example>.json``: each leaf's shape, dtype and the SHA-256 of its bytes, with the one
 difference ckptconv makes on purpose already applied (``moved``: MaxText's ``MoEBiasVar`` router bias, which ckptconv
-writes under ``params/params``; README). The synthetic checkpoint is rewritten here from the same seed, so a change to
+writes under ``params/params``; docs/families.md). The synthetic checkpoint is rewritten here from the same seed, so a change to
 the family, the synthetic writer or the transforms fails this test.
 """
 
