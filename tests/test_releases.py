@@ -90,6 +90,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "gemma-4-E2B-it": {"audio tower": 751, "audio projector": 1, "vision tower": 658, "vision projector": 1,
                        "keys and values of a KV-shared layer": 60},
     "gpt-oss-20b": {},
+    "Qwen3-0.6B": {"tied embeddings": 1},  # the release stores lm_head.weight beside tie_word_embeddings: true
 }
 
 
