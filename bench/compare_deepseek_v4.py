@@ -1,7 +1,7 @@
 """DeepSeek-V4-Flash: ckptconv against MaxText 0.2.5's ``to_maxtext`` (``deepseek4-284b``), leaf by leaf; writes
-the V4 section of bench/GIANTS.md and the recorded leaves of the family's ``maxtext`` logit example.
+the V4 section of docs/bench/GIANTS.md and the recorded leaves of the family's ``maxtext`` logit example.
 
-    .venv/bin/python bench/compare_deepseek_v4.py
+    .venv/bin/python -m bench deepseek-v4 [--only hub|synth]
 
 Two checkpoints:
 - ``hub``: a random release in the hub's own layout and formats (``bench/hf_tiny_v4.py``, MaxText's venv: FP8 e4m3
@@ -14,34 +14,33 @@ Two checkpoints:
 
 Each is converted scanned on 16 simulated devices and unscanned on 1 by ckptconv, and by MaxText on 16 both times (for V4
 its ``to_maxtext`` fails to save from 1 simulated device, where it skips the JAX conversion: Orbax finds no handler
-for the TrainState; its qwen3_moe and gemma3 conversions do save from 1 device, bench/FAMILIES.md); MaxText's sizes come from the checkpoint (``bench/maxtext_convert_tiny.py``, eager loading). Compared with ``bench/compare_outputs.py`` with MaxText's
+for the TrainState; its qwen3_moe and gemma3 conversions do save from 1 device, docs/bench/FAMILIES.md); MaxText's sizes come from the checkpoint (``bench/maxtext_convert_tiny.py``, eager loading). Compared with ``bench/compare_outputs.py`` with MaxText's
 ``MoEBiasVar`` router bias and ``Tid2EidVar`` table read where ckptconv writes them (``params/params``, where every
-MaxText 0.2.5 loader finds them: bench/LOADERS.md): that is the only difference allowed.
+MaxText 0.2.5 loader finds them: docs/bench/LOADERS.md): that is the only difference allowed.
 Work files: bench/work/deepseek_v4/.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "deepseek_v4"
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.maxtext_loaders imports this by path too
 
-from bench.compare_maxtext import setup_maxtext  # noqa: E402
+from bench import steps  # noqa: E402
+from bench.steps import BENCH, DOCS, REPO, setup_maxtext  # noqa: E402
 from ckptconv.commands import synth  # noqa: E402
 from ckptconv.families import deepseek_v4  # noqa: E402
 
-# MaxText's router bias and tid2eid collections, read where ckptconv writes them (README; bench/LOADERS.md)
+WORK = BENCH / "work" / "deepseek_v4"
+
+# MaxText's router bias and tid2eid collections, read where ckptconv writes them (README; docs/bench/LOADERS.md)
 MOVED = ["--moved-in-b", "params/MoEBiasVar=params/params", "--moved-in-b", "params/Tid2EidVar=params/params"]
-BEGIN, END = "<!-- deepseek_v4: begin (bench/compare_deepseek_v4.py) -->", "<!-- deepseek_v4: end -->"
+BEGIN, END = "<!-- deepseek_v4: begin (`python -m bench deepseek-v4`) -->", "<!-- deepseek_v4: end -->"
 
 DIGESTS = """
 import hashlib, json, sys
@@ -63,7 +62,7 @@ json.dump(out, open(sys.argv[2], "w"), indent=1, sort_keys=True)
 
 
 def v4_overrides(c: dict, scan: bool) -> dict:
-    """MaxText config overrides giving its deepseek4-284b model the checkpoint's sizes (also bench/maxtext_loaders.py)."""
+    """MaxText config overrides giving its deepseek4-284b model the checkpoint's sizes (also ``python -m bench loaders``)."""
     return {"base_emb_dim": c["hidden_size"], "base_num_query_heads": c["num_attention_heads"],
             "base_num_kv_heads": 1, "base_num_decoder_layers": c["num_hidden_layers"],
             "base_moe_mlp_dim": c["moe_intermediate_size"], "base_mlp_dim": c["moe_intermediate_size"],
@@ -83,11 +82,10 @@ def overrides(c: dict, scan: bool) -> list[str]:
     return [f"{k}={v}" for k, v in v4_overrides(c, scan).items()]
 
 
-def run(cmd: list[str], log: Path, env: dict | None = None) -> tuple[int, float]:
-    start = time.perf_counter()
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
-    return code, time.perf_counter() - start
+def run(cmd: list, log: Path, env: dict | None = None) -> tuple[int, float]:
+    """A step in a fresh process (its output in ``log``): its exit status and wall seconds."""
+    done, seconds = steps.timed(cmd, log, env)
+    return done.returncode, seconds
 
 
 def last_error(log: Path) -> str:
@@ -145,7 +143,7 @@ def case(ctx: dict, name: str, hf: Path, maxtext_input: Path, config: dict) -> l
 def write(rows: list[dict], ctx: dict) -> None:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [BEGIN, "", "## DeepSeek-V4-Flash against MaxText 0.2.5's to_maxtext", "",
-             f"Written by `bench/compare_deepseek_v4.py` on {now}, 2 cores shared; MaxText "
+             f"Written by `python -m bench deepseek-v4` on {now}, 2 cores shared; MaxText "
              f"{ctx['mt_versions']['maxtext']} (`deepseek4-284b`, its sizes replaced by the checkpoint's: "
              "`bench/maxtext_convert_tiny.py`; `attention=dot_product`, which its config demands on CPU). "
              "`hub`: a random release in the hub's layout (`bench/hf_tiny_v4.py`: reference names, FP8 e4m3 "
@@ -155,10 +153,10 @@ def write(rows: list[dict], ctx: dict) -> None:
              "`deepseek_v4-maxtext` example (bfloat16, as `ckptconv.commands.synth` writes it), whose MaxText "
              "leaves tests/test_maxtext_leaves.py checks against. Compared bit for bit with MaxText's `MoEBiasVar` "
              "router bias and `Tid2EidVar` tables read where ckptconv writes them (`params/params`, where both of "
-             "MaxText's loaders find them: bench/LOADERS.md); nothing else differs. MaxText converts on 16 "
+             "MaxText's loaders find them: docs/bench/LOADERS.md); nothing else differs. MaxText converts on 16 "
              "simulated devices for both layouts: from 1 device (where it skips the JAX conversion) its V4 save fails "
              "(orbax `NoEntryError`: no handler for the `TrainState`), as it did twice here, eager and lazy loading; "
-             "its qwen3_moe and gemma3 conversions save from 1 device (bench/FAMILIES.md).", "",
+             "its qwen3_moe and gemma3 conversions save from 1 device (docs/bench/FAMILIES.md).", "",
              "| checkpoint | layout | ckptconv devices | leaves compared | MiB | result | ckptconv wall | MaxText wall (16 devices) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -171,7 +169,7 @@ def write(rows: list[dict], ctx: dict) -> None:
             lines.append(f"| {r['case']} | {r['layout']} | {r['devices']} | - | - | {why} | {r['ckptconv_s']:.0f} s "
                          f"(exit {r['ckptconv_exit']}) | {r['maxtext_s']:.0f} s |")
     lines += ["", END]
-    path = BENCH / "GIANTS.md"
+    path = DOCS / "GIANTS.md"
     text = path.read_text()
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + "\n".join(lines) + text[text.index(END) + len(END):]
@@ -180,8 +178,10 @@ def write(rows: list[dict], ctx: dict) -> None:
     path.write_text(text)
 
 
-def main() -> int:
-    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None  # rerun one case, keep the other's
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("hub", "synth"), help="rerun one checkpoint, keep the other's rows")
+    only = parser.parse_args(argv).only
     ctx = setup_maxtext()
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "rows.json"

@@ -1,7 +1,7 @@
 """Convert tiny checkpoints of every family with ckptconv and with MaxText 0.2.5's ``to_maxtext``,
-and compare the two outputs leaf by leaf, bit for bit; writes ``bench/FAMILIES.md``.
+and compare the two outputs leaf by leaf, bit for bit; writes ``docs/bench/FAMILIES.md``.
 
-    .venv/bin/python bench/compare_families.py [--only qwen3_moe,gemma3] [--keep]
+    .venv/bin/python -m bench families [--only qwen3_moe,gemma3] [--keep]
 
 Each case is a random bf16 synthetic checkpoint (``ckptconv.commands.synth``, the hub's names and
 ``config.json``), converted by ``python -m ckptconv convert`` and by MaxText's converter through
@@ -16,20 +16,17 @@ import argparse
 import datetime as dt
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "families"
-sys.path.insert(0, str(REPO))
+from bench import steps
+from bench.steps import BENCH, DOCS, OFFLINE_ENV, setup_maxtext
+from ckptconv.commands import synth
+from ckptconv.families import gemma4, gemma4_small, olmo3
+from tests import hub_checkpoints
 
-from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext  # noqa: E402
-from ckptconv.commands import synth  # noqa: E402
-from ckptconv.families import gemma4, gemma4_small, olmo3  # noqa: E402
-from tests import hub_checkpoints  # noqa: E402
+WORK = BENCH / "work" / "families"
 
 
 @dataclass(frozen=True)
@@ -299,13 +296,6 @@ CASES = [
 ]
 
 
-def run(cmd: list[str], env: dict | None = None, log: Path | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if log is not None:
-        log.write_text(result.stdout + result.stderr)
-    return result
-
-
 def run_case(case: Case, ctx: dict) -> dict:
     root = WORK / case.name
     shutil.rmtree(root, ignore_errors=True)
@@ -314,32 +304,28 @@ def run_case(case: Case, ctx: dict) -> dict:
     if case.maker == "transformers":
         config = root / "synth-config.json"
         config.write_text(json.dumps(case.model.config()))
-        made = run([ctx["mt_python"], str(BENCH / "hf_tiny.py"), str(config), str(hf)], env=ctx["mt_env"],
-                   log=root / "hf_tiny.log")
+        made = steps.hf_tiny(config, hf, root / "hf_tiny.log", env=ctx["mt_env"])
         if made.returncode:
             return {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
                     "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
                     "ckptconv_exit": "-", "maxtext_exit": "-", "error": made.stderr[-600:]}
     else:
         case.write(hf)
-    layout = ["--devices", str(case.devices), "--dtype", case.dtype, "--scan-layers" if case.scan else "--no-scan-layers"]
-    mine = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), "--progress", "none", *layout],
-               log=root / "ckptconv.log")
+    mine = steps.convert(hf, ours, root / "ckptconv.log", *steps.layout(case.scan, case.devices, case.dtype))
     loader = ["--lazy_load_tensors=true"] if case.loader == "lazy" else [
         "--lazy_load_tensors=false", f"--eager_load_method={case.loader}"]
     theirs_layout = overrides(case) + (["scan_layers=false"] if case.maxtext_unscanned else [])
     their_input = hf
     if case.dequantize:
         their_input = root / "hf-bf16"
-        step = run([ctx["mt_python"], str(BENCH / "maxtext_dequantize.py"), case.dequantize, str(hf), str(their_input)],
-                   env=ctx["mt_env"], log=root / "dequantize.log")
+        step = steps.dequantize(case.dequantize, hf, their_input, root / "dequantize.log", env=ctx["mt_env"])
         if step.returncode:
             return {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
                     "maxtext_layout": "-", "scan_layers": case.scan, "devices": case.devices, "dtype": case.dtype,
                     "ckptconv_exit": mine.returncode, "maxtext_exit": step.returncode, "error": step.stderr[-600:]}
-    mt = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(their_input), str(theirs),
-              *theirs_layout, "--", *loader, f"--simulated_cpu_devices_count={case.devices}",
-              f"--save_dtype={case.dtype}"], env=ctx["mt_env"], log=root / "maxtext.log")
+    mt = steps.maxtext_convert(case.maxtext_model, their_input, theirs, theirs_layout,
+                               [*loader, f"--simulated_cpu_devices_count={case.devices}", f"--save_dtype={case.dtype}"],
+                               root / "maxtext.log", env=ctx["mt_env"])
     row = {"case": case.name, "family": case.model_type, "maxtext_model": case.maxtext_model,
            "maxtext_layout": ("unscanned, restacked" if case.maxtext_unscanned else "same")
                              + (", made by transformers' class" if case.maker == "transformers" else "")
@@ -353,9 +339,8 @@ def run_case(case: Case, ctx: dict) -> dict:
     # MaxText's converter keeps DeepSeek's router bias in its own collection; ckptconv writes it under
     # params/params, where every MaxText loader finds it (README, "What is written"): compared there
     moved = ["--moved-in-b", "params/MoEBiasVar=params/params"]
-    compared = run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), *restack, *moved,
-                    "--json", str(root / "compare.json")], env=ctx["mt_env"], log=root / "compare.log")
-    result = json.loads((root / "compare.json").read_text())
+    compared, result = steps.compare_outputs(ours, theirs, root / "compare.json", root / "compare.log", *restack, *moved,
+                                             env=ctx["mt_env"])
     row |= {"identical": result["identical"], "leaves": result["leaves_compared"],
             "bytes": result["bytes_compared"], "value_mismatches": result["value_mismatches"][:3],
             "only_in_ckptconv": result["only_in_a"], "only_in_maxtext": result["only_in_b"],
@@ -366,10 +351,7 @@ def run_case(case: Case, ctx: dict) -> dict:
 
 def kept_rows(path: Path, rerun: set[str]) -> dict[str, str]:
     """The table lines of an earlier ``FAMILIES.md`` for the cases not run again (``--merge``)."""
-    names = {case.name for case in CASES} - rerun
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {line.split("|")[1].strip(): line for line in lines
-            if line.startswith("| ") and line.split("|")[1].strip() in names}
+    return steps.kept_rows(path, {case.name for case in CASES} - rerun)
 
 
 def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None = None) -> None:
@@ -377,7 +359,7 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
     lines = [
         "# Families: ckptconv vs MaxText 0.2.5's `to_maxtext`, leaf by leaf",
         "",
-        f"Written by `bench/compare_families.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"Written by `python -m bench families` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(MaxText {ctx['mt_versions'].get('maxtext')}, transformers {ctx['mt_versions'].get('transformers')}).",
         "Each row: one random bf16 synthetic checkpoint with the hub's names and `config.json` (or, where marked, "
         "made by transformers' own model class and `save_pretrained`: `bench/hf_tiny.py`), converted by both "
@@ -404,7 +386,7 @@ def write(rows: list[dict], ctx: dict, path: Path, kept: dict[str, str] | None =
         lines[4:4] = [f"Rows of {', '.join(sorted(kept))} are kept from earlier runs (`--merge`)."]
     table = {**(kept or {}), **fresh}
     lines += [table[case.name] for case in CASES if case.name in table]
-    # sections other scripts' results are recorded in (``## Llama 4``: bench/compare_llama4.py) are kept
+    # sections other scripts' results are recorded in (``## Llama 4``: ``python -m bench llama4``) are kept
     earlier = path.read_text() if path.exists() else ""
     sections = earlier[earlier.index("\n## ") + 1:earlier.index("\nRaw rows:")] if "\n## " in earlier else ""
     lines += ["", sections.rstrip()] if sections else []
@@ -416,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names or family names")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
-    parser.add_argument("--out", default=str(BENCH / "FAMILIES.md"))
+    parser.add_argument("--out", default=str(DOCS / "FAMILIES.md"))
     parser.add_argument("--merge", action="store_true", help="keep the earlier rows of the cases not run")
     args = parser.parse_args(argv)
     ctx = setup_maxtext()

@@ -1,6 +1,6 @@
 """Llama 4: ckptconv against MaxText 0.2.5's own Llama 4 converters, leaf by leaf, bit for bit.
 
-    .venv/bin/python bench/compare_llama4.py [--only scout,maverick]
+    .venv/bin/python -m bench llama4 [--only scout,maverick]
 
 Per case: a tiny random ``Llama4ForConditionalGeneration`` made by transformers' own class and
 ``save_pretrained`` (``bench/hf_tiny.py --class Llama4ForConditionalGeneration``, from the ``config.json``
@@ -13,7 +13,7 @@ first's leaves restacked as MaxText's llama4 scan holds them (``decoder/layers/l
 left out of the comparison; ckptconv ``--multimodal`` (vision model and projector) is compared with every leaf
 of the unscanned script (the scanned script skips the vision model), unscanned on 1 and 16 devices and scanned
 on 16 (its decoder restacked in cycles of 4; MaxText's vision layers are unscanned either way).
-Prints the rows as JSON and a Markdown table for ``bench/FAMILIES.md``. Work files: bench/work/llama4/.
+Prints the rows as JSON and a Markdown table for ``docs/bench/FAMILIES.md``. Work files: bench/work/llama4/.
 """
 
 from __future__ import annotations
@@ -24,14 +24,10 @@ import shutil
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "llama4"
-sys.path.insert(0, str(REPO))
+from bench.steps import BENCH, error_line, run, setup_maxtext
+from ckptconv.commands import synth
 
-from bench.compare_maxtext import setup_maxtext  # noqa: E402
-from bench.driver import error_line, run  # noqa: E402
-from ckptconv.commands import synth  # noqa: E402
+WORK = BENCH / "work" / "llama4"
 
 SMALL = dict(vocab_size=128, num_experts=4, moe_intermediate_size=32, intermediate_size=96, tie_word_embeddings=False)
 MODELS = {  # Maverick's pattern (dense and MoE layers alternate), Scout's (every layer MoE)

@@ -1,6 +1,6 @@
 """``--dtype float8_e4m3fn`` (MaxText's ``--save_dtype float8_e4m3fn``): bytes, memory, and what MaxText writes.
 
-    .venv/bin/python bench/keep_fp8.py [--keep] [--skip-maxtext]
+    .venv/bin/python -m bench keep-fp8 [--keep] [--skip-maxtext]
 
 1. Qwen3.5-397B-A17B-FP8 at its released widths (one period of 4 layers, 32 of its 512 experts; synthetic, the
    hub's layout): converted with ``--dtype bfloat16`` and ``--dtype float8_e4m3fn`` at 1 and 16 devices, each in
@@ -10,10 +10,10 @@
 3. MaxText 0.2.5's own ``to_maxtext --save_dtype float8_e4m3fn`` on a tiny DeepSeek-V3 FP8 release: the dtypes of
    the leaves it writes and whether any holds a block scale (none: it drops them), beside ckptconv's scale leaves
    for the same release (``--deepseek-only``: this step alone, its section of --out replaced). MaxText's forward
-   pass on ckptconv's kept DeepSeek checkpoints is ``bench/keep_fp8_deepseek.py``.
+   pass on ckptconv's kept DeepSeek checkpoints is ``python -m bench keep-fp8-deepseek``.
 
-The leaf-by-leaf comparison with MaxText for Qwen3.5 is ``bench/compare_families.py --only qwen3.5-fp8-keepfp8,...``
-(bench/FAMILIES.md). Writes bench/KEEP-FP8.md; work files in bench/work/keep-fp8/ (deleted unless --keep).
+The leaf-by-leaf comparison with MaxText for Qwen3.5 is ``python -m bench families --only qwen3.5-fp8-keepfp8,...``
+(docs/bench/FAMILIES.md). Writes docs/bench/KEEP-FP8.md; work files in bench/work/keep-fp8/ (deleted unless --keep).
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "keep-fp8"
-sys.path.insert(0, str(REPO))
+from bench import steps
+from bench.measure import convert, plan_of
+from bench.steps import BENCH, DOCS, OFFLINE_ENV, setup_maxtext
+from bench.widths import at_widths
+from ckptconv.commands import synth
+from tests.published_configs import QWEN3_5_35B_FP8, QWEN3_5_397B_FP8
 
-from bench.giants import convert, plan_of  # noqa: E402
-from bench.hybrid_memory import at_widths  # noqa: E402
-from ckptconv.commands import synth  # noqa: E402
-from tests.published_configs import QWEN3_5_35B_FP8, QWEN3_5_397B_FP8  # noqa: E402
+WORK = BENCH / "work" / "keep-fp8"
 
 GIB = 1024**3
 DTYPES = ("bfloat16", "float8_e4m3fn")
@@ -71,7 +70,7 @@ def deepseek_under_maxtext(ctx: dict) -> dict:
     synth.write_checkpoint(DEEPSEEK_FP8, str(hf), max_shard_bytes=1 << 20)
     ours = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(root / "ckptconv"),
                            "--dtype", "float8_e4m3fn", "--progress", "none"], capture_output=True, text=True)
-    # unscanned: MaxText 0.2.5's to_maxtext fails on every scanned DeepSeek (README, bench/FAMILIES.md)
+    # unscanned: MaxText 0.2.5's to_maxtext fails on every scanned DeepSeek (README, docs/bench/FAMILIES.md)
     case = Case("deepseek-v3-fp8-keepfp8", DEEPSEEK_FP8, "deepseek3-671b", scan=False, dtype="float8_e4m3fn")
     mt = subprocess.run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(hf),
                          str(theirs), *overrides(case), "--", "--lazy_load_tensors=true",
@@ -111,13 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--skip-maxtext", action="store_true")
     parser.add_argument("--reuse", metavar="LOG", help="take step 1's rows from an earlier run's printed lines")
-    parser.add_argument("--out", default=str(BENCH / "KEEP-FP8.md"))
+    parser.add_argument("--out", default=str(DOCS / "KEEP-FP8.md"))
     parser.add_argument("--deepseek-only", action="store_true",
                         help="rerun step 3 alone and replace its section of an existing --out")
     args = parser.parse_args(argv)
     if args.deepseek_only:
-        from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext
-
         ctx = setup_maxtext()
         ctx["mt_env"] = {**ctx["mt_env"], **OFFLINE_ENV}
         deepseek = deepseek_under_maxtext(ctx)
@@ -158,8 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(src, ignore_errors=True)
     deepseek = None
     if not args.skip_maxtext:
-        from bench.compare_maxtext import OFFLINE_ENV, setup_maxtext
-
         ctx = setup_maxtext()
         ctx["mt_env"] = {**ctx["mt_env"], **OFFLINE_ENV}
         deepseek = deepseek_under_maxtext(ctx)
@@ -176,7 +171,7 @@ def write(rows: dict, plans: dict, deepseek: dict | None, path: Path) -> None:
     lines = [
         "# `--dtype float8_e4m3fn`: an FP8 release kept as FP8",
         "",
-        f"Written by `bench/keep_fp8.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, 2 cores shared "
+        f"Written by `python -m bench keep-fp8` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, 2 cores shared "
         "with other work. Peak RSS: the conversion process's own high-water mark (VmHWM); wall: from outside. "
         "Synthetic FP8 release in the hub's layout (e4m3 linear layers, bfloat16 128x128 block scales, experts one "
         "by one), one period of layers (3 linear-attention + 1 full), scanned, the released widths.",
@@ -207,7 +202,7 @@ def write(rows: dict, plans: dict, deepseek: dict | None, path: Path) -> None:
 
 DEEPSEEK_HEADING = "## MaxText 0.2.5 on a DeepSeek-V3 FP8 release with `--save_dtype float8_e4m3fn`"
 CLOSING = ["", "The leaf-by-leaf comparison with MaxText's own `--save_dtype float8_e4m3fn` output is in "
-               "bench/FAMILIES.md (`qwen3.5-fp8-keepfp8*` rows, `bench/compare_families.py`).", ""]
+               "docs/bench/FAMILIES.md (`qwen3.5-fp8-keepfp8*` rows, `python -m bench families`).", ""]
 
 
 def deepseek_section(deepseek: dict) -> list[str]:

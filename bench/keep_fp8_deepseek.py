@@ -1,9 +1,9 @@
 """DeepSeek-V3 and Kimi-K2 FP8 releases kept FP8 (``--dtype float8_e4m3fn``), run by MaxText 0.2.5 itself.
 
-    .venv/bin/python bench/keep_fp8_deepseek.py [--only deepseek3-scan,...]
+    .venv/bin/python -m bench keep-fp8-deepseek [--only deepseek3-scan,...]
 
 MaxText 0.2.5's converter cannot write such a checkpoint (its DeepSeek mapping names no ``weight_scale_inv``;
-bench/KEEP-FP8.md), so there is nothing to be bit-identical to: the proof is MaxText's own forward pass. Per case:
+docs/bench/KEEP-FP8.md), so there is nothing to be bit-identical to: the proof is MaxText's own forward pass. Per case:
 
 1. a tiny FP8 release made by ckptconv's synth in the hub's layout (e4m3 linear layers, float32 128x128
    ``weight_scale_inv``), at widths where the blocks do not tile MaxText's kernels: 4 heads of 128 nope + 64 RoPE
@@ -19,7 +19,7 @@ bench/KEEP-FP8.md), so there is nothing to be bit-identical to: the proof is Max
    params, then one forward pass: logits against transformers' (float32, max abs <= 1e-4);
 5. likewise ``model_creation_utils.from_pretrained`` (the inference loader), which reads no scale leaf.
 
-Writes bench/KEEP-FP8-DEEPSEEK.md; work files in bench/work/keep-fp8-deepseek/.
+Writes docs/bench/KEEP-FP8-DEEPSEEK.md; work files in bench/work/keep-fp8-deepseek/.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench.measure import plan_of  # noqa: E402
+from bench.steps import BENCH, DOCS, MT_PYTHON, REPO  # noqa: E402
+
 WORK = BENCH / "work" / "keep-fp8-deepseek"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
 TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 200, 9, 64]
 GIB = 1024**3
@@ -188,7 +189,6 @@ def plan_full_releases() -> dict:
     """The full DeepSeek-V3 and Kimi-K2 FP8 releases planned from their published config.json (header-only files),
     with both dtypes: output bytes and predicted peak."""
     sys.path.insert(0, str(REPO))
-    from bench.giants import plan_of
     from ckptconv.commands import synth
     from tests.published_configs import DEEPSEEK_V3, KIMI_K2
 
@@ -207,7 +207,7 @@ def plan_full_releases() -> dict:
 
 
 def run_case(family: str, scan: bool) -> dict:
-    from driver import error_line, last_json, run
+    from bench.steps import error_line, last_json, run
 
     name = case_name(family, scan)
     root = WORK / name
@@ -242,7 +242,7 @@ def write(rows: list[dict], plans: dict, path: Path) -> None:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# DeepSeek-V3 / Kimi-K2 FP8 releases kept FP8, run by MaxText 0.2.5", "",
-        f"Written by `bench/keep_fp8_deepseek.py` on {now}. Tiny synthetic FP8 releases in the hub's layout (e4m3 "
+        f"Written by `python -m bench keep-fp8-deepseek` on {now}. Tiny synthetic FP8 releases in the hub's layout (e4m3 "
         "linear layers, float32 128x128 `weight_scale_inv`), at widths whose blocks do not tile MaxText's kernels "
         "(4 heads of 128 + 64 RoPE rows: `q_b_proj`'s blocks straddle heads; kv_lora 512 + 64: `kv_a_proj_with_mqa` "
         "holds 4.5 blocks; q_lora 192, MLPs of 320 and 192 rows), RoPE and routing as MaxText's own "
@@ -287,7 +287,8 @@ def write(rows: list[dict], plans: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("load-params", "from-pretrained"):
         family, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
         fn = run_load_params if argv[0] == "load-params" else run_from_pretrained
@@ -295,7 +296,7 @@ def main(argv: list[str]) -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
-    parser.add_argument("--out", default=str(BENCH / "KEEP-FP8-DEEPSEEK.md"))
+    parser.add_argument("--out", default=str(DOCS / "KEEP-FP8-DEEPSEEK.md"))
     parser.add_argument("--skip-plans", action="store_true", help="do not plan the full releases")
     args = parser.parse_args(argv)
     wanted = set(args.only.split(",")) if args.only else None

@@ -1,7 +1,7 @@
 """Kimi-K2.5 / K2.6 (``kimi_k25``): ckptconv against MaxText 0.2.5's standalone Kimi script, leaf by leaf;
-writes its section of bench/GIANTS.md.
+writes its section of docs/bench/GIANTS.md.
 
-    .venv/bin/python bench/kimi25_vs_maxtext.py [--keep]
+    .venv/bin/python -m bench kimi25 [--keep]
 
 A tiny random release in the hub's layout (``ckptconv.commands.synth``: ``language_model.`` names,
 ``text_config``, routed experts in compressed-tensors INT4, a vision tower and projector beside) is converted
@@ -24,15 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "kimi25"
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(BENCH))
+from bench.steps import BENCH, DOCS, last_json, run, setup_maxtext
+from ckptconv.commands import synth
 
-from bench.compare_maxtext import setup_maxtext  # noqa: E402
-from ckptconv.commands import synth  # noqa: E402
-from driver import last_json, run  # noqa: E402
+WORK = BENCH / "work" / "kimi25"
 
 MODEL = synth.SynthModel(model_type="kimi_k25", hidden_size=512, num_layers=3, num_heads=8, head_dim=32,
                          intermediate_size=640, moe_intermediate_size=256, num_experts=8, quantization="int4",
@@ -77,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
     (WORK / "results.json").write_text(json.dumps(rows, indent=2))
-    write(rows, BENCH / "GIANTS.md")
+    write(rows, DOCS / "GIANTS.md")
     if not args.keep:
         for path in WORK.iterdir():
             if path.is_dir():
@@ -91,7 +86,7 @@ def write(rows: list[dict], path: Path) -> None:
     """Replace this script's section of GIANTS.md (the other sections stay as they are)."""
     t = MODEL.config()["text_config"]
     lines = [SECTION, "",
-             f"Written by `bench/kimi25_vs_maxtext.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+             f"Written by `python -m bench kimi25` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, "
              f"{os.cpu_count()} cores. A random release in the hub's layout (`language_model.` names, `text_config`, "
              f"hidden {t['hidden_size']}, {t['num_hidden_layers']} layers ({t['first_k_dense_replace']} dense), "
              f"{t['n_routed_experts']} routed experts of {t['moe_intermediate_size']} in compressed-tensors INT4, a "

@@ -1,7 +1,7 @@
-"""MaxText 0.2.5's own forward pass on ckptconv's Qwen3-Next / Qwen3.5 checkpoints; writes ``bench/HYBRID.md``.
+"""MaxText 0.2.5's own forward pass on ckptconv's Qwen3-Next / Qwen3.5 checkpoints; writes ``docs/bench/HYBRID.md``.
 
     bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
-    .venv/bin/python bench/maxtext_hybrid.py [--only qwen3-next-scan,...]
+    .venv/bin/python -m bench hybrid [--only qwen3-next-scan,...]
 
 Per case: a tiny random model made with transformers' own class, stored as the hub ships it
 (``tests/hub_checkpoints.py``), and its float32 logits; then ``ckptconv convert --dtype float32
@@ -25,15 +25,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench import steps  # noqa: E402
+from bench.steps import BENCH, DOCS, MT_PYTHON, error_line, last_json, run  # noqa: E402
+
 WORK = BENCH / "work" / "hybrid"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
 TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 90, 9, 64, 5, 77, 120, 33]
-sys.path.insert(0, str(REPO))
-
-from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
 
 
 @dataclass(frozen=True)
@@ -134,19 +132,16 @@ def run_case(case: Case) -> dict:
         np.save(root / "hf_logits.npy", hub_checkpoints.make(str(hf), config, np.array(TOKENS)))
     row = {"case": case.name, "family": case.family, "maxtext_model": case.maxtext_model, "scan": case.scan,
            "layers": case.layers}
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--dtype", case.dtype, "--devices", "1",
-                "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
-               env={"PYTHONPATH": str(REPO)})
+    mine = steps.convert(hf, ours, root / "convert.log", *steps.layout(case.scan, 1, case.dtype))
     if mine.returncode:
         return row | {"error": "ckptconv: " + error_line(mine)}
     settings = overrides(config, case.scan, **({"weight_dtype": "float8_e4m3fn"} if case.fp8 else {}))
     mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "HF_HOME": str(root / "hf-home")}
-    converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", case.maxtext_model, hf, theirs,
-                     *(f"{k}={v}" for k, v in settings.items()), "--", "--lazy_load_tensors=false",
-                     "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1",
-                     f"--save_dtype={case.dtype}"],
-                    root / "to_maxtext.log", env=mt_env)
+    converted = steps.maxtext_convert(case.maxtext_model, hf, theirs, [f"{k}={v}" for k, v in settings.items()],
+                                      ["--lazy_load_tensors=false", "--eager_load_method=safetensors",
+                                       "--simulated_cpu_devices_count=1", f"--save_dtype={case.dtype}"],
+                                      root / "to_maxtext.log", env=mt_env)
     checkpoints = {"ckptconv": ours / "0" / "items"}
     if converted.returncode == 0:
         checkpoints["maxtext"] = next(theirs.rglob("0/items"))
@@ -176,13 +171,12 @@ def cell(result: dict) -> str:
 
 
 def write(rows: list[dict], path: Path) -> None:
-    versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
-                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    versions = steps.mt_versions()
     lines = [
         "# MaxText 0.2.5's forward pass on ckptconv's Qwen3-Next / Qwen3.5 checkpoints",
         "",
-        f"Written by `bench/maxtext_hybrid.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
+        f"Written by `python -m bench hybrid` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {versions[0]}, transformers {versions[1]}, CPU).",
         "Each row: a tiny random model from transformers' own class (hidden 64, 4 experts, linear attention with "
         "2 key / 4 value heads, a full-attention layer every 4), stored as the hub ships it, converted to float32 "
         "by ckptconv and by MaxText's `to_maxtext`; MaxText's `from_pretrained` and one forward pass on each, "
@@ -205,16 +199,16 @@ def write(rows: list[dict], path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "forward":
         print(json.dumps(forward(*argv[1:6])), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
-    parser.add_argument("--out", default=str(BENCH / "HYBRID.md"))
+    parser.add_argument("--out", default=str(DOCS / "HYBRID.md"))
     args = parser.parse_args(argv)
-    if not MT_PYTHON.exists():
-        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
+    steps.require_maxtext(parser)
     wanted = set(args.only.split(",")) if args.only else None
     rows = []
     for case in CASES:

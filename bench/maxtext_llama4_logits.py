@@ -1,6 +1,6 @@
 """MaxText 0.2.5's own forward pass on ckptconv's Llama 4 checkpoints against transformers' logits.
 
-    .venv/bin/python bench/maxtext_llama4_logits.py [--only maverick-scan,...]
+    .venv/bin/python -m bench llama4-logits [--only maverick-scan,...]
 
 Per case: a tiny random ``Llama4ForConditionalGeneration`` made by transformers' own class
 (``bench/hf_tiny.py --class Llama4ForConditionalGeneration`` in MaxText's venv; weights rounded to bfloat16),
@@ -24,14 +24,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "llama4-logits"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
-TOLERANCE = 1e-4
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench import steps  # noqa: E402
+from bench.steps import BENCH, MT_ENV, MT_PYTHON, error_line, last_json, run  # noqa: E402
 
-from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
+WORK = BENCH / "work" / "llama4-logits"
+TOLERANCE = 1e-4
 
 LLAMA31_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -146,9 +144,6 @@ def run_load_params(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work
 
 # --- the driver ------------------------------------------------------------------------------
 
-MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-
-
 def run_case(case: Case) -> dict:
     root = WORK / case.name
     shutil.rmtree(root, ignore_errors=True)
@@ -157,14 +152,11 @@ def run_case(case: Case) -> dict:
     row = {"case": case.name, "maxtext_model": case.maxtext_model, "scan": case.scan, "layers": case.layers}
     config = root / "synth-config.json"
     config.write_text(json.dumps(hf_config(case)))
-    made = run([MT_PYTHON, BENCH / "hf_tiny.py", config, hf, "--class", "Llama4ForConditionalGeneration"],
-               root / "hf_tiny.log", env=MT_ENV)
+    made = steps.hf_tiny(config, hf, root / "hf_tiny.log", "--class", "Llama4ForConditionalGeneration")
     if made.returncode:
         return row | {"error": "hf_tiny: " + error_line(made)}
     shutil.copy(config, hf / "synth-config.json")
-    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
-                     "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
-                    env={"PYTHONPATH": str(REPO)})
+    converted = steps.convert(hf, dst, root / "convert.log", *steps.layout(case.scan, 1, "float32"))
     if converted.returncode:
         return row | {"error": "convert: " + error_line(converted)}
     result = run([MT_PYTHON, __file__, "forward", case.maxtext_model, dst / "0" / "items", str(case.scan), hf,
@@ -193,7 +185,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("forward", "load_params"):
         maxtext_model, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
         step = run_forward if argv[0] == "forward" else run_load_params

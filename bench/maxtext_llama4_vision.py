@@ -1,6 +1,6 @@
 """MaxText 0.2.5's own Llama 4 vision encoder on ckptconv's ``--multimodal`` checkpoint against transformers.
 
-    .venv/bin/python bench/maxtext_llama4_vision.py
+    .venv/bin/python -m bench llama4-vision
 
 A tiny random ``Llama4ForConditionalGeneration`` made by transformers' own class (``bench/hf_tiny.py`` in
 MaxText's venv; weights rounded to bfloat16; the synthetic vision model: hidden 32, 2 heads, 2 layers, MLP 128,
@@ -10,23 +10,22 @@ MaxText's venv; weights rounded to bfloat16; the synthetic vision model: hidden 
 venv, ``model_creation_utils.from_pretrained`` with MaxText's ``llama4-17b-128e`` config, ``use_multimodal=true``
 and the vision sizes of the checkpoint's ``vision_config``, and its ``vision_encoder`` (Llama4VisionModel and
 Llama4MultiModalProjector) on the same tiles: max abs difference (float32; tolerance 1e-4). The decoder's logits
-on text are ``bench/maxtext_llama4_logits.py``'s. Work files: bench/work/llama4-vision/.
+on text are ``python -m bench llama4-logits``'s. Work files: bench/work/llama4-vision/.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-WORK = BENCH / "work" / "llama4-vision"
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench.maxtext_llama4_logits import MAVERICK, SMALL, TOLERANCE, maxtext_overrides  # noqa: E402
+from bench.steps import BENCH, MT_ENV, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
 
-from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
-from maxtext_llama4_logits import MAVERICK, MT_ENV, MT_PYTHON, SMALL, TOLERANCE, maxtext_overrides  # noqa: E402
+WORK = BENCH / "work" / "llama4-vision"
 
 TILES = 2
 
@@ -101,13 +100,15 @@ def maxtext_embeddings(ckpt: str, hf_dir: str, work: str) -> dict:
 
 # --- the driver ------------------------------------------------------------------------------
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "hf":
         print(json.dumps(hf_embeddings(argv[1])), flush=True)
         return 0
     if argv and argv[0] == "maxtext":
         print(json.dumps(maxtext_embeddings(argv[1], argv[2], argv[3])), flush=True)
         return 0
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     from ckptconv.commands import synth
 
     shutil.rmtree(WORK, ignore_errors=True)
@@ -117,12 +118,12 @@ def main(argv: list[str]) -> int:
     config.write_text(json.dumps(synth.SynthModel(model_type="llama4", num_layers=4, config_overrides=MAVERICK,
                                                   **SMALL).config()))
     row: dict = {"case": "llama4-maverick-pattern, vision 2 layers", "tiles": TILES}
-    steps = ((MT_PYTHON, BENCH / "hf_tiny.py", config, hf, "--class", "Llama4ForConditionalGeneration"),
+    chain = ((MT_PYTHON, BENCH / "hf_tiny.py", config, hf, "--class", "Llama4ForConditionalGeneration"),
              (MT_PYTHON, __file__, "hf", hf),
              (sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
               "--no-scan-layers", "--multimodal", "--progress", "none"),
              (MT_PYTHON, __file__, "maxtext", dst / "0" / "items", hf, WORK / "mt"))
-    for n, step in enumerate(steps):
+    for n, step in enumerate(chain):
         result = run(list(step), WORK / f"step{n}.log", env=MT_ENV | {"PYTHONPATH": str(REPO)})
         if result.returncode:
             row["error"] = f"step {n}: {error_line(result)}"

@@ -1,7 +1,7 @@
-"""ckptconv's DeepSeek checkpoints (V3, Kimi-K2, V2, V3.2, V4) in both MaxText 0.2.5 loaders; writes bench/LOADERS.md.
+"""ckptconv's DeepSeek checkpoints (V3, Kimi-K2, V2, V3.2, V4) in both MaxText 0.2.5 loaders; writes docs/bench/LOADERS.md.
 
     bash bench/maxtext_env.sh    # once: MaxText 0.2.5's venv (or MAXTEXT_PYTHON=/path/to/its/python)
-    .venv/bin/python bench/maxtext_loaders.py [--only deepseek3-scan,...] [--merge]
+    .venv/bin/python -m bench loaders [--only deepseek3-scan,...] [--merge]
 
 Per case: a tiny random model made with transformers' own class (``DeepseekV3ForCausalLM``, V2's, V3.2's; weights,
 router bias rounded to bfloat16, so the bf16 checkpoint holds them exactly; the bias random, not
@@ -40,13 +40,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from compare_deepseek_v4 import v4_overrides  # noqa: E402  (bench/, the script's directory)
-from driver import error_line, last_json, run  # noqa: E402
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench.compare_deepseek_v4 import v4_overrides  # noqa: E402
+from bench import steps  # noqa: E402
+from bench.steps import BENCH, DOCS, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
+
 WORK = BENCH / "work" / "loaders"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
 TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 200, 9, 64]
 
@@ -382,21 +382,17 @@ def cell(result: dict | None, key: str) -> str:
 
 def kept_table_lines(path: Path) -> dict[str, str]:
     """The table lines of an earlier LOADERS.md by case name."""
-    names = {case.name for case in CASES}
-    lines = path.read_text().splitlines() if path.exists() else []
-    return {line.split("|")[1].strip(): line for line in lines
-            if line.startswith("| ") and line.split("|")[1].strip() in names}
+    return steps.kept_rows(path, {case.name for case in CASES})
 
 
 def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | None = None) -> None:
-    versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
-                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    versions = steps.mt_versions()
     lines = [
         "# MaxText 0.2.5's two loaders on ckptconv's DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 / DeepSeek-V2 / DeepSeek-V3.2 / "
         "DeepSeek-V4 checkpoints",
         "",
-        f"Written by `bench/maxtext_loaders.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU)."
+        f"Written by `python -m bench loaders` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {versions[0]}, transformers {versions[1]}, CPU)."
         + (f" The rows of {', '.join(sorted(kept))} are kept from the earlier run of this file (`--merge`)."
            if kept else ""),
         "Each row: a tiny random model from transformers' own class (`DeepseekV3ForCausalLM`; deepseek2: "
@@ -438,7 +434,8 @@ def write(rows: list[dict], path: Path, legacy_rev: str, kept: dict[str, str] | 
     path.write_text("\n".join(lines))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "make-hf":
         make_hf(argv[1], argv[2])
         return 0
@@ -452,11 +449,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--legacy-rev", default="a0431e7", help="a ckptconv commit writing the bias in MoEBiasVar")
-    parser.add_argument("--out", default=str(BENCH / "LOADERS.md"))
+    parser.add_argument("--out", default=str(DOCS / "LOADERS.md"))
     parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
     args = parser.parse_args(argv)
-    if not MT_PYTHON.exists():
-        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
+    steps.require_maxtext(parser)
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []

@@ -1,6 +1,6 @@
-"""MaxText 0.2.5's own forward pass on ckptconv's checkpoints against transformers' logits; writes ``bench/LOGITS.md``.
+"""MaxText 0.2.5's own forward pass on ckptconv's checkpoints against transformers' logits; writes ``docs/bench/LOGITS.md``.
 
-    .venv/bin/python bench/maxtext_logits.py [--only olmo3-yarn-scan,...] [--merge]
+    .venv/bin/python -m bench logits [--only olmo3-yarn-scan,...] [--merge]
 
 Per case: a tiny random model made by transformers' own class (``bench/hf_tiny.py`` in MaxText's
 venv, from a ``config.json`` that ``ckptconv.commands.synth`` writes; weights rounded to bfloat16),
@@ -23,17 +23,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench import steps  # noqa: E402
+from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, error_line, last_json, run  # noqa: E402
+
 WORK = BENCH / "work" / "logits"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))  # bench/maxtext_env.sh
 TOLERANCE = 1e-4
 # --devices of the conversions (1 as MaxText's single-device runs; more: the data files by device, MaxText still
 # restoring them onto its one CPU device)
 DEVICES = "1"
-sys.path.insert(0, str(REPO))
-
-from driver import error_line, last_json, run  # noqa: E402  (bench/, the script's directory)
 
 
 @dataclass(frozen=True)
@@ -216,9 +214,6 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
 
 # --- the driver (any Python: it runs everything in fresh processes) ---------------------------
 
-MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-
-
 def run_case(case: Case, devices: str = DEVICES) -> dict:
     root = WORK / case.name
     shutil.rmtree(root, ignore_errors=True)
@@ -228,13 +223,11 @@ def run_case(case: Case, devices: str = DEVICES) -> dict:
     config, reference = root / "synth-config.json", root / "reference-config.json"
     config.write_text(json.dumps(hf_config(case)))
     reference.write_text(json.dumps(reference_config(case, hf_config(case))))
-    made = run([MT_PYTHON, BENCH / "hf_tiny.py", reference, hf], root / "hf_tiny.log", env=MT_ENV)
+    made = steps.hf_tiny(reference, hf, root / "hf_tiny.log")
     if made.returncode:
         return row | {"error": "hf_tiny: " + error_line(made)}
     shutil.copy(config, hf / "synth-config.json")
-    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", devices,
-                     "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"], root / "convert.log",
-                    env={"PYTHONPATH": str(REPO)})
+    converted = steps.convert(hf, dst, root / "convert.log", *steps.layout(case.scan, devices, "float32"))
     if converted.returncode:
         return row | {"error": "convert: " + error_line(converted)}
     result = run([MT_PYTHON, __file__, "forward", case.maxtext_model, dst / "0" / "items", str(case.scan), hf,
@@ -253,13 +246,12 @@ NOTES = (
 
 
 def write(rows: list[dict], path: Path) -> None:
-    versions = subprocess.run([str(MT_PYTHON), "-c", "import importlib.metadata as m; print(m.version('maxtext'), "
-                               "m.version('transformers'))"], capture_output=True, text=True).stdout.split()
+    versions = steps.mt_versions()
     lines = [
         "# MaxText 0.2.5's forward pass on ckptconv's checkpoints vs transformers' logits",
         "",
-        f"Written by `bench/maxtext_logits.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
-        f"(MaxText {versions[0] if versions else '?'}, transformers {versions[1] if len(versions) > 1 else '?'}, CPU).",
+        f"Written by `python -m bench logits` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"(MaxText {versions[0]}, transformers {versions[1]}, CPU).",
         "Each row: a tiny random model made by transformers' own class (weights rounded to bf16), its float32 logits "
         "on 12 tokens; `ckptconv convert --dtype float32 --devices 1`; MaxText's `from_pretrained` with its own "
         "model config (sizes and run-time settings from the checkpoint's config.json) and one forward pass, float32. "
@@ -279,19 +271,19 @@ def write(rows: list[dict], path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "forward":
         maxtext_model, ckpt, scan, hf_dir, work = argv[1], argv[2], argv[3] == "True", argv[4], argv[5]
         print(json.dumps(run_forward(maxtext_model, ckpt, scan, hf_dir, work)), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
-    parser.add_argument("--out", default=str(BENCH / "LOGITS.md"))
+    parser.add_argument("--out", default=str(DOCS / "LOGITS.md"))
     parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
     parser.add_argument("--devices", default=DEVICES, help="ckptconv convert --devices (MaxText restores onto 1)")
     args = parser.parse_args(argv)
-    if not MT_PYTHON.exists():
-        parser.error(f"no MaxText venv at {MT_PYTHON}: run bash bench/maxtext_env.sh or set MAXTEXT_PYTHON")
+    steps.require_maxtext(parser)
     wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []

@@ -1,7 +1,7 @@
 """MaxText's forward pass on ckptconv's Qwen3-VL ``--multimodal`` checkpoint, on text around one image, against
 transformers' logits (float32, tolerance 1e-4).
 
-    .venv/bin/python bench/qwen3_vl_image.py [--family qwen3_vl|qwen3_vl_moe|qwen3_5_moe|qwen3_omni_moe] [--scan]
+    .venv/bin/python -m bench qwen3-vl-image [--family qwen3_vl|qwen3_vl_moe|qwen3_5_moe|qwen3_omni_moe] [--scan]
                                              [--keep]
 
 ``--family qwen3_vl_moe``: the same, with a MoE decoder (4 experts of width 48) by
@@ -10,7 +10,7 @@ transformers' logits (float32, tolerance 1e-4).
 Qwen3.5-35B-A3B (8 hybrid layers, hidden 64, 4 experts; the release's vocabulary of 248320, its vision tokens
 248053 / 248054 / 248056) with a 2-block tower without deepstack, by ``Qwen3_5MoeForConditionalGeneration``,
 stored as the hub ships it; MaxText's ``qwen3.5-35b-a3b``; ``--scan``: both conversions scanned (MaxText runs
-this vision path scanned too). ``--family qwen3_omni_moe``: Qwen3-Omni's thinker (bench/vision.py's tiny model, 3
+this vision path scanned too). ``--family qwen3_omni_moe``: Qwen3-Omni's thinker (``python -m bench vision``'s tiny model, 3
 MoE decoder layers, the same 2-block tower, a 2-layer audio tower, the release's vocabulary and token ids) by
 ``Qwen3OmniMoeForConditionalGeneration`` (its thinker's logits), saved as the release lays it out (bench/hf_tiny.py);
 MaxText's ``qwen3-omni-30b-a3b`` (audio on, as its config has it), unscanned (deepstack); a third input, text around
@@ -49,11 +49,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench.steps import BENCH, MT_ENV, MT_PYTHON, REPO, run  # noqa: E402
+
 WORK = BENCH / "work" / "qwen3-vl-image"  # qwen3_vl; the others: qwen3-vl-image-<family>[-scan]
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
-MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 TOLERANCE = 1e-4
 # family -> (transformers class, MaxText model, (<|vision_start|>, <|vision_end|>, <|image_pad|>): MaxText's
 # QwenTokens for the model, and the releases')
@@ -92,7 +91,7 @@ def inputs(family: str) -> dict:
 def config(family: str = "qwen3_vl") -> dict:
     from ckptconv.commands import synth
 
-    if family == "qwen3_omni_moe":  # bench/vision.py's tiny thinker, 3 layers, the release's vocabulary and ids
+    if family == "qwen3_omni_moe":  # ``python -m bench vision``'s tiny thinker, 3 layers, the release's vocabulary and ids
         sys.path.insert(0, str(BENCH))
         from vision import QWEN3_OMNI_AUDIO, QWEN3_VL_VISION
 
@@ -130,7 +129,7 @@ def maxtext_sizes(cfg: dict, scan: bool) -> list[str]:
     if cfg["model_type"] == "qwen3_omni_moe":
         return qwen3_omni_sizes(cfg) + [f"n_window_for_audio={cfg['thinker_config']['audio_config'].get('n_window', 50)}"]
     text, vision = cfg["text_config"], cfg["vision_config"]
-    if cfg["model_type"] == "qwen3_5_moe":  # bench/maxtext_hybrid.py's decoder sizes, and the tower's
+    if cfg["model_type"] == "qwen3_5_moe":  # ``python -m bench hybrid``'s decoder sizes, and the tower's
         from maxtext_hybrid import overrides
 
         values = overrides(cfg, scan) | {
@@ -355,7 +354,7 @@ def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
         "enable_dropout": False, "use_mrope": "true", "normalization_layer_epsilon": text["rms_norm_eps"],
         "logits_via_embedding": "false", "dtype_mm": "float32", "sparse_matmul": False, "capacity_factor": -1,
     }
-    if "rope_theta" in text:  # Qwen3.5: in rope_parameters (bench/maxtext_hybrid.py's overrides)
+    if "rope_theta" in text:  # Qwen3.5: in rope_parameters (``python -m bench hybrid``'s overrides)
         overrides["rope_max_timescale"] = text["rope_theta"]
     settings = [f"{k}={v}" for k, v in overrides.items()] + maxtext_sizes(cfg, scan == "true")
     base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
@@ -385,12 +384,6 @@ def forward(ckpt: str, hf_dir: str, work: str, scan: str = "false") -> dict:
 
 
 # --- in ckptconv's venv ----------------------------------------------------------------------
-
-def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={**os.environ, **(env or {})})
-    log.write_text(result.stdout + result.stderr)
-    return result
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv

@@ -1,13 +1,14 @@
 """Restore cost of a converted checkpoint on the TPU host: ckptconv's output against MaxText 0.2.5's (issue 27).
 
-    nice -n 10 .venv/bin/python bench/restore.py [--layers 28] [--repeats 3] [--devices 16,1] [--locations local,gcs]
-    nice -n 10 .venv/bin/python bench/restore.py --prepare-only --shape 8b --layers 8   # inputs for restore_ab.py
+    nice -n 10 .venv/bin/python -m bench restore [--layers 28] [--repeats 3] [--devices 16,1] [--locations local,gcs]
+    nice -n 10 .venv/bin/python -m bench restore --prepare-only --shape 8b --layers 8   # inputs for --checkpoints
+    nice -n 10 .venv/bin/python -m bench restore --checkpoints NAME=DIR [NAME=DIR ...] [--shard-of 16] [--latency-ms 20]
 
 What one run does (everything under the git-ignored bench/work/restore/):
 1. synthesises a Qwen3-0.6B-shaped random bf16 checkpoint (``ckptconv.commands.synth``; ``--layers`` makes it
    shallower for a smoke run) unless it is there;
 2. converts it once with ``python -m ckptconv convert SRC DST --devices 16`` and once with MaxText 0.2.5's
-   ``to_maxtext`` (its venv, lazy loading, 16 simulated devices, scan_layers=true, as bench/compare_maxtext.py
+   ``to_maxtext`` (its venv, lazy loading, 16 simulated devices, scan_layers=true, as ``python -m bench speed``
    runs it); both outputs are kept and reused by later runs (``--fresh`` redoes them);
 3. starts the real fake-gcs-server (memory backend) behind a tiny counting HTTP proxy (its own process, started
    by this script: the server's own request log gives 0 as the size of every download), and uploads both
@@ -18,7 +19,14 @@ What one run does (everything under the git-ignored bench/work/restore/):
    own stored sharding spec, so each device reads its own shard as a TPU host would; it prints the restore
    call's wall time, its VmHWM and the number of stored chunks; for gs:// it brackets the restore with two
    marker requests, so the proxy's log gives the requests and bytes of the restore alone;
-5. writes bench/RESTORE.md (medians) and bench/work/restore/results.json (every run).
+5. writes docs/bench/RESTORE.md (medians) and bench/work/restore/results.json (every run).
+
+``--checkpoints NAME=DIR ...``: given checkpoints (each DIR holding ``0/items``, e.g. the ones kept under
+bench/work/restore/ckpt/) restored from gs:// in alternation, after one uncounted warm-up each; besides the figures
+above it splits the requests into data-file reads (``.../d/<file>`` objects: the layout's part) and the rest
+(metadata, listings, existence probes: about the same for any checkpoint). ``--shard-of N``: instead of restores,
+one host's reads (device 0's shard of every leaf of a checkpoint written for N devices). Prints a summary table and
+writes every run to bench/work/restore/ab-<time>.json.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ WORK = BENCH / "work" / "restore"
 GIB = 1024**3
 MIB = 1024**2
 MARK = "/__restore_bench_mark__/"
-KEEP = "<!-- hand-written below: kept when bench/restore.py rewrites this file -->"
+KEEP = "<!-- hand-written below: kept when `python -m bench restore` rewrites this file -->"
 CHECKPOINTS = ("ckptconv", "maxtext")
 DYNAMIC = "hf-safetensors_dynamic"  # MaxText 0.2.5 loading the HF files at start-up, no conversion
 
@@ -402,8 +410,7 @@ def ensure_input(layers: int, shape: str = "0.6b") -> Path:
 
 def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool, shape: str = "0.6b") -> tuple[Path, dict]:
     """Convert once with ``tool`` (kept and reused across runs unless ``fresh``): (checkpoint, facts)."""
-    from bench.compare_maxtext import ckptconv_cmd, maxtext_cmd
-    from bench.driver import error_line, run
+    from bench.steps import ckptconv_cmd, error_line, maxtext_cmd, run
 
     _, model_name, release_layers, _, prefix = SHAPES[shape]
     dst = WORK / "ckpt" / f"{tool}-{prefix}{layers}l"
@@ -439,7 +446,7 @@ def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: d
                  shard_of: int | None = None) -> dict:
     """One restore in a fresh child; ``dynamic`` ({ctx, config_dir, template, layers}): MaxText's
     ``safetensors_dynamic`` load of the HF files at ``path`` instead of an Orbax restore."""
-    from bench.driver import error_line, last_json, run
+    from bench.steps import error_line, last_json, run
 
     env = {**(dynamic["ctx"]["mt_env"] if dynamic else {}), "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "PYTHONUNBUFFERED": "1",
@@ -473,6 +480,68 @@ def restore_once(name: str, path: str, devices: int, gcs: Gcs | None, dynamic: d
     return row
 
 
+def data_reads(log: Path, start: int) -> list[str]:
+    """The data-file reads between the restore marks after byte ``start`` of the proxy log (object and range)."""
+    lines = log.read_text()[start:].splitlines()
+    try:
+        lines = lines[lines.index("MARK begin-restore") + 1: lines.index("MARK end-restore")]
+    except ValueError:
+        return []
+    return [line.split(" ", 5)[5] for line in lines if line.startswith("REQ ") and "%2Fd%2F" in line]
+
+
+def given(args, argv: list[str] | None) -> int:
+    """``--checkpoints``: the given checkpoints restored from gs:// in alternation, their requests counted."""
+    named = dict(item.split("=", 1) for item in args.checkpoints)
+    devices = [1] if args.shard_of else [int(d) for d in args.devices.split(",")]
+    (WORK / "logs").mkdir(parents=True, exist_ok=True)
+    results = {"command": "nice -n 10 .venv/bin/python -m bench restore " + " ".join(argv or sys.argv[1:]),
+               "started_at": _now(), "latency_ms": args.latency_ms, "shard_of": args.shard_of, "runs": []}
+    root = WORK / "gcs-root" if args.on_disk else None
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+    gcs = Gcs(WORK / "logs", args.latency_ms, root)
+    try:
+        uris = {name: gcs.upload_tree(Path(directory) / "0" / "items", "restore-ab", f"{name}/0/items")
+                for name, directory in named.items()}
+        for name, uri in uris.items():
+            restore_once(f"ab-{name}-warmup", uri, max(devices), gcs, shard_of=args.shard_of)
+        for index in range(args.repeats):
+            for n in devices:
+                for name, uri in uris.items():
+                    start = gcs.proxy_log.stat().st_size
+                    row = restore_once(f"ab-{name}-{n}dev-{index}", uri, n, gcs, shard_of=args.shard_of)
+                    reads = data_reads(gcs.proxy_log, start)
+                    results["runs"].append({"checkpoint": name, "devices": n, "index": index, **row,
+                                            "data_reads": len(reads), "data_files_read": len({r.split()[0] for r in reads})})
+    finally:
+        gcs.stop()
+        if root:
+            shutil.rmtree(root, ignore_errors=True)
+        results["finished_at"] = _now()
+        out = WORK / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"\n{results['command']}  (latency {args.latency_ms:g} ms per request; medians over {args.repeats} rounds"
+          + (f"; device 0's shard of {args.shard_of} read by one host" if args.shard_of else "") + ")")
+    print("| checkpoint | devices | requests (each run) | data-file reads (each run) | restore wall median (s) | walls (s) | peak RSS median (GiB) |")
+    print("|---|---|---|---|---|---|---|")
+    for n in devices:
+        for name in named:
+            runs = [r for r in results["runs"] if (r["checkpoint"], r["devices"]) == (name, n) and not r["returncode"]]
+            if not runs:
+                continue
+            reqs = [r["server"].get("requests", 0) for r in runs]
+            walls = [r["restore_seconds"] for r in runs]
+            print(f"| {name} | {n} | {statistics.median(reqs):.0f} ({', '.join(map(str, reqs))}) | "
+                  f"{statistics.median(r['data_reads'] for r in runs):.0f} ({', '.join(str(r['data_reads']) for r in runs)}) | "
+                  f"{statistics.median(walls):.2f} | {', '.join(f'{w:.2f}' for w in walls)} | "
+                  f"{statistics.median(r['peak_rss_bytes'] for r in runs) / GIB:.2f} |")
+    print(f"runs: {out}")
+    return 0
+
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=28, help="decoder layers of the Qwen3-0.6B shape (28; 2 for a smoke run)")
@@ -480,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default="16,1")
     parser.add_argument("--locations", default="local,gcs")
     parser.add_argument("--fresh", action="store_true", help="convert again even if the outputs are there")
-    parser.add_argument("--results", default=str(BENCH / "RESTORE.md"))
+    parser.add_argument("--results", default=str(REPO / "docs" / "bench" / "RESTORE.md"))
     parser.add_argument("--dynamic", action="store_true",
                         help="also MaxText's safetensors_dynamic load of the HF files, third in each alternation")
     parser.add_argument("--latency-ms", type=float, default=0.0,
@@ -491,15 +560,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --prepare-only: 8b is Llama-3-8B's widths (--layers of its 32)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="only synthesise the input and convert it with both tools (kept under bench/work/restore/"
-                             "ckpt/), e.g. for bench/restore_ab.py --shard-of 16, which reads one host's shard only")
+                             "ckpt/), e.g. for --checkpoints ... --shard-of 16, which reads one host's shard only")
+    parser.add_argument("--checkpoints", nargs="+", metavar="NAME=DIR",
+                        help="restore these checkpoints (DIR holding 0/items) from gs:// in alternation instead")
+    parser.add_argument("--shard-of", type=int, default=0,
+                        help="with --checkpoints: instead of restores, one host's reads: device 0's shard of every "
+                             "leaf of a checkpoint written for this many devices (the _shard child; --devices ignored)")
+    parser.add_argument("--on-disk", action="store_true",
+                        help="with --checkpoints: the server keeps the objects under bench/work/restore/gcs-root "
+                             "(GBs of checkpoints)")
     args = parser.parse_args(argv)
+    if args.checkpoints:
+        return given(args, argv)
     sys.path.insert(0, str(REPO))
     devices = [int(d) for d in args.devices.split(",")]
     locations = [x.strip() for x in args.locations.split(",")]
     if args.report_only:
         write_results(json.loads((WORK / "results.json").read_text()), Path(args.results), devices, locations)
         return 0
-    from bench.compare_maxtext import ckptconv_versions, machine_facts, setup_maxtext
+    from bench.measure import ckptconv_versions, machine_facts
+    from bench.steps import setup_maxtext
 
     if args.prepare_only:
         src, ctx = ensure_input(args.layers, args.shape), setup_maxtext()
@@ -510,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
 
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(exist_ok=True)
-    results = {"command": "nice -n 10 .venv/bin/python bench/restore.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    results = {"command": "nice -n 10 .venv/bin/python -m bench restore " + " ".join(argv if argv is not None else sys.argv[1:]),
                "started_at": _now(), "load_start": [round(x, 2) for x in os.getloadavg()], "machine": machine_facts(),
                "ckptconv_versions": ckptconv_versions(), "layers": args.layers, "runs": [], "warmup": []}
     src = ensure_input(args.layers)
@@ -587,7 +667,7 @@ def write_results(results: dict, path: Path, devices: list[int], locations: list
     conv = results["conversions"]
     first_ok = next((r for r in results["runs"] if r.get("versions")), {})
     lines = ["# Restore: ckptconv's checkpoint against MaxText 0.2.5's (issue 27)", "",
-             f"Written by `bench/restore.py` ({results['started_at']} to {results['finished_at']} UTC). Command:", "",
+             f"Written by `python -m bench restore` ({results['started_at']} to {results['finished_at']} UTC). Command:", "",
              f"    {results['command']}", "",
              f"Model: a Qwen3-0.6B-shaped random bf16 checkpoint ({results['layers']} layers, `ckptconv.commands.synth`), "
              "converted once by each tool for 16 devices and reused by every restore:", ""]

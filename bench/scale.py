@@ -1,6 +1,6 @@
 """Scale up and out on this machine: 1 vs 2 cores, and one conversion split into N partitions.
 
-Writes ``bench/SCALE.md`` (and ``bench/work/scale.json``). Every run is a fresh
+Writes ``docs/bench/SCALE.md`` (``SCALE-8b.md`` for the 8B shape; raw runs in ``bench/work/scale/scale.json``). Every run is a fresh
 ``python -m ckptconv`` process, timed from outside (start-up included); the peak RSS is each
 process's own (its report's VmHWM).
 
@@ -9,7 +9,8 @@ process's own (its report's VmHWM).
   (as N workers sharing the destination would), then ``--finalize N``; the wall is the partitions'
   (the slowest one) plus the finalize.
 
-    .venv/bin/python bench/scale.py [--shape 0.6b] [--repeats 2]
+    .venv/bin/python -m bench scale [--shape 0.6b] [--repeats 2]
+    .venv/bin/python -m bench scale --shape 8b --src bench/work/inputs/llama3-8b --cores-only
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-WORK = ROOT / "bench" / "work" / "scale"
-sys.path.insert(0, str(ROOT))
+from bench.steps import DOCS, REPO as ROOT, WORK as BENCH_WORK
+
+WORK = BENCH_WORK / "scale"
 
 
 def shapes():
@@ -71,14 +72,15 @@ def partitioned(src: Path, dst: Path, count: int, devices: int) -> tuple[float, 
     return time.perf_counter() - start, reports, final
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="0.6b", choices=sorted(shapes()))
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--src", help="an existing checkpoint of the shape (e.g. bench/work/inputs/llama3-8b)")
     parser.add_argument("--cores-only", action="store_true", help="skip the partition runs")
-    opts = parser.parse_args()
+    parser.add_argument("--out", help="the page (default: docs/bench/SCALE.md, SCALE-<shape>.md but for 0.6b)")
+    opts = parser.parse_args(argv)
     from ckptconv.commands import synth
 
     WORK.mkdir(parents=True, exist_ok=True)
@@ -108,7 +110,7 @@ def main() -> int:
     medians = {label: statistics.median(r["wall"] for r in runs) for label, runs in results.items()}
     (WORK / "scale.json").write_text(json.dumps(results, indent=2))
     out = [f"# Scaling on this machine ({opts.shape} shape, {opts.devices} devices)", "",
-           f"`bench/scale.py --shape {opts.shape}` on {started}, {os.cpu_count()} CPUs, "
+           f"`python -m bench scale --shape {opts.shape}` on {started}, {os.cpu_count()} CPUs, "
            f"load at end {os.getloadavg()[0]:.2f}. Walls are medians of {opts.repeats} runs, from outside "
            "(process start-up included); peak RSS is the largest process's own VmHWM.", "",
            "| run | median wall (s) | walls (s) | peak RSS (MiB) |", "|---|---|---|---|"]
@@ -120,7 +122,7 @@ def main() -> int:
         out.append("- partitions vs one process (2 cores): " + ", ".join(
             f"N={n}: {medians['2 cores'] / medians[f'{n} partition(s) + finalize']:.2f}x" for n in (1, 2, 4)))
     name = "SCALE.md" if opts.shape == "0.6b" else f"SCALE-{opts.shape}.md"
-    (ROOT / "bench" / name).write_text("\n".join(out + [""]))
+    (Path(opts.out) if opts.out else DOCS / name).write_text("\n".join(out + [""]))
     print("\n".join(out))
     return 0
 

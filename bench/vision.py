@@ -1,7 +1,7 @@
 """Vision towers (``convert --multimodal``) against MaxText 0.2.5 with ``use_multimodal=true``; writes
-``bench/VISION.md``.
+``docs/bench/VISION.md``.
 
-    .venv/bin/python bench/vision.py [--only gemma3,qwen3_vl,qwen3_vl_moe,qwen3_5_moe,gemma4_31b,gemma4_26b,
+    .venv/bin/python -m bench vision [--only gemma3,qwen3_vl,qwen3_vl_moe,qwen3_5_moe,gemma4_31b,gemma4_26b,
                                              qwen3_omni,memory,memory-qwen3_5_moe,memory_gemma4,omni_memory]
                                      [--keep] [--no-logits] [--out PATH]
 
@@ -47,12 +47,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, REPO, run  # noqa: E402
+
 WORK = BENCH / "work" / "vision"
-MT_PYTHON = Path(os.environ.get("MAXTEXT_PYTHON", BENCH / ".maxtext-venv" / "bin" / "python"))
 TOLERANCE = 1e-4
-MT_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 PLACEHOLDER = 262144  # MaxText's GEMMA_TOKEN_PLACEHOLDER, and transformers' default image_token_index
 # hidden 64: sqrt(64) = 8 is exact in bfloat16. MaxText's converter (and ckptconv, as MaxText) store the embedding
@@ -79,7 +78,7 @@ CASES = [("gemma3-vision", "gemma3", True, 16), ("gemma3-vision-noscan-1dev", "g
          ("gemma4-26b-vision", "gemma4_26b", True, 16), ("gemma4-26b-vision-noscan-1dev", "gemma4_26b", False, 1),
          ("qwen3-omni-towers-noscan", "qwen3_omni", False, 16),
          ("qwen3-omni-towers-noscan-1dev", "qwen3_omni", False, 1)]
-# Gemma 4: bench/compare_families.py's 31B (dense, hidden 48) and 26B-A4B (MoE, hidden 80) tiny models, 12 layers,
+# Gemma 4: ``python -m bench families``'s 31B (dense, hidden 48) and 26B-A4B (MoE, hidden 80) tiny models, 12 layers,
 # made by transformers' Gemma4ForConditionalGeneration with the synthetic config's tower: 2 layers, hidden 32, 2 heads
 # of 16, MLP 64, patch 4, 64 positions per axis, standardize (std_scale / std_bias random, as bench/hf_tiny.py sets)
 GEMMA4 = {"gemma4_31b": ("GEMMA4_31B", "gemma4-31b"), "gemma4_26b": ("GEMMA4_26B", "gemma4-26b")}
@@ -259,7 +258,7 @@ def qwen3_vl_sizes(config: dict) -> list[str]:
 
 
 def qwen3_5_sizes(config: dict, scan: bool) -> list[str]:
-    """MaxText's qwen3.5-35b-a3b given the checkpoint's sizes (bench/compare_families.py's) and its tower's,
+    """MaxText's qwen3.5-35b-a3b given the checkpoint's sizes (``python -m bench families``'s) and its tower's,
     use_multimodal=true (no deepstack: MaxText runs it scanned too)."""
     sys.path.insert(0, str(REPO))
     from bench.compare_families import Case, overrides
@@ -425,13 +424,6 @@ def omni_towers(ckpt: str, hf_dir: str, work: str) -> dict:
 
 
 # --- in ckptconv's venv ----------------------------------------------------------------------
-
-def run(cmd: list, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
-    log.write_text(result.stdout + result.stderr)
-    return result
-
 
 def last_line(result: subprocess.CompletedProcess) -> str:
     lines = (result.stderr or result.stdout).strip().splitlines()
@@ -810,11 +802,11 @@ def sections_by_hand(path: Path) -> dict:
 
 
 def write(results: dict, path: Path) -> None:
-    by_hand = sections_by_hand(path if path.exists() else BENCH / "VISION.md")  # --out elsewhere: the repo's
+    by_hand = sections_by_hand(path if path.exists() else DOCS / "VISION.md")  # --out elsewhere: the repo's
     lines = [
         "# Vision encoders: ckptconv `--multimodal` vs MaxText 0.2.5 `use_multimodal=true`",
         "",
-        f"Written by `bench/vision.py` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+        f"Written by `python -m bench vision` on {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
         f"(families run then: {', '.join(sorted(results.get('_ran', [])))}; others kept from earlier runs).",
         "Each checkpoint: tiny, random, made by transformers' own class, weights rounded to bfloat16; converted by "
         "`ckptconv convert --multimodal` and by MaxText's `to_maxtext` with `use_multimodal=true` (eager loader), "
@@ -874,7 +866,7 @@ def write(results: dict, path: Path) -> None:
             f"{'something' if refused.get('written') else 'nothing'} written, one line:", "",
             f"    {refused.get('stderr', '')}", "",
             "MaxText's forward pass with an image on Qwen3-VL (mRoPE positions from the image grid, deepstack "
-            "injection): bench/qwen3_vl_image.py, its section below.", ""]
+            "injection): ``python -m bench qwen3-vl-image``, its section below.", ""]
     lines += by_hand.pop(QWEN3_VL_IMAGE, [])
     moe = results.get("qwen3_vl_moe")
     if moe:
@@ -916,7 +908,7 @@ def write(results: dict, path: Path) -> None:
     if gemma4_rows:
         lines += [
             "## Gemma 4 (26B-A4B, 31B): vision tower + projector", "",
-            "bench/compare_families.py's tiny 31B (dense, hidden 48) and 26B-A4B (4 experts, hidden 80), 12 decoder "
+            "``python -m bench families``'s tiny 31B (dense, hidden 48) and 26B-A4B (4 experts, hidden 80), 12 decoder "
             "layers, made by transformers' `Gemma4ForConditionalGeneration` (`bench/hf_tiny.py`; what "
             "`save_pretrained` writes: `model.language_model.*`, `model.vision_tower.*`, `model.embed_vision.*`) "
             "with the releases' `config.json` form; tower: 2 layers, hidden 32, 2 heads of 16 (as many KV heads), "
@@ -931,7 +923,7 @@ def write(results: dict, path: Path) -> None:
             if not logits:
                 continue
             lines += [f"### MaxText's forward pass on ckptconv's checkpoint ({GEMMA4[family][1]})", "",
-                      "bench/maxtext_logits.py's tiny Gemma 4 (hidden 64, 12 layers, sliding window 5"
+                      "``python -m bench logits``'s tiny Gemma 4 (hidden 64, 12 layers, sliding window 5"
                       f"{'' if family == 'gemma4_31b' else '; 4 experts of 32 beside the dense MLP'}) with the tower "
                       "above, made by transformers' class; ckptconv `--multimodal --dtype float32 --devices 1` "
                       "(scanned); MaxText 0.2.5's `from_pretrained` (`use_multimodal=true`, `vision_output_length` "
@@ -1065,7 +1057,7 @@ def main(argv: list[str] | None = None) -> int:
                         "); the others kept from results.json")
     parser.add_argument("--keep", action="store_true", help="keep the work files")
     parser.add_argument("--no-logits", action="store_true", help="skip MaxText's forward pass")
-    parser.add_argument("--out", default=str(BENCH / "VISION.md"))
+    parser.add_argument("--out", default=str(DOCS / "VISION.md"))
     args = parser.parse_args(argv)
     unknown = [name for name in args.only.split(",") if name not in (*FAMILIES, *MEMORY, "omni_memory")]
     if unknown:
