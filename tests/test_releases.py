@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import struct
 from pathlib import Path
 
@@ -29,8 +30,32 @@ SHARD_BYTES = 5 * 10**9  # where a listing names no files: the hub's usual shard
 
 
 def load(name: str) -> dict:
+    """A fixture, its ``rows`` (a report's name patterns) expanded into ``tensors``."""
     with gzip.open(FIXTURES / f"{name}.json.gz", "rt") as f:
-        return json.load(f)
+        fixture = json.load(f)
+    fixture["tensors"].update(expand_rows(fixture.get("rows", ())))
+    return fixture
+
+
+def expand_rows(rows) -> dict[str, list]:
+    """A report's rows, ``layers.1-60.mlp.experts.0-383.down_proj.weight_packed`` (index ranges, ``a-b`` or
+    ``a-b,c-d``, in any dot-separated part), as one name per index combination -> [dtype, shape]."""
+    tensors: dict[str, list] = {}
+    for pattern, dtype, shape in rows:
+        names = [""]
+        for part in pattern.split("."):
+            choices = _indices(part) if re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", part) else [part]
+            names = [f"{n}.{c}" if n else c for n in names for c in choices]
+        tensors.update({name: [dtype, shape] for name in names})
+    return tensors
+
+
+def _indices(part: str) -> list[str]:
+    out = []
+    for span in part.split(","):
+        lo, _, hi = span.partition("-")
+        out += [str(i) for i in range(int(lo), int(hi or lo) + 1)]
+    return out
 
 
 def write_release(fixture: dict, directory: Path) -> None:
@@ -91,6 +116,7 @@ EXPECTED: dict[str, dict[str, int]] = {
                        "keys and values of a KV-shared layer": 60},
     "gpt-oss-20b": {},
     "Qwen3-0.6B": {"tied embeddings": 1},  # the release stores lm_head.weight beside tie_word_embeddings: true
+    "Kimi-K2.5": {"multimodal projector": 6, "vision tower": 329},
 }
 
 
@@ -213,3 +239,20 @@ def test_kimi_k25_differing_quantization_configs_are_refused_naming_both(field, 
     with pytest.raises(BadInputError, match="quantization_config in both config.json and its text_config") as err:
         read_spec(BY_MODEL_TYPE["kimi_k25"], config, "config.json")
     assert shown in str(err.value) and "which one holds is unclear" in str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("add_cross_attention", True), ("pruned_heads", {"0": [1]}),
+                                          ("tie_encoder_decoder", True), ("is_decoder", True)])
+def test_transformers_generic_settings_that_change_weights_are_refused_unless_inert(field, value):
+    """Kimi-K2.5's text_config as transformers prints it holds PretrainedConfig's generic settings: at their inert
+    defaults they read as bookkeeping (the release plans above); a value that would add or remove weights is
+    refused, naming the field."""
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    config = load("Kimi-K2.5")["config"]
+    assert config["text_config"][field] in ({}, False)
+    config["text_config"][field] = value
+    with pytest.raises(BadInputError, match=f"text_config: field '{field}' = .* is not supported"):
+        read_spec(BY_MODEL_TYPE["kimi_k25"], config, "config.json")

@@ -33,6 +33,26 @@ BOOKKEEPING_FIELDS = frozenset(
         "auto_map",
     }
 )
+# transformers' PretrainedConfig writes its generic settings into every config it saves (a nested ``text_config``
+# saved by an older transformers, or printed by a newer one, holds them all: Kimi-K2.5's). Generation defaults,
+# naming and framework switches change no weight.
+BOOKKEEPING_FIELDS |= frozenset(
+    {
+        "torchscript", "use_bfloat16", "tf_legacy_loss", "finetuning_task", "prefix", "sep_token_id",
+        "decoder_start_token_id", "task_specific_params", "max_length", "min_length", "do_sample", "early_stopping",
+        "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+        "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+        "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+        "begin_suppress_tokens",
+    }
+)
+# The generic settings that would change the weights (cross-attention layers, pruned heads, a tied encoder) are
+# accepted only at the inert value transformers writes by default; any other value is refused by name.
+INERT_DEFAULTS: dict[str, tuple] = {
+    "add_cross_attention": (False,), "cross_attention_hidden_size": (None,), "tie_encoder_decoder": (False,),
+    "pruned_heads": ({},), "is_decoder": (False,),
+}
 # No size or count in a checkpoint exceeds what a 64-bit signed index can address.
 MAX_INT = 2**63 - 1
 
@@ -159,6 +179,9 @@ class ConfigReader:
         raise BadInputError(f"{self.where}: {message}")
 
     def unread(self) -> list[str]:
+        """Fields nobody read; transformers' generic settings at their inert defaults are read here."""
+        for name in sorted(set(self.config) & INERT_DEFAULTS.keys() - self.read):
+            self.require(name, INERT_DEFAULTS[name], INERT_DEFAULTS[name][0])
         return sorted(set(self.config) - self.read - BOOKKEEPING_FIELDS)
 
     def check_all_read(self) -> None:
