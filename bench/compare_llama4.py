@@ -22,7 +22,6 @@ import argparse
 import json
 import shutil
 import sys
-from pathlib import Path
 
 from bench.steps import BENCH, error_line, run, setup_maxtext
 from ckptconv.commands import synth

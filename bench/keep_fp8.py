@@ -26,7 +26,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import steps
 from bench.measure import convert, plan_of
 from bench.steps import BENCH, DOCS, OFFLINE_ENV, setup_maxtext
 from bench.widths import at_widths

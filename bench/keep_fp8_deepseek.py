@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench import forward  # noqa: E402
 from bench.measure import plan_of  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_PYTHON, REPO  # noqa: E402
 
@@ -68,40 +69,22 @@ def case_name(family: str, scan: bool) -> str:
 # --- in MaxText's venv -----------------------------------------------------------------------
 
 def maxtext_config(family: str, config: dict, scan: bool, work: str, ckpt: str = ""):
-    import maxtext
-    from maxtext.configs import pyconfig
-
-    overrides = {
-        "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
-        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "keepfp8",
-        **({"load_parameters_path": ckpt} if ckpt else {}), "scan_layers": scan, "attention": "dot_product",
-        "dtype": "float32",
-        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
-        "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
-        "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False,
-        "base_emb_dim": config["hidden_size"], "base_num_query_heads": config["num_attention_heads"],
-        "base_num_kv_heads": config["num_key_value_heads"], "base_mlp_dim": config["intermediate_size"],
-        "base_moe_mlp_dim": config["moe_intermediate_size"], "base_num_decoder_layers": config["num_hidden_layers"],
-        "first_num_dense_layers": config["first_k_dense_replace"], "vocab_size": config["vocab_size"],
-        "num_experts": config["n_routed_experts"], "num_experts_per_tok": config["num_experts_per_tok"],
-        "shared_experts": config["n_shared_experts"], "q_lora_rank": config["q_lora_rank"],
-        "kv_lora_rank": config["kv_lora_rank"], "qk_nope_head_dim": config["qk_nope_head_dim"],
-        "qk_rope_head_dim": config["qk_rope_head_dim"], "v_head_dim": config["v_head_dim"],
-    }
-    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    return pyconfig.initialize(["keepfp8", base, *(f"{k}={v}" for k, v in overrides.items())])
+    sizes = {"base_emb_dim": config["hidden_size"], "base_num_query_heads": config["num_attention_heads"],
+             "base_num_kv_heads": config["num_key_value_heads"], "base_mlp_dim": config["intermediate_size"],
+             "base_moe_mlp_dim": config["moe_intermediate_size"], "base_num_decoder_layers": config["num_hidden_layers"],
+             "first_num_dense_layers": config["first_k_dense_replace"], "vocab_size": config["vocab_size"],
+             "num_experts": config["n_routed_experts"], "num_experts_per_tok": config["num_experts_per_tok"],
+             "shared_experts": config["n_shared_experts"], "q_lora_rank": config["q_lora_rank"],
+             "kv_lora_rank": config["kv_lora_rank"], "qk_nope_head_dim": config["qk_nope_head_dim"],
+             "qk_rope_head_dim": config["qk_rope_head_dim"], "v_head_dim": config["v_head_dim"]}
+    return forward.config(forward.settings(FAMILIES[family]["maxtext_model"], work, "keepfp8", len(TOKENS), scan, ckpt,
+                                           **forward.EXACT_MOE, **sizes), "keepfp8")
 
 
 def _logits(model, hf_dir: str) -> dict:
-    import jax.numpy as jnp
     import numpy as np
 
-    tokens = jnp.asarray([TOKENS], jnp.int32)
-    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
-    logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
-    hf = np.load(Path(hf_dir) / "hf_logits.npy")
-    diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
-    return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}
+    return forward.against(forward.logits(model, TOKENS), np.load(Path(hf_dir) / "hf_logits.npy"), TOLERANCE)
 
 
 def run_load_params(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:

@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
-from bench import steps  # noqa: E402
+from bench import forward, steps  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_PYTHON, error_line, last_json, run  # noqa: E402
 
 WORK = BENCH / "work" / "hybrid"
@@ -90,27 +88,16 @@ def overrides(config: dict, scan: bool, **extra) -> dict:
 
 # --- in MaxText's venv -----------------------------------------------------------------------
 
-def forward(model_name: str, ckpt: str, settings: str, hf_logits: str, work: str) -> dict:
-    import jax.numpy as jnp
-    import maxtext
+def forward_pass(model_name: str, ckpt: str, settings: str, hf_logits: str, work: str) -> dict:
     import numpy as np
-    from maxtext.configs import pyconfig
     from maxtext.utils import model_creation_utils
 
-    values = {"model_name": model_name, "override_model_config": True, "hardware": "cpu",
-              "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "hybrid",
-              "load_parameters_path": ckpt, "attention": "dot_product", "dtype": "float32", "weight_dtype": "float32",
-              "matmul_precision": "highest", "per_device_batch_size": 1, "max_target_length": len(TOKENS),
-              "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False, "sparse_matmul": False,
-              "capacity_factor": -1, "enable_dropout": False, **json.loads(settings)}
-    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    config = pyconfig.initialize(["hybrid", base, *(f"{k}={v}" for k, v in values.items())])
+    values = json.loads(settings)
+    config = forward.config(forward.settings(model_name, work, "hybrid", len(TOKENS), values["scan_layers"], ckpt,
+                                             **forward.EXACT_MOE, **values), "hybrid")
     model, _ = model_creation_utils.from_pretrained(config)
-    tokens = jnp.asarray([TOKENS], jnp.int32)
-    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
-    logits = np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
-    hf = np.load(hf_logits)
-    return {"max_abs_logits_diff": float(np.abs(logits[:, : hf.shape[-1]] - hf).max())}
+    return {"max_abs_logits_diff": forward.against(forward.logits(model, TOKENS), np.load(hf_logits),
+                                                   TOLERANCE)["max_abs_logits_diff"]}
 
 
 # --- the driver (the project's venv: torch and transformers for the HF side) ------------------
@@ -202,23 +189,14 @@ def write(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "forward":
-        print(json.dumps(forward(*argv[1:6])), flush=True)
+        print(json.dumps(forward_pass(*argv[1:6])), flush=True)
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", default=str(DOCS / "HYBRID.md"))
     args = parser.parse_args(argv)
     steps.require_maxtext(parser)
-    wanted = set(args.only.split(",")) if args.only else None
-    rows = []
-    for case in CASES:
-        if wanted and case.name not in wanted:
-            continue
-        row = run_case(case)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "results.json").write_text(json.dumps(rows, indent=2))
+    rows = steps.run_cases(CASES, args.only, run_case, WORK / "results.json")
     write(rows, Path(args.out))
     return 0 if all(verdict(r) == "**ok**" for r in rows) else 1
 

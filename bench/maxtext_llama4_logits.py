@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
-from bench import steps  # noqa: E402
+from bench import forward, steps  # noqa: E402
 from bench.steps import BENCH, MT_ENV, MT_PYTHON, error_line, last_json, run  # noqa: E402
 
 WORK = BENCH / "work" / "llama4-logits"
@@ -81,37 +80,21 @@ def maxtext_overrides(config: dict) -> dict:
 # --- in MaxText's venv -----------------------------------------------------------------------
 
 def maxtext_config(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str):
-    import maxtext
     import numpy as np
-    from maxtext.configs import pyconfig
 
     config = json.loads((Path(hf_dir) / "synth-config.json").read_text())
     tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
-    overrides = {
-        "model_name": maxtext_model, "override_model_config": True, "hardware": "cpu",
-        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
-        "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
-        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
-        "max_target_length": len(tokens), "max_prefill_predict_length": len(tokens), "enable_checkpointing": False,
-        "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False, **maxtext_overrides(config),
-    }
-    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    return pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])
+    return forward.config(forward.settings(maxtext_model, work, "logits", len(tokens), scan, ckpt, **forward.EXACT_MOE,
+                                           **maxtext_overrides(config)), "logits")
 
 
 def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
-    import jax.numpy as jnp
     import numpy as np
     from maxtext.utils import model_creation_utils
 
     tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
     model, _ = model_creation_utils.from_pretrained(maxtext_config(maxtext_model, ckpt, scan, hf_dir, work))
-    ids = jnp.asarray(tokens[None], jnp.int32)
-    positions = jnp.arange(len(tokens), dtype=jnp.int32)[None]
-    logits = np.asarray(model(ids, positions, jnp.ones_like(ids), enable_dropout=False), np.float32)[0]
-    hf = np.load(Path(hf_dir) / "hf_logits.npy")
-    diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
-    return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}
+    return forward.against(forward.logits(model, tokens), np.load(Path(hf_dir) / "hf_logits.npy"), TOLERANCE)
 
 
 def run_load_params(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
@@ -195,16 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated case names: " + ", ".join(c.name for c in CASES))
     args = parser.parse_args(argv)
-    wanted = set(args.only.split(",")) if args.only else None
-    rows = []
-    for case in CASES:
-        if wanted and case.name not in wanted:
-            continue
-        row = run_case(case)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "results.json").write_text(json.dumps(rows, indent=2))
+    rows = steps.run_cases(CASES, args.only, run_case, WORK / "results.json")
     print(table(rows))
     return 0 if all(r.get("ok") and r.get("load_params_ok") for r in rows) else 1
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
 from bench.compare_deepseek_v4 import v4_overrides  # noqa: E402
+from bench.forward import EXACT_MOE, config as mt_config, logits as forward_logits, settings as mt_settings  # noqa: E402,E501
 from bench import steps  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
 
@@ -185,48 +185,26 @@ def wrap_kimi_k25(out: Path) -> None:
 
 
 def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
-    import maxtext
-    from maxtext.configs import pyconfig
-
-    common = {
-        "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
-        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "loaders",
-        **({"load_parameters_path": ckpt} if ckpt else {}), "scan_layers": scan, "dtype": "float32",
-        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
-        "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
-        "enable_dropout": False, "sparse_matmul": False, "capacity_factor": -1}
-    if FAMILIES[family].get("v4"):
-        base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-        overrides = {**common, **v4_overrides(v4_sizes(), scan)}
-        return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
+    model = FAMILIES[family]["maxtext_model"]
+    if FAMILIES[family].get("v4"):  # its overrides set the attention (dot_product) with the sizes
+        return mt_config(mt_settings(model, work, "loaders", len(TOKENS), scan, ckpt, attention=None, **EXACT_MOE,
+                                     **v4_overrides(v4_sizes(), scan)), "loaders")
     s = sizes(family)
-    overrides = {
-        "model_name": FAMILIES[family]["maxtext_model"], "override_model_config": True, "hardware": "cpu",
-        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "loaders",
-        "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
-        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
-        "max_target_length": len(TOKENS), "max_prefill_predict_length": len(TOKENS), "enable_checkpointing": False,
-        "sparse_matmul": False, "capacity_factor": -1, "enable_dropout": False,
-        "base_emb_dim": s["hidden_size"], "base_num_query_heads": s["num_attention_heads"],
-        "base_num_kv_heads": s["num_key_value_heads"], "base_mlp_dim": s["intermediate_size"],
-        "base_moe_mlp_dim": s["moe_intermediate_size"], "base_num_decoder_layers": s["num_hidden_layers"],
-        "first_num_dense_layers": s["first_k_dense_replace"], "vocab_size": s["vocab_size"],
-        "num_experts": s["n_routed_experts"], "num_experts_per_tok": s["num_experts_per_tok"],
-        "shared_experts": s["n_shared_experts"], "q_lora_rank": s["q_lora_rank"] or 0,
-        "kv_lora_rank": s["kv_lora_rank"], "qk_nope_head_dim": s["qk_nope_head_dim"],
-        "qk_rope_head_dim": s["qk_rope_head_dim"], "v_head_dim": s["v_head_dim"], **FAMILIES[family].get("maxtext", {}),
-    }
-    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    return pyconfig.initialize(["loaders", base, *(f"{k}={v}" for k, v in overrides.items())])
+    return mt_config(mt_settings(
+        model, work, "loaders", len(TOKENS), scan, ckpt, **EXACT_MOE,
+        base_emb_dim=s["hidden_size"], base_num_query_heads=s["num_attention_heads"],
+        base_num_kv_heads=s["num_key_value_heads"], base_mlp_dim=s["intermediate_size"],
+        base_moe_mlp_dim=s["moe_intermediate_size"], base_num_decoder_layers=s["num_hidden_layers"],
+        first_num_dense_layers=s["first_k_dense_replace"], vocab_size=s["vocab_size"],
+        num_experts=s["n_routed_experts"], num_experts_per_tok=s["num_experts_per_tok"],
+        shared_experts=s["n_shared_experts"], q_lora_rank=s["q_lora_rank"] or 0,
+        kv_lora_rank=s["kv_lora_rank"], qk_nope_head_dim=s["qk_nope_head_dim"],
+        qk_rope_head_dim=s["qk_rope_head_dim"], v_head_dim=s["v_head_dim"], **FAMILIES[family].get("maxtext", {})),
+        "loaders")
 
 
 def forward(model):
-    import jax.numpy as jnp
-    import numpy as np
-
-    tokens = jnp.asarray([TOKENS], jnp.int32)
-    positions = jnp.arange(len(TOKENS), dtype=jnp.int32)[None]
-    return np.asarray(model(tokens, positions, jnp.ones_like(tokens), enable_dropout=False), np.float32)[0]
+    return forward_logits(model, TOKENS)
 
 
 def run_from_pretrained(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
@@ -453,24 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="keep the other cases' rows of the last run")
     args = parser.parse_args(argv)
     steps.require_maxtext(parser)
-    wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
     # cases in neither this run nor the last run's raw rows: --merge keeps their lines of the table as they are
     kept_lines = ({k: v for k, v in kept_table_lines(Path(args.out)).items() if k not in {r["case"] for r in kept}}
                   if args.merge else {})
-    rows = []
-    for case in CASES:
-        if wanted and case.name not in wanted:
-            continue
-        row = run_case(case, args.legacy_rev)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    names = [case.name for case in CASES]
-    rows = sorted([r for r in kept if r["case"] not in {row["case"] for row in rows}] + rows,
-                  key=lambda r: names.index(r["case"]))
-    WORK.mkdir(parents=True, exist_ok=True)
-    previous.write_text(json.dumps(rows, indent=2))
+    rows = steps.run_cases(CASES, args.only, lambda case: run_case(case, args.legacy_rev), previous, kept)
     write(rows, Path(args.out), args.legacy_rev, {k: v for k, v in kept_lines.items() if k not in
                                                   {row["case"] for row in rows}})
     return 0 if all(r.get("from-pretrained", {}).get("ok") and r.get("load-params", {}).get("ok")

@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
-from bench import steps  # noqa: E402
+from bench import forward, steps  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, error_line, last_json, run  # noqa: E402
 
 WORK = BENCH / "work" / "logits"
@@ -183,33 +181,17 @@ def gemma4_overrides(text: dict) -> dict:
 # --- in MaxText's venv -----------------------------------------------------------------------
 
 def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
-    import jax.numpy as jnp
-    import maxtext
     import numpy as np
-    from maxtext.configs import pyconfig
     from maxtext.utils import model_creation_utils
 
     config = json.loads((Path(hf_dir) / "synth-config.json").read_text())
     tokens = np.load(Path(hf_dir) / "hf_tokens.npy")
-    overrides = {
-        "model_name": maxtext_model, "override_model_config": True, "hardware": "cpu",
-        "skip_jax_distributed_system": True, "base_output_directory": work, "run_name": "logits",
-        "load_parameters_path": ckpt, "scan_layers": scan, "attention": "dot_product", "dtype": "float32",
-        "weight_dtype": "float32", "matmul_precision": "highest", "per_device_batch_size": 1,
-        "max_target_length": len(tokens), "max_prefill_predict_length": len(tokens), "enable_checkpointing": False,
-        "enable_dropout": False, **maxtext_overrides(config, scan),
-    }
-    base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
-    mt_config = pyconfig.initialize(["logits", base, *(f"{k}={v}" for k, v in overrides.items())])
-    model, _ = model_creation_utils.from_pretrained(mt_config)
-    ids = jnp.asarray(tokens[None], jnp.int32)
-    positions = jnp.arange(len(tokens), dtype=jnp.int32)[None]
-    logits = np.asarray(model(ids, positions, jnp.ones_like(ids), enable_dropout=False), np.float32)[0]
+    values = forward.settings(maxtext_model, work, "logits", len(tokens), scan, ckpt, **maxtext_overrides(config, scan))
+    model, _ = model_creation_utils.from_pretrained(forward.config(values, "logits"))
+    logits = forward.logits(model, tokens)
     Path(work).mkdir(parents=True, exist_ok=True)
     np.save(Path(work) / "maxtext_logits.npy", logits)
-    hf = np.load(Path(hf_dir) / "hf_logits.npy")
-    diff = float(np.abs(logits[:, : hf.shape[-1]] - hf).max())
-    return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(hf).max()), "ok": diff <= TOLERANCE}
+    return forward.against(logits, np.load(Path(hf_dir) / "hf_logits.npy"), TOLERANCE)
 
 
 # --- the driver (any Python: it runs everything in fresh processes) ---------------------------
@@ -284,21 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", default=DEVICES, help="ckptconv convert --devices (MaxText restores onto 1)")
     args = parser.parse_args(argv)
     steps.require_maxtext(parser)
-    wanted = set(args.only.split(",")) if args.only else None
     previous = WORK / "results.json"
     kept = json.loads(previous.read_text()) if args.merge and previous.exists() else []
-    rows = []
-    for case in CASES:
-        if wanted and case.name not in wanted:
-            continue
-        row = run_case(case, args.devices)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    names = [case.name for case in CASES]
-    rows = sorted([r for r in kept if r["case"] not in {row["case"] for row in rows} and r["case"] in names] + rows,
-                  key=lambda r: names.index(r["case"]))
-    WORK.mkdir(parents=True, exist_ok=True)
-    previous.write_text(json.dumps(rows, indent=2))
+    rows = steps.run_cases(CASES, args.only, lambda case: run_case(case, args.devices), previous, kept)
     write(rows, Path(args.out))
     return 0 if all(r.get("ok") for r in rows) else 1
 

@@ -92,8 +92,7 @@ def config(family: str = "qwen3_vl") -> dict:
     from ckptconv.commands import synth
 
     if family == "qwen3_omni_moe":  # ``python -m bench vision``'s tiny thinker, 3 layers, the release's vocabulary and ids
-        sys.path.insert(0, str(BENCH))
-        from vision import QWEN3_OMNI_AUDIO, QWEN3_VL_VISION
+        from bench.vision import QWEN3_OMNI_AUDIO, QWEN3_VL_VISION
 
         cfg = synth.SynthModel(model_type=family, num_layers=3, num_experts=4, moe_intermediate_size=48,
                                tie_word_embeddings=False, vocab_size=151936).config()
@@ -123,8 +122,7 @@ def work_dir(family: str, scan: bool) -> Path:
 
 def maxtext_sizes(cfg: dict, scan: bool) -> list[str]:
     """MaxText's model given the checkpoint's text and tower sizes, use_multimodal=true."""
-    sys.path.insert(0, str(BENCH))
-    from vision import qwen3_omni_sizes, qwen3_vl_sizes
+    from bench.vision import qwen3_omni_sizes, qwen3_vl_sizes
 
     if cfg["model_type"] == "qwen3_omni_moe":
         return qwen3_omni_sizes(cfg) + [f"n_window_for_audio={cfg['thinker_config']['audio_config'].get('n_window', 50)}"]

@@ -184,3 +184,20 @@ def table(header: list[str], rows: list[list]) -> list[str]:
         return "| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |"
 
     return [line(header), "|" + "---|" * len(header)] + [line(r) for r in rows]
+
+
+def run_cases(cases: list, only: str | None, run_case, results: Path, kept: list[dict] = ()) -> list[dict]:
+    """Every case ``--only`` names through ``run_case`` (each row printed as it comes), beside ``kept``: rows of an
+    earlier run for the cases not run again (``--merge``); in the cases' order, all written to ``results``."""
+    rows = []
+    for case in chosen(cases, only):
+        row = run_case(case)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    names = [case.name for case in cases]
+    ran = {row["case"] for row in rows}
+    rows = sorted([r for r in kept if r["case"] not in ran and r["case"] in names] + rows,
+                  key=lambda r: names.index(r["case"]))
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(rows, indent=2))
+    return rows

@@ -181,8 +181,7 @@ def gemma4_image_logits(out: Path) -> None:
 
 def gemma4_forward(ckpt: str, hf_dir: str, work: str, maxtext_model: str) -> dict:
     """MaxText's gemma4-31b / gemma4-26b with use_multimodal=true on ckptconv's float32 checkpoint (scanned)."""
-    sys.path.insert(0, str(BENCH))
-    import maxtext_logits
+    from bench import maxtext_logits
 
     hf = Path(hf_dir)
     config = json.loads((hf / "config.json").read_text())
@@ -456,8 +455,7 @@ def make_qwen3_5(hf: Path) -> subprocess.CompletedProcess:
 
 
 def gemma4_case(family: str, scan: bool) -> "compare_families.Case":  # noqa: F821
-    sys.path.insert(0, str(BENCH))
-    import compare_families
+    from bench import compare_families
 
     model, maxtext_model = GEMMA4[family]
     return compare_families.Case(family, getattr(compare_families, model), maxtext_model, scan=scan,
@@ -472,8 +470,7 @@ def make_gemma4(family: str, hf: Path) -> subprocess.CompletedProcess:
 
 def gemma4_sizes(family: str, scan: bool) -> list[str]:
     """compare_families' text sizes for MaxText's gemma4-31b / gemma4-26b, use_multimodal=true and the tower's."""
-    sys.path.insert(0, str(BENCH))
-    import compare_families
+    from bench import compare_families
 
     case = gemma4_case(family, scan)
     vision = case.config()["vision_config"]
@@ -645,8 +642,7 @@ def gemma4_logits_case(family: str) -> dict:
     """maxtext_logits.py's Gemma 4 tiny model (hidden 64, 12 layers, sliding window 5) with the synthetic tower, made
     by transformers' class; ckptconv ``--multimodal --dtype float32 --devices 1`` (scanned); MaxText's forward on
     text and on text around one image against transformers' float32 logits."""
-    sys.path.insert(0, str(BENCH))
-    import maxtext_logits
+    from bench import maxtext_logits
     from ckptconv.commands import synth
 
     root = WORK / f"logits-{family}"
