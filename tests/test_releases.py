@@ -118,6 +118,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Qwen3-0.6B": {"tied embeddings": 1},  # the release stores lm_head.weight beside tie_word_embeddings: true
     "Kimi-K2.5": {"multimodal projector": 6, "vision tower": 329},
     "Kimi-K2.6": {"multimodal projector": 6, "vision tower": 329},
+    "DeepSeek-V3.2": {"multi-token prediction": 1571},
 }
 
 
