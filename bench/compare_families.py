@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/X.py` (the Makefile's) too
+
 from bench import steps
 from bench.steps import BENCH, DOCS, OFFLINE_ENV, setup_maxtext
 from ckptconv.commands import synth

@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/X.py` (the Makefile's) too
+
 from bench.measure import (GB, GIB, INPUT_DIRS, SHAPES, Run, _rm, ckptconv_versions, code_state, dir_bytes,
                            ensure_input, machine_facts, measure, mem_available)
 from bench.steps import BENCH, DOCS, OFFLINE_ENV, WORK, ckptconv_cmd, maxtext_cmd, setup_maxtext
