@@ -122,6 +122,53 @@ EXPECTED: dict[str, dict[str, int]] = {
 }
 
 
+# SynthModel's name for each quantisation scheme config.json's quantization_config reads as
+SCHEMES = {"fp8-block-128": "fp8", "fp8-block-128-kept": "fp8", "fp8-channel": "fp8", "mxfp4": "mxfp4",
+           "int4-group-32": "int4"}
+
+
+def derive(config: dict, names: list[str]) -> tuple[dict[str, list], list[str]]:
+    """name -> [dtype, shape] for a listing that names tensors only: every tensor a rule of the family names (active
+    or not; encoders included), in its stored form (quantised parts as the release's quantization_config says), with
+    the shape config.json implies. Names no rule knows get [BF16, [1]] and are returned apart."""
+    from dataclasses import replace
+
+    from ckptconv.commands.synth import _Release, _stored_entries
+    from ckptconv.families import family_for
+    from ckptconv.families.base import MULTIMODAL, LayoutError
+    from ckptconv.plan.conversion import expected_tensors, read_spec
+
+    family = family_for(config.get("model_type"), "config.json")
+    spec = read_spec(family, config, "config.json")
+    if family.encoders:
+        spec = replace(spec, values={**spec.values, MULTIMODAL: True})
+    try:
+        stacks = family.layout(spec, False)
+    except LayoutError:
+        stacks = family.layout(spec, True)
+    sized = tuple(r for r in family.rules if set(r.hf_shape) <= spec.dims.keys())
+    expected = expected_tensors(sized, stacks, spec)
+    scheme = spec.values.get("quantization")
+    quantization = config.get("quantization_config") or config.get("text_config", {}).get("quantization_config") or {}
+    release = _Release(SCHEMES.get(scheme), config["model_type"], scheme == "fp8-block-128-kept", scheme,
+                       tuple(quantization.get("ignore", ())))
+    stored: dict[str, list] = {}
+    for name, (rule, shape) in expected.items():
+        join = family.join_for(name)
+        parts = join.part_shapes(name, spec, shape) if join is not None else {name: shape}
+        for part, part_shape in parts.items():
+            for entry in _stored_entries(release, part, tuple(part_shape), "I64" if rule.integer else "BF16", 2):
+                stored[entry.name] = [entry.st_dtype, list(entry.shape)]
+    shapes, placeholders = {}, []
+    for name in names:
+        found = stored.get(family.canonical(name)) or stored.get(name)
+        if found is None:
+            placeholders.append(name)
+            found = ["BF16", [1]]
+        shapes[name] = found
+    return shapes, sorted(placeholders)
+
+
 @pytest.fixture(scope="module")
 def release_dir(tmp_path_factory):
     written: dict[str, Path] = {}
@@ -134,9 +181,28 @@ def release_dir(tmp_path_factory):
     return write
 
 
+# Listings of part of a release (a report of an incomplete download): not plannable, so every tensor they hold is
+# compared with what ckptconv's rules derive from the release's config.json, name, shape and (quantised) dtype.
+PARTIAL = ("DeepSeek-V4-Flash",)
+QUANTISED = {"F8_E4M3", "F8_E8M0", "I8", "U8", "I32", "I64"}  # stored forms whose dtype the rules fix exactly
+
+
 def test_every_fixture_has_its_expectations():
     """A fixture added without saying what it reports, or an expectation without its fixture, fails."""
-    assert sorted(p.name.removesuffix(".json.gz") for p in FIXTURES.glob("*.json.gz")) == sorted(EXPECTED)
+    assert sorted(p.name.removesuffix(".json.gz") for p in FIXTURES.glob("*.json.gz")) == sorted([*EXPECTED, *PARTIAL])
+    assert all(load(name)["partial"] for name in PARTIAL) and not any(load(name).get("partial") for name in EXPECTED)
+
+
+@pytest.mark.parametrize("name", PARTIAL)
+def test_partial_listing_matches_the_rules_names_and_shapes(name):
+    """Every tensor of the partial listing is one ckptconv's rules name for the release's config.json, with the
+    shape they derive, and, where the rules fix the stored form (FP8 and FP4 parts, integer tables), its dtype."""
+    fixture = load(name)
+    derived, unknown = derive(fixture["config"], list(fixture["tensors"]))
+    assert not unknown, unknown[:5]
+    wrong = {n: (t, derived[n]) for n, t in fixture["tensors"].items()
+             if t[1] != derived[n][1] or (t[0] in QUANTISED or derived[n][0] in QUANTISED) and t[0] != derived[n][0]}
+    assert not wrong, list(wrong.items())[:5]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
