@@ -119,6 +119,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Kimi-K2.5": {"multimodal projector": 6, "vision tower": 329},
     "Kimi-K2.6": {"multimodal projector": 6, "vision tower": 329},
     "DeepSeek-V3.2": {"multi-token prediction": 1571},
+    "Qwen3.5-35B-A3B": {"multi-token prediction": 785, "vision tower": 333},
 }
 
 
