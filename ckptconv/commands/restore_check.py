@@ -224,9 +224,9 @@ def _compare_shard(items: str, leaf: StoredLeaf, store, held: np.ndarray, box: t
     for start in range(0, held.shape[0], rows):
         piece = (slice(box[0].start + start, min(box[0].stop, box[0].start + start + rows)),) + box[1:]
         expected = read_leaf_region(items, leaf.name, store, piece)
-        got = held[start:start + rows]
-        if got.view(np.uint8).tobytes() != expected.view(np.uint8).tobytes():
-            diff = np.flatnonzero(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
+        got = held[start:start + rows].tobytes()  # C order whatever the device's layout made of the host copy
+        if got != expected.tobytes():
+            diff = np.flatnonzero(np.frombuffer(got, np.uint8) != np.frombuffer(expected.tobytes(), np.uint8))
             return (f"{leaf.name}: on device {device.id}, region {_fmt(piece)} differs from the stored data "
                     f"(first differing byte {int(diff[0]) if diff.size else '?'} of the region)")
     return None

@@ -1,0 +1,249 @@
+"""Restoring ckptconv checkpoints onto a TPU host's chip, against the least a start without conversion does (issue 39).
+
+    python -m bench tpu_restore --out DIR                      (or: python -m bench.tpu_restore --out DIR)
+    python -m bench tpu_restore --shapes 0.6b --layers-8b 4 --rounds 3 --work /tmp/tpu-restore --out DIR
+
+On the TPU host (docs/tpu.md says how to install ckptconv there), in one command:
+1. synthesises Qwen3-0.6B's shape (28 layers, 1.1 GiB) and Llama-3-8B's widths with ``--layers-8b`` layers
+   (``ckptconv.commands.synth``, ``fast``: random bf16 cut from one pool, as incompressible as fresh values);
+2. converts each three ways, side by side, each in its own ``python -m ckptconv convert`` (JAX on the CPU):
+   16 devices with data files by device (the default at these sizes), 16 devices in the source's order
+   (``--no-data-files-by-device``), and 1 device;
+3. in ONE child that opens the chip once (opening it costs ~15 s), for each round: every checkpoint restored
+   with ``ckptconv.commands.restore_check`` (Orbax's restore, the stored shardings mapped onto the host's
+   devices; the first round also checks every shard against the stored data), and the no-conversion floor:
+   each safetensors tensor of the source read (``pread``) and ``jax.device_put`` onto the chip, no transform,
+   timed to the last byte on device. Once per checkpoint, where the restore's time goes: Orbax's restore into
+   host NumPy alone, ``jax.device_put`` of those arrays alone, and tensorstore's reads of every leaf alone;
+4. writes ``results.json`` (every run) and ``table.md`` (min-max per case) to ``--out``, after every step, so
+   a command cut off by its time limit still returns what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GIB = 1024**3
+REPO = Path(__file__).resolve().parent.parent
+LAYOUTS = {  # name -> convert flags
+    "16 devices, data files by device": ["--devices", "16", "--data-files-by-device"],
+    "16 devices, source order": ["--devices", "16", "--no-data-files-by-device"],
+    "1 device": ["--devices", "1"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tpu_restore", description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="0.6b,8b", help="comma-separated: 0.6b, 8b (tiny: a smoke run)")
+    parser.add_argument("--layers-8b", type=int, default=4, help="layers of the Llama-3-8B-wide model")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", default="/tmp/tpu-restore", help="where checkpoints are written (kept, reused)")
+    parser.add_argument("--out", default=".", help="where results.json and table.md go")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)  # the child's plan (JSON)
+    args = parser.parse_args(argv)
+    if args.measure:
+        return _measure(json.loads(Path(args.measure).read_text()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {"cases": [], "rounds": args.rounds, "out": str(out)}
+    for shape in args.shapes.split(","):
+        plan["cases"].append(prepare(shape, args.layers_8b, Path(args.work)))
+        (out / "plan.json").write_text(json.dumps(plan, indent=2))
+    child = subprocess.run([sys.executable, "-m", "bench.tpu_restore", "--measure", str(out / "plan.json")],
+                           cwd=REPO, env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
+    return child.returncode
+
+
+def prepare(shape: str, layers_8b: int, work: Path) -> dict:
+    """Synthesise ``shape`` and convert it in each layout (reused when already there); the case's paths."""
+    from dataclasses import replace
+
+    from ckptconv.commands import synth
+
+    model = {"0.6b": synth.QWEN3_0_6B, "8b": replace(synth.LLAMA3_8B, num_layers=layers_8b),
+             "tiny": synth.SynthModel()}[shape]  # tiny: a smoke run of this script anywhere
+    name = f"{shape}-{model.num_layers}l"
+    src = work / name / "src"
+    case = {"shape": name, "source": str(src), "checkpoints": {}, "prepare_seconds": {}}
+    if not (src / "config.json").exists():
+        started = time.perf_counter()
+        synth.write_checkpoint(model, str(src), max_shard_bytes=5 * GIB, fast=True)
+        case["prepare_seconds"]["synth"] = round(time.perf_counter() - started, 1)
+    running = {}
+    for layout, flags in LAYOUTS.items():
+        dst = work / name / layout.replace(" ", "-").replace(",", "")
+        case["checkpoints"][layout] = str(dst)
+        env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+        running[layout] = (time.perf_counter(), subprocess.Popen(
+            [sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), *flags, "--progress", "none"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for layout, (started, proc) in running.items():
+        text, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"convert {layout} failed: {text[-2000:]}")
+        case["prepare_seconds"][f"convert {layout} (side by side)"] = round(time.perf_counter() - started, 1)
+    return case
+
+
+# ---------------------------------------------------------------------------------------------
+# The child: opens the chip once and measures every case
+
+
+def _measure(plan: dict) -> int:
+    import jax
+
+    from ckptconv.accelerator import open_backends
+    from ckptconv.commands.restore_check import restore_check
+
+    out = Path(plan["out"])
+    started = time.perf_counter()
+    devices = open_backends()
+    results = {"open_seconds": round(time.perf_counter() - started, 2), "devices": [str(d) for d in devices],
+               "versions": {"jax": jax.__version__}, "runs": [], "breakdown": []}
+    for case in plan["cases"]:
+        _read_all(Path(case["source"]))  # the page cache warm for everyone, as for every round after
+        for dst in case["checkpoints"].values():
+            _read_all(Path(dst))
+    for round_ in range(plan["rounds"]):
+        for case in plan["cases"]:
+            for layout, dst in case["checkpoints"].items():
+                check = restore_check(dst, check=round_ == 0).to_json()
+                results["runs"].append({"shape": case["shape"], "case": layout, "round": round_, **{
+                    k: check[k] for k in ("ok", "restore_seconds", "metadata_seconds", "gib_per_s", "bytes",
+                                          "check_seconds", "leaves_checked", "leaves", "device_bytes_in_use",
+                                          "device_peak_bytes", "peak_rss_bytes", "mismatches", "devices",
+                                          "replicated_not_divisible")}})
+                _write(out, results)
+            results["runs"].append({"shape": case["shape"], "case": "floor: safetensors read + device_put",
+                                    "round": round_, **floor(Path(case["source"]), devices[0])})
+            _write(out, results)
+    for case in plan["cases"]:
+        for layout, dst in case["checkpoints"].items():
+            results["breakdown"].append({"shape": case["shape"], "case": layout, **breakdown(dst, devices)})
+            _write(out, results)
+    return 0
+
+
+def floor(src: Path, device) -> dict:
+    """Each safetensors tensor read with ``pread`` and put on ``device`` as it is, timed to the last byte there."""
+    import jax
+    import ml_dtypes
+    import numpy as np
+
+    dtypes = {"BF16": ml_dtypes.bfloat16, "F32": np.float32, "F16": np.float16}
+    started = time.perf_counter()
+    arrays, nbytes = [], 0
+    for file in sorted(src.glob("*.safetensors")):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            (length,) = np.frombuffer(os.pread(fd, 8, 0), dtype="<u8")
+            header = json.loads(os.pread(fd, int(length), 8))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                begin, end = entry["data_offsets"]
+                buffer = np.empty(end - begin, dtype=np.uint8)
+                os.preadv(fd, [buffer], 8 + int(length) + begin)
+                host = buffer.view(dtypes[entry["dtype"]]).reshape(entry["shape"])
+                arrays.append(jax.device_put(host, device))
+                nbytes += host.nbytes
+        finally:
+            os.close(fd)
+    jax.block_until_ready(arrays)
+    seconds = time.perf_counter() - started
+    for array in arrays:
+        array.delete()
+    return {"restore_seconds": round(seconds, 3), "bytes": nbytes, "gib_per_s": round(nbytes / GIB / seconds, 3)}
+
+
+def breakdown(dst: str, devices: list) -> dict:
+    """Where one restore's time goes: Orbax into host NumPy alone, ``device_put`` of that alone, tensorstore's reads
+    alone (every leaf opened and read concurrently, no Orbax)."""
+    import asyncio
+
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from ckptconv import layout
+    from ckptconv.commands.restore_check import host_target
+    from ckptconv.read.stored import open_items_leaf, read_metadata
+
+    items = layout.items_path(dst).as_posix()
+    stored, _ = read_metadata(dst)
+    target = host_target(stored, devices, [])
+    host_args = jax.tree.map(lambda t: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    started = time.perf_counter()
+    host = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=host_args, partial_restore=True))
+    orbax_host = time.perf_counter() - started
+    leaves, treedef = jax.tree.flatten(host)
+    shardings = [t.sharding for t in jax.tree.leaves(target)]
+    started = time.perf_counter()
+    placed = jax.device_put(leaves, shardings)
+    jax.block_until_ready(placed)
+    put = time.perf_counter() - started
+    for array in placed:
+        array.delete()
+    del host, leaves
+
+    async def read_all():
+        async def one(leaf):
+            store = await asyncio.to_thread(open_items_leaf, items, leaf.path)
+            return (await store.read()).nbytes
+        return sum(await asyncio.gather(*(one(leaf) for leaf in stored)))
+
+    started = time.perf_counter()
+    nbytes = asyncio.run(read_all())
+    reads = time.perf_counter() - started
+    return {"orbax_to_host_seconds": round(orbax_host, 3), "device_put_seconds": round(put, 3),
+            "tensorstore_reads_seconds": round(reads, 3), "bytes": nbytes}
+
+
+def _read_all(directory: Path) -> float:
+    started = time.perf_counter()
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(64 * 1024**2):
+                    pass
+    return time.perf_counter() - started
+
+
+def _write(out: Path, results: dict) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "table.md").write_text(table(results))
+
+
+def table(results: dict) -> str:
+    """Min-max restore seconds per shape and case (every round), GiB/s at the best, and the checks' verdicts."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for run in results["runs"]:
+        rows.setdefault((run["shape"], run["case"]), []).append(run)
+    lines = ["| shape | case | restore s (min-max) | GiB/s (best) | checked | device bytes | peak RSS |",
+             "|---|---|---|---|---|---|---|"]
+    for (shape, case), runs in rows.items():
+        seconds = [run["restore_seconds"] for run in runs]
+        best = max(run["gib_per_s"] or 0 for run in runs)
+        checked = next((("OK" if run["ok"] else f"FAILED {run['mismatches'][:1]}") for run in runs
+                        if run.get("leaves_checked")), "-")
+        device = next((run.get("device_bytes_in_use") for run in runs if run.get("device_bytes_in_use")), None)
+        peak = max((run.get("peak_rss_bytes") or 0) for run in runs)
+        lines.append(f"| {shape} | {case} | {min(seconds):.2f}-{max(seconds):.2f} | {best:.2f} | {checked} | "
+                     f"{'-' if device is None else f'{device / GIB:.2f} GiB'} | "
+                     f"{'-' if not peak else f'{peak / GIB:.2f} GiB'} |")
+    if results.get("breakdown"):
+        lines += ["", "| shape | case | Orbax to host NumPy s | device_put s | tensorstore reads s |", "|---|---|---|---|---|"]
+        lines += [f"| {b['shape']} | {b['case']} | {b['orbax_to_host_seconds']} | {b['device_put_seconds']} | "
+                  f"{b['tensorstore_reads_seconds']} |" for b in results["breakdown"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
