@@ -94,9 +94,7 @@ def last_error(log: Path) -> str:
 
 
 def compare(ctx: dict, ours: Path, theirs: Path, out: Path) -> dict:
-    code, _ = run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), *MOVED,
-                   "--json", str(out)], out.with_suffix(".log"), ctx["mt_env"])
-    result = json.loads(out.read_text())
+    _, result = steps.compare_outputs(ours, theirs, out, out.with_suffix(".log"), *MOVED, env=ctx["mt_env"])
     return {"identical": result["identical"], "leaves": result["leaves_compared"],
             "mib": result["bytes_compared"] / 2**20, "mismatches": result["value_mismatches"][:3],
             "only": (result["only_in_a"] + result["only_in_b"])[:3]}
@@ -110,14 +108,14 @@ def case(ctx: dict, name: str, hf: Path, maxtext_input: Path, config: dict) -> l
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         ours, theirs = root / "ckptconv", root / "maxtext"
-        flags = ["--devices", str(devices), "--scan-layers" if scan else "--no-scan-layers", "--progress", "none"]
-        mine, mine_s = run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(ours), *flags],
-                           root / "ckptconv.log")
+        mine, mine_s = run(steps.convert_cmd(hf, ours, "--devices", devices,
+                                             "--scan-layers" if scan else "--no-scan-layers"),
+                           root / "ckptconv.log", steps.CONVERT_ENV)
         # MaxText on 16 devices either way: for V4 on 1 device its to_maxtext (which skips the JAX conversion there)
         # fails to save (orbax NoEntryError for the TrainState); values do not depend on the device count
-        their, their_s = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), "deepseek4-284b",
-                              str(maxtext_input), str(theirs), *overrides(config, scan), "--",
-                              "--simulated_cpu_devices_count=16"], root / "maxtext.log", ctx["mt_env"])
+        their, their_s = run(steps.maxtext_convert_cmd("deepseek4-284b", maxtext_input, theirs, overrides(config, scan),
+                                                       ["--simulated_cpu_devices_count=16"]),
+                             root / "maxtext.log", ctx["mt_env"])
         row = {"case": name, "layout": layout, "devices": devices, "ckptconv_exit": mine, "ckptconv_s": mine_s,
                "maxtext_exit": their, "maxtext_s": their_s}
         if their:
@@ -191,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(directory, ignore_errors=True)
     for cmd, log in (([ctx["mt_python"], str(BENCH / "hf_tiny_v4.py"), str(WORK / "hub-check"), "--bf16"], "check"),
                      ([ctx["mt_python"], str(BENCH / "hf_tiny_v4.py"), str(hub)], "hub"),
-                     ([ctx["mt_python"], str(BENCH / "maxtext_dequantize.py"), "fp8", str(hub), str(deq)], "deq")):
+                     (steps.mt_step("maxtext_dequantize.py", "fp8", hub, deq), "deq")):
         code, _ = run(cmd, WORK / f"{log}.log", ctx["mt_env"])
         if code:
             raise SystemExit(f"{' '.join(cmd)} failed: see {WORK / f'{log}.log'}")

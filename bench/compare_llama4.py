@@ -23,6 +23,7 @@ import json
 import shutil
 import sys
 
+from bench import steps
 from bench.steps import BENCH, error_line, run, setup_maxtext
 from ckptconv.commands import synth
 
@@ -53,8 +54,8 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     (root / "config.json").write_text(json.dumps(model.config()))
-    made = run([ctx["mt_python"], BENCH / "hf_tiny.py", root / "config.json", root / "hf", "--class",
-                "Llama4ForConditionalGeneration"], root / "hf_tiny.log", ctx["mt_env"])
+    made = steps.hf_tiny(root / "config.json", root / "hf", root / "hf_tiny.log", "--class",
+                         "Llama4ForConditionalGeneration", env=ctx["mt_env"])
     if made.returncode:
         return [{"case": name, "error": error_line(made)}]
     for theirs, flags in (("maxtext-unscanned", []), ("maxtext-scanned", ["--scanned"])):
@@ -66,9 +67,8 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
     for layout, scan, devices, theirs, restacked, multimodal in OURS:
         out = root / f"ckptconv-{layout}"
         if not out.exists():
-            mine = run([sys.executable, "-m", "ckptconv", "convert", root / "hf", out, "--progress", "none",
-                        "--devices", devices, "--scan-layers" if scan else "--no-scan-layers",
-                        *(["--multimodal"] if multimodal else [])], root / f"ckptconv-{layout}.log")
+            mine = steps.convert(root / "hf", out, root / f"ckptconv-{layout}.log", "--devices", devices,
+                                 "--scan-layers" if scan else "--no-scan-layers", *(["--multimodal"] if multimodal else []))
             if mine.returncode:
                 rows.append({"case": f"llama4-{name}-{layout}", "error": f"ckptconv: {error_line(mine)}"})
                 continue
@@ -77,9 +77,8 @@ def run_model(name: str, model: synth.SynthModel, ctx: dict) -> list[dict]:
         restack = ["--stack-layers-of-b", "--cycle", "4"] if restacked else []
         result_file = root / f"compare-{layout}-{theirs}{'-restacked' if restacked else ''}.json"
         ignore = [] if multimodal else ["--ignore-in-b", VISION]
-        run([ctx["mt_python"], BENCH / "compare_outputs.py", out, root / theirs, *restack, *ignore,
-             "--json", result_file], result_file.with_suffix(".log"), ctx["mt_env"])
-        result = json.loads(result_file.read_text())
+        _, result = steps.compare_outputs(out, root / theirs, result_file, result_file.with_suffix(".log"), *restack,
+                                          *ignore, env=ctx["mt_env"])
         rows.append(row | {"identical": result["identical"], "leaves": result["leaves_compared"],
                            "bytes": result["bytes_compared"], "mismatches": result["value_mismatches"][:3],
                            "only_in_ckptconv": result["only_in_a"], "only_in_maxtext": result["only_in_b"],

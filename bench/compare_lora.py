@@ -79,9 +79,8 @@ def make_adapter(base: Path, directory: Path, targets: tuple[str, ...], rank: in
 
 
 def compare(ctx: dict, ours: Path, theirs: Path, root: Path, label: str) -> dict:
-    run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(ours), str(theirs), "--json",
-         str(root / f"compare-{label}.json")], env=ctx["mt_env"], log=root / f"compare-{label}.log")
-    result = json.loads((root / f"compare-{label}.json").read_text())
+    _, result = steps.compare_outputs(ours, theirs, root / f"compare-{label}.json", root / f"compare-{label}.log",
+                                      env=ctx["mt_env"])
     return {"identical": result["identical"], "leaves": result["leaves_compared"],
             "value_mismatches": result["value_mismatches"][:3], "only_in_ckptconv": result["only_in_a"],
             "only_in_maxtext": result["only_in_b"],
@@ -95,19 +94,18 @@ def run_case(case: Case, ctx: dict) -> dict:
     base, adapter = root / "hf", root / "adapter"
     synth.write_checkpoint(case.model, str(base))
     make_adapter(base, adapter, case.targets)
-    layout = ["--devices", str(case.devices), "--scan-layers" if case.scan else "--no-scan-layers",
-              "--progress", "none"]
+    layout = ["--devices", str(case.devices), "--scan-layers" if case.scan else "--no-scan-layers"]
     mt_layout = [o for o in family_overrides(_family_case(case)) if not o.startswith("scan_layers=")]
     mt_layout.append(f"scan_layers={str(case.scan).lower()}")
-    flags = ["--", "--lazy_load_tensors=true", f"--simulated_cpu_devices_count={case.devices}", "--save_dtype=bfloat16"]
+    flags = ["--lazy_load_tensors=true", f"--simulated_cpu_devices_count={case.devices}", "--save_dtype=bfloat16"]
     row = {"case": case.name, "maxtext_model": case.maxtext_model, "scan_layers": case.scan, "devices": case.devices,
            "targets": list(case.targets)}
     for mode, extra, mt_extra in (("adapter", [], []), ("merged", ["--merge-lora"], ["load_parameters_path=merge"])):
         ours, theirs = root / f"ckptconv-{mode}", root / f"maxtext-{mode}"
-        mine, my_s = run([sys.executable, "-m", "ckptconv", "convert", str(base), str(ours), "--lora", str(adapter),
-                          *extra, *layout], log=root / f"ckptconv-{mode}.log")
-        mt, mt_s = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(base),
-                        str(theirs), *mt_layout, f"hf_lora_adapter_path={adapter}", *mt_extra, *flags],
+        mine, my_s = run(steps.convert_cmd(base, ours, "--lora", adapter, *extra, *layout), steps.CONVERT_ENV,
+                         log=root / f"ckptconv-{mode}.log")
+        mt, mt_s = run(steps.maxtext_convert_cmd(case.maxtext_model, base, theirs,
+                                                 [*mt_layout, f"hf_lora_adapter_path={adapter}", *mt_extra], flags),
                        env=ctx["mt_env"], log=root / f"maxtext-{mode}.log")
         entry = {"ckptconv_exit": mine.returncode, "maxtext_exit": mt.returncode, "ckptconv_s": round(my_s, 1),
                  "maxtext_s": round(mt_s, 1)}
@@ -120,7 +118,7 @@ def run_case(case: Case, ctx: dict) -> dict:
     if not case.scan and all(row[m].get("identical") is not None for m in ("adapter", "merged")):
         # which adapter agrees with MaxText's merged kernel: W + (alpha/r) A B (bench/lora_consistency.py)
         plain = root / "plain"
-        run([sys.executable, "-m", "ckptconv", "convert", str(base), str(plain), *layout], log=root / "plain.log")
+        steps.convert(base, plain, root / "plain.log", *layout)
         check, _ = run([sys.executable, str(BENCH / "lora_consistency.py"), str(plain), str(root / "maxtext-merged"),
                         str(16 / 4), str(root / "ckptconv-adapter"),
                         str(root / "maxtext-adapter" / case.maxtext_model / "adapter")], log=root / "consistency.log")
@@ -129,8 +127,8 @@ def run_case(case: Case, ctx: dict) -> dict:
                                      for label, result in zip(("ckptconv", "maxtext"), found)}
     if case.name == "qwen3":  # which of these MaxText's own LoRA restore (lora.lora_restore_path) reads
         restore = root / "ckptconv-restore-layout"
-        run([sys.executable, "-m", "ckptconv", "convert", str(base), str(restore), "--lora", str(adapter),
-             "--lora-layout", "restore", *layout], log=root / "ckptconv-restore-layout.log")
+        steps.convert(base, restore, root / "ckptconv-restore-layout.log", "--lora", adapter, "--lora-layout", "restore",
+                      *layout)
         row["maxtext_restore"] = {}
         for label, items in (("ckptconv --lora", root / "ckptconv-adapter"),
                              ("ckptconv --lora --lora-layout restore", restore),
@@ -164,8 +162,8 @@ def timing(ctx: dict) -> dict:
     if not (adapter / "adapter_config.json").exists():
         shutil.rmtree(adapter, ignore_errors=True)
         write_peft_adapter(QWEN3_06B, adapter, rank=16, alpha=32)  # tests/lora_adapters.py
-    layout = ["--devices", "16", "--scan-layers", "--progress", "none"]
-    flags = ["--", "--lazy_load_tensors=true", "--simulated_cpu_devices_count=16", "--save_dtype=bfloat16"]
+    layout = ["--devices", "16", "--scan-layers"]
+    flags = ["--lazy_load_tensors=true", "--simulated_cpu_devices_count=16", "--save_dtype=bfloat16"]
     rows = []
     for label, ours, theirs in (
         ("adapter alone", ["--lora", str(adapter)], [f"hf_lora_adapter_path={adapter}"]),
@@ -177,12 +175,11 @@ def timing(ctx: dict) -> dict:
         out_ours, out_theirs = root / f"ckptconv-{key}", root / f"maxtext-{key}"
         for out in (out_ours, out_theirs):
             shutil.rmtree(out, ignore_errors=True)
-        mine, my_s = run([sys.executable, "-m", "ckptconv", "convert", str(base), str(out_ours), *ours, *layout],
+        mine, my_s = run(steps.convert_cmd(base, out_ours, *ours, *layout), steps.CONVERT_ENV,
                          log=root / f"ckptconv-{key}.log")
         report = json.loads((out_ours / "ckptconv-report.json").read_text()) if mine.returncode == 0 else {}
-        mt, mt_s = run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), "qwen3-0.6b", str(base),
-                        str(out_theirs), "scan_layers=true", *theirs, *flags], env=ctx["mt_env"],
-                       log=root / f"maxtext-{key}.log")
+        mt, mt_s = run(steps.maxtext_convert_cmd("qwen3-0.6b", base, out_theirs, ["scan_layers=true", *theirs], flags),
+                       env=ctx["mt_env"], log=root / f"maxtext-{key}.log")
         peak = next((line.split("Peak Memory:")[1].strip() for line in (mt.stdout + mt.stderr).splitlines()
                      if "Peak Memory:" in line), "-")
         same = "-"

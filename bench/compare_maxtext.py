@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/X.
 
 from bench.measure import (GB, GIB, INPUT_DIRS, SHAPES, Run, _rm, ckptconv_versions, code_state, dir_bytes,
                            ensure_input, machine_facts, measure, mem_available)
+from bench import steps
 from bench.steps import BENCH, DOCS, OFFLINE_ENV, WORK, ckptconv_cmd, maxtext_cmd, setup_maxtext
 
 
@@ -159,12 +160,8 @@ def compare_outputs(ctx: dict, ours: Path, lazy: Path, eager: Path) -> dict:
             continue
         json_path = WORK / f"compare-{key}.json"
         print(f"  comparing {a.name} with {b.name} leaf by leaf ...", flush=True)
-        proc = subprocess.run([ctx["mt_python"], str(BENCH / "compare_outputs.py"), str(a), str(b), "--json", str(json_path)],
-                              env=ctx["mt_env"], capture_output=True, text=True)
-        if json_path.exists():
-            out[key] = json.loads(json_path.read_text())
-        else:
-            out[key] = {"identical": None, "error": (proc.stderr or proc.stdout).strip().splitlines()[-5:]}
+        proc, result = steps.compare_outputs(a, b, json_path, json_path.with_suffix(".log"), env=ctx["mt_env"])
+        out[key] = result or {"identical": None, "error": (proc.stderr or proc.stdout).strip().splitlines()[-5:]}
         print("    " + (proc.stdout.strip().splitlines() or ["(no output)"])[-1], flush=True)
     return out
 

@@ -24,14 +24,14 @@ import json
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from bench.measure import GIB, Run, code_state, ensure_input, machine_facts, measure
-from bench.steps import DOCS, REPO, WORK, setup_maxtext
+from bench import steps
+from bench.steps import DOCS, WORK, setup_maxtext
 
 OUT = WORK / "export"
 MODEL_NAMES = {"0.6b": "qwen3-0.6b", "8b": "llama3.1-8b"}
@@ -105,8 +105,9 @@ def compare(ours: Path, theirs: Path, *, same_dtype: bool) -> dict:
 def convert_to_maxtext(src: Path, dst: Path) -> None:
     if (dst / "ckptconv-report.json").exists():
         return
-    subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "1",
-                    "--progress", "none"], check=True, cwd=REPO)
+    done = steps.convert(src, dst, dst.with_name(dst.name + ".log"), "--devices", "1")
+    if done.returncode:
+        raise SystemExit(f"ckptconv convert {src}: {steps.error_line(done)}")
 
 
 def export_cmd(maxtext_dir: Path, like: Path, dst: Path) -> list[str]:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import steps
 from bench.measure import convert, plan_of
 from bench.steps import BENCH, DOCS, OFFLINE_ENV, setup_maxtext
 from bench.widths import at_widths
@@ -67,15 +68,12 @@ def deepseek_under_maxtext(ctx: dict) -> dict:
     root.mkdir(parents=True)
     hf, theirs = root / "hf", root / "maxtext"
     synth.write_checkpoint(DEEPSEEK_FP8, str(hf), max_shard_bytes=1 << 20)
-    ours = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(hf), str(root / "ckptconv"),
-                           "--dtype", "float8_e4m3fn", "--progress", "none"], capture_output=True, text=True)
+    ours = steps.convert(hf, root / "ckptconv", root / "ckptconv.log", "--dtype", "float8_e4m3fn")
     # unscanned: MaxText 0.2.5's to_maxtext fails on every scanned DeepSeek (README, docs/bench/FAMILIES.md)
     case = Case("deepseek-v3-fp8-keepfp8", DEEPSEEK_FP8, "deepseek3-671b", scan=False, dtype="float8_e4m3fn")
-    mt = subprocess.run([ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), case.maxtext_model, str(hf),
-                         str(theirs), *overrides(case), "--", "--lazy_load_tensors=true",
-                         "--simulated_cpu_devices_count=16", "--save_dtype=float8_e4m3fn"],
-                        capture_output=True, text=True, env=ctx["mt_env"])
-    (root / "maxtext.log").write_text(mt.stdout + mt.stderr)
+    mt = steps.maxtext_convert(case.maxtext_model, hf, theirs, overrides(case),
+                               ["--lazy_load_tensors=true", "--simulated_cpu_devices_count=16",
+                                "--save_dtype=float8_e4m3fn"], root / "maxtext.log", env=ctx["mt_env"])
     row = {"ckptconv_exit": ours.returncode, "maxtext_exit": mt.returncode}
     if ours.returncode:
         row["ckptconv_says"] = ours.stderr.strip().splitlines()[-1:]

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
-from bench import forward  # noqa: E402
+from bench import forward, steps  # noqa: E402
 from bench.measure import plan_of  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_PYTHON, REPO  # noqa: E402
 
@@ -141,9 +141,7 @@ def make_release(family: str, root: Path) -> tuple[Path, Path]:
 
 
 def convert(src: Path, dst: Path, scan: bool, devices: int, dtype: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--dtype", dtype,
-                             "--devices", str(devices), "--progress", "none",
-                             "--scan-layers" if scan else "--no-scan-layers"], capture_output=True, text=True)
+    result = steps.convert(src, dst, dst.with_name(dst.name + ".log"), *steps.layout(scan, devices, dtype))
     if result.returncode:
         return {"error": result.stderr.strip().splitlines()[-1:]}
     report = json.loads((dst / "ckptconv-report.json").read_text())
@@ -205,7 +203,7 @@ def run_case(family: str, scan: bool) -> dict:
         return row
     items = root / "kept" / "0" / "items"
     row["written"] = scale_leaves(items)
-    env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = steps.MT_ENV
     for step in ("load-params", "from-pretrained"):
         args = [MT_PYTHON, __file__, step, family, items, str(scan), reference, root / f"mt-{step}"]
         result = run(args, root / f"{step}.log", env=env)

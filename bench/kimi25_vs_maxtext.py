@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import steps
 from bench.steps import BENCH, DOCS, last_json, run, setup_maxtext
 from ckptconv.commands import synth
 
@@ -58,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for dtype in ("float32", "bfloat16"):
             ours = WORK / f"ckptconv-{layout}-{dtype}"
-            flags = ["--devices", devices, "--dtype", dtype, "--scan-layers" if layout == "scanned" else
-                     "--no-scan-layers", "--progress", "none"]
-            converted = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, *flags], WORK / f"{ours.name}.log")
+            converted = steps.convert(hf, ours, WORK / f"{ours.name}.log", *steps.layout(layout == "scanned", devices, dtype))
             assert converted.returncode == 0, converted.stderr
             report = json.loads((ours / "ckptconv-report.json").read_text())
             compared = run([ctx["mt_python"], BENCH / "maxtext_kimi25.py", "compare", ours, theirs],

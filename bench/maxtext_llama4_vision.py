@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
 from bench.maxtext_llama4_logits import MAVERICK, SMALL, TOLERANCE, maxtext_overrides  # noqa: E402
-from bench.steps import BENCH, MT_ENV, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
+from bench.steps import (BENCH, MT_ENV, MT_PYTHON, REPO, convert_cmd, error_line, last_json, layout, mt_step,  # noqa: E402
+                         run)
 
 WORK = BENCH / "work" / "llama4-vision"
 
@@ -118,10 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     config.write_text(json.dumps(synth.SynthModel(model_type="llama4", num_layers=4, config_overrides=MAVERICK,
                                                   **SMALL).config()))
     row: dict = {"case": "llama4-maverick-pattern, vision 2 layers", "tiles": TILES}
-    chain = ((MT_PYTHON, BENCH / "hf_tiny.py", config, hf, "--class", "Llama4ForConditionalGeneration"),
+    chain = (mt_step("hf_tiny.py", config, hf, "--class", "Llama4ForConditionalGeneration"),
              (MT_PYTHON, __file__, "hf", hf),
-             (sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
-              "--no-scan-layers", "--multimodal", "--progress", "none"),
+             convert_cmd(hf, dst, *layout(False, 1, "float32"), "--multimodal"),
              (MT_PYTHON, __file__, "maxtext", dst / "0" / "items", hf, WORK / "mt"))
     for n, step in enumerate(chain):
         result = run(list(step), WORK / f"step{n}.log", env=MT_ENV | {"PYTHONPATH": str(REPO)})

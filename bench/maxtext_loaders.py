@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a
 from bench.compare_deepseek_v4 import v4_overrides  # noqa: E402
 from bench.forward import EXACT_MOE, config as mt_config, logits as forward_logits, settings as mt_settings  # noqa: E402,E501
 from bench import steps  # noqa: E402
-from bench.steps import BENCH, DOCS, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
+from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
 
 WORK = BENCH / "work" / "loaders"
 TOLERANCE = 1e-4
@@ -308,7 +308,7 @@ def run_case(case: Case, legacy_rev: str) -> dict:
     hf, dst = root / "hf", root / "ckptconv"
     row = {"case": case.name, "family": case.family, "scan": case.scan, "layout": case.layout}
     v4 = FAMILIES[case.family].get("v4")
-    mt_env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    mt_env = MT_ENV
     if v4:
         made = run([MT_PYTHON, BENCH / "hf_tiny_v4.py", hf, "--bf16"], root / "make_hf.log")
     else:
@@ -320,9 +320,9 @@ def run_case(case: Case, legacy_rev: str) -> dict:
         theirs = root / "maxtext"
         config = json.loads((hf / "config.json").read_text())
         flags = [f"{k}={v}" for k, v in v4_overrides(config, case.scan).items()]
-        converted = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", FAMILIES[case.family]["maxtext_model"], hf,
-                         theirs, *flags, "--", "--simulated_cpu_devices_count=16", "--save_dtype=float32"], root / "maxtext_convert.log",
-                        env=mt_env)
+        converted = steps.maxtext_convert(FAMILIES[case.family]["maxtext_model"], hf, theirs, flags,
+                                          ["--simulated_cpu_devices_count=16", "--save_dtype=float32"],
+                                          root / "maxtext_convert.log")
         if converted.returncode:
             return row | {"error": "MaxText's to_maxtext: " + error_line(converted)}
         own = run([MT_PYTHON, __file__, "maxtext-own", case.family, theirs / "0" / "items", str(case.scan), hf,
@@ -332,9 +332,7 @@ def run_case(case: Case, legacy_rev: str) -> dict:
         row["maxtext-own"] = last_json(own)
     legacy_rev = FAMILIES[case.family].get("legacy_rev", legacy_rev)
     env = {"PYTHONPATH": str(legacy_tree(legacy_rev))} if case.layout == "legacy" else None
-    converted = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--dtype", "float32", "--devices", "1",
-                     "--progress", "none", "--scan-layers" if case.scan else "--no-scan-layers"],
-                    root / "convert.log", env=env)
+    converted = steps.convert(hf, dst, root / "convert.log", *steps.layout(case.scan, 1, "float32"), env=env)
     if converted.returncode:
         return row | {"error": "convert: " + error_line(converted)}
     items = dst / "0" / "items"

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.steps import REPO, WORK
+from bench.steps import REPO, WORK, convert_cmd
 
 GIB = 1024**3
 GB = 10**9
@@ -241,8 +241,8 @@ def convert(src: Path, dst: Path, devices: int, dtype: str = "bfloat16") -> dict
     plan's prediction for the same run; the output deleted once measured."""
     shutil.rmtree(dst, ignore_errors=True)
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", str(devices),
-                           "--dtype", dtype, "--progress", "none"], capture_output=True, text=True)
+    done = subprocess.run([str(c) for c in convert_cmd(src, dst, "--devices", devices, "--dtype", dtype)],
+                          capture_output=True, text=True)
     wall = time.monotonic() - start
     if done.returncode:
         return {"devices": devices, "error": done.stderr.strip().splitlines()[-1]}

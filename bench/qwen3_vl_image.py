@@ -50,7 +50,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
-from bench.steps import BENCH, MT_ENV, MT_PYTHON, REPO, run  # noqa: E402
+from bench.steps import (BENCH, CONVERT_ENV, MT_ENV, MT_PYTHON, REPO, compare_outputs, convert_cmd,  # noqa: E402
+                         maxtext_convert_cmd, run)
 
 WORK = BENCH / "work" / "qwen3-vl-image"  # qwen3_vl; the others: qwen3-vl-image-<family>[-scan]
 TOLERANCE = 1e-4
@@ -410,19 +411,20 @@ def main(argv: list[str] | None = None) -> int:
     theirs = work / "maxtext-f32"
     layout = "--scan-layers" if args.scan else "--no-scan-layers"
 
-    steps = [([MT_PYTHON, __file__, "hf", hf], "hf.log", MT_ENV),
-             ([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
-               "--dtype", "float32", "--multimodal", layout], "ckptconv.log", None),
+    chain = [([MT_PYTHON, __file__, "hf", hf], "hf.log", MT_ENV),
+             (convert_cmd(hf, ours, "--devices", "1", "--dtype", "float32", "--multimodal", layout), "ckptconv.log",
+              CONVERT_ENV),
              ([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, work, scan], "forward.log", MT_ENV),
              # MaxText's own conversion of the same checkpoint, and its forward on it: the comparison's floor
-             ([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", FAMILIES[args.family][1], hf, theirs,
-               *maxtext_sizes(cfg, args.scan), "logits_via_embedding=false", "--", "--lazy_load_tensors=false",
-               "--eager_load_method=safetensors", "--simulated_cpu_devices_count=1", "--save_dtype=float32"],
+             (maxtext_convert_cmd(FAMILIES[args.family][1], hf, theirs,
+                                  [*maxtext_sizes(cfg, args.scan), "logits_via_embedding=false"],
+                                  ["--lazy_load_tensors=false", "--eager_load_method=safetensors",
+                                   "--simulated_cpu_devices_count=1", "--save_dtype=float32"]),
               "maxtext-convert.log", {**MT_ENV, "HF_HOME": str(work / "hf-home")}),
              ([MT_PYTHON, __file__, "forward", theirs / "0" / "items", hf, work / "own", scan], "forward-own.log",
               MT_ENV)]
     outputs = []
-    for cmd, log, env in steps:
+    for cmd, log, env in chain:
         (work / "own").mkdir(exist_ok=True)
         done = run(cmd, work / log, env)
         if done.returncode:
@@ -434,9 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     done = run([MT_PYTHON, __file__, "imitate", hf, work], work / "imitate.log", MT_ENV)
     if done.returncode == 0:
         result["transformers imitating MaxText (image)"] = json.loads(done.stdout.strip().splitlines()[-1])
-    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", work / "compare.json"],
-                   work / "compare.log", MT_ENV)
-    leaves = json.loads((work / "compare.json").read_text())
+    compared, leaves = compare_outputs(ours, theirs, work / "compare.json", work / "compare.log")
     result["leaves"] = {"identical": leaves["identical"], "compared": leaves["leaves_compared"],
                         "only_in_ckptconv": leaves["only_in_a"], "only_in_maxtext": leaves["only_in_b"],
                         "exit": compared.returncode}

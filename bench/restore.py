@@ -410,7 +410,7 @@ def ensure_input(layers: int, shape: str = "0.6b") -> Path:
 
 def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool, shape: str = "0.6b") -> tuple[Path, dict]:
     """Convert once with ``tool`` (kept and reused across runs unless ``fresh``): (checkpoint, facts)."""
-    from bench.steps import ckptconv_cmd, error_line, maxtext_cmd, run
+    from bench.steps import ckptconv_cmd, error_line, maxtext_cmd, maxtext_convert_cmd, run
 
     _, model_name, release_layers, _, prefix = SHAPES[shape]
     dst = WORK / "ckpt" / f"{tool}-{prefix}{layers}l"
@@ -426,9 +426,8 @@ def convert(tool: str, src: Path, layers: int, ctx: dict | None, fresh: bool, sh
     elif layers == release_layers:
         cmd, env = maxtext_cmd(ctx["mt_python"], ctx["base_yml"], model_name, src, dst, lazy=True), ctx["mt_env"]
     else:  # MaxText's table has only the release's layer count: the tiny runner takes the checkpoint's own config
-        cmd = [ctx["mt_python"], str(BENCH / "maxtext_convert_tiny.py"), model_name, str(src), str(dst),
-               f"base_num_decoder_layers={layers}", "scan_layers=true", "--", "--lazy_load_tensors=true",
-               "--simulated_cpu_devices_count=16"]
+        cmd = maxtext_convert_cmd(model_name, src, dst, [f"base_num_decoder_layers={layers}", "scan_layers=true"],
+                                  ["--lazy_load_tensors=true", "--simulated_cpu_devices_count=16"])
         env = ctx["mt_env"]
     print(f"converting with {tool}: {' '.join(map(str, cmd))}", flush=True)
     start = time.monotonic()

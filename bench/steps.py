@@ -122,11 +122,17 @@ def maxtext_cmd(mt_python: str, base_yml: str, model_name: str, src: Path, dst: 
             f"--lazy_load_tensors={str(lazy).lower()}", "--simulated_cpu_devices_count=16"]
 
 
+def convert_cmd(src: Path, dst: Path, *flags) -> list:
+    """``python -m ckptconv convert SRC DST FLAGS --progress none``, as a user runs it."""
+    return [sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"]
+
+
+CONVERT_ENV = {"PYTHONPATH": str(REPO)}  # this repository's ckptconv first, whatever the step's directory
+
+
 def convert(src: Path, dst: Path, log: Path, *flags, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m ckptconv convert SRC DST --progress none FLAGS`` as a user runs it, this repository's ckptconv
-    first on the path (``env`` may name another tree, e.g. an earlier revision's)."""
-    return run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"], log,
-               env={"PYTHONPATH": str(REPO), **(env or {})})
+    """:func:`convert_cmd` in a fresh process (``env`` may name another tree, e.g. an earlier revision's)."""
+    return run(convert_cmd(src, dst, *flags), log, env={**CONVERT_ENV, **(env or {})})
 
 
 def hf_tiny(config: Path, out: Path, log: Path, *flags, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -134,12 +140,16 @@ def hf_tiny(config: Path, out: Path, log: Path, *flags, env: dict | None = None)
     return run(mt_step("hf_tiny.py", config, out, *flags), log, env={**MT_ENV, **(env or {})})
 
 
-def maxtext_convert(model_name: str, hf: Path, out: Path, overrides: list[str], flags: list[str], log: Path,
-                    env: dict | None = None) -> subprocess.CompletedProcess:
+def maxtext_convert_cmd(model_name: str, hf: Path, out: Path, overrides: list[str], flags: list[str]) -> list:
     """MaxText 0.2.5's own ``to_maxtext`` on a tiny checkpoint (bench/maxtext_convert_tiny.py: the checkpoint's
     config in its ``model_name`` table, sizes as ``overrides``; ``flags`` are to_maxtext's own)."""
-    return run(mt_step("maxtext_convert_tiny.py", model_name, hf, out, *overrides, "--", *flags), log,
-               env={**MT_ENV, **(env or {})})
+    return mt_step("maxtext_convert_tiny.py", model_name, hf, out, *overrides, "--", *flags)
+
+
+def maxtext_convert(model_name: str, hf: Path, out: Path, overrides: list[str], flags: list[str], log: Path,
+                    env: dict | None = None) -> subprocess.CompletedProcess:
+    """:func:`maxtext_convert_cmd` in a fresh process of MaxText's venv."""
+    return run(maxtext_convert_cmd(model_name, hf, out, overrides, flags), log, env={**MT_ENV, **(env or {})})
 
 
 def dequantize(kind: str, src: Path, out: Path, log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -151,6 +161,7 @@ def compare_outputs(ours: Path, theirs: Path, out_json: Path, log: Path, *flags,
                     env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     """Both checkpoints leaf by leaf, bit for bit (bench/compare_outputs.py, Orbax's public API in MaxText's venv):
     the step and its JSON result ({} if it wrote none)."""
+    out_json.unlink(missing_ok=True)  # an earlier run's result is not this one's
     done = run(mt_step("compare_outputs.py", ours, theirs, *flags, "--json", out_json), log,
                env={**MT_ENV, **(env or {})})
     return done, (json.loads(out_json.read_text()) if out_json.exists() else {})

@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
+from bench import steps  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, REPO, run  # noqa: E402
 
 WORK = BENCH / "work" / "vision"
@@ -437,7 +438,7 @@ def make_qwen3_vl(family: str, hf: Path) -> subprocess.CompletedProcess:
     config["vision_config"].update(QWEN3_VL_VISION)
     path = WORK / f"{family}-config.json"
     path.write_text(json.dumps(config))
-    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
+    return steps.hf_tiny(path, hf, WORK / f"hf-{family}.log")
 
 
 def make_qwen3_5(hf: Path) -> subprocess.CompletedProcess:
@@ -465,7 +466,7 @@ def gemma4_case(family: str, scan: bool) -> "compare_families.Case":  # noqa: F8
 def make_gemma4(family: str, hf: Path) -> subprocess.CompletedProcess:
     path = WORK / f"{family}-config.json"
     path.write_text(json.dumps(gemma4_case(family, True).config()))
-    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / f"hf-{family}.log", env=MT_ENV)
+    return steps.hf_tiny(path, hf, WORK / f"hf-{family}.log")
 
 
 def gemma4_sizes(family: str, scan: bool) -> list[str]:
@@ -494,7 +495,7 @@ def make_qwen3_omni(hf: Path) -> subprocess.CompletedProcess:
     config["thinker_config"]["audio_config"].update(QWEN3_OMNI_AUDIO)
     path = WORK / "qwen3-omni-config.json"
     path.write_text(json.dumps(config))
-    return run([MT_PYTHON, BENCH / "hf_tiny.py", path, hf], WORK / "hf-qwen3-omni.log", env=MT_ENV)
+    return steps.hf_tiny(path, hf, WORK / "hf-qwen3-omni.log")
 
 
 def refusal(hf: Path, family: str) -> dict:
@@ -502,8 +503,7 @@ def refusal(hf: Path, family: str) -> dict:
     exit 2, nothing written."""
     dst = WORK / f"{family}-scan-refused"
     shutil.rmtree(dst, ignore_errors=True)
-    result = run([sys.executable, "-m", "ckptconv", "convert", hf, dst, "--progress", "none", "--multimodal",
-                  "--scan-layers"], WORK / f"{family}-scan-refused.log")
+    result = steps.convert(hf, dst, WORK / f"{family}-scan-refused.log", "--multimodal", "--scan-layers")
     return {"exit": result.returncode, "stderr": result.stderr.strip(), "written": dst.exists()}
 
 
@@ -543,9 +543,8 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     ours, theirs = root / "ckptconv", root / "maxtext"
-    layout = ["--devices", str(devices), "--scan-layers" if scan else "--no-scan-layers", "--multimodal"]
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", *layout],
-               root / "ckptconv.log")
+    mine = steps.convert(hf, ours, root / "ckptconv.log", "--devices", devices,
+                         "--scan-layers" if scan else "--no-scan-layers", "--multimodal")
     if family == "gemma3":
         model, sizes, loader = "gemma3-4b", maxtext_sizes(scan), "transformers"
     elif family in GEMMA4:
@@ -559,19 +558,17 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
     else:
         model, loader = MAXTEXT_MODEL[family], "safetensors"
         sizes = qwen3_vl_sizes(json.loads((WORK / f"{family}-config.json").read_text()))
-    mt = run([MT_PYTHON, BENCH / "maxtext_convert_tiny.py", model, hf, theirs, *sizes, "--",
-              "--lazy_load_tensors=false", f"--eager_load_method={loader}",
-              f"--simulated_cpu_devices_count={devices}", "--save_dtype=bfloat16"],
-             root / "maxtext.log", env={**MT_ENV, "HF_HOME": str(WORK / "hf-home")})
+    mt = steps.maxtext_convert(model, hf, theirs, sizes, ["--lazy_load_tensors=false", f"--eager_load_method={loader}",
+                                                       f"--simulated_cpu_devices_count={devices}",
+                                                       "--save_dtype=bfloat16"],
+                               root / "maxtext.log", env={"HF_HOME": str(WORK / "hf-home")})
     row = {"case": name, "family": family, "scan": scan, "devices": devices, "ckptconv_exit": mine.returncode,
            "maxtext_exit": mt.returncode}
     if mine.returncode or mt.returncode:
         return row | {"error": last_line(mine if mine.returncode else mt)}
-    compared = run([MT_PYTHON, BENCH / "compare_outputs.py", ours, theirs, "--json", root / "compare.json"],
-                   root / "compare.log", env=MT_ENV)
+    compared, result = steps.compare_outputs(ours, theirs, root / "compare.json", root / "compare.log")
     if family in EXPORT_BACK:
         row |= export_back(ours, hf, root)
-    result = json.loads((root / "compare.json").read_text())
     listed = result.get("compared", result.get("leaves", []))
     tower = [leaf for leaf in listed if "vision_encoder" in str(leaf)]
     audio = [leaf for leaf in listed if "audio_encoder" in str(leaf)]
@@ -583,16 +580,17 @@ def compare_case(name: str, family: str, scan: bool, devices: int, hf: Path) -> 
                   "metadata_differences": sorted({d["field"] for d in result["metadata_differences"]})}
 
 
-def logits_case(hf: Path) -> dict:
-    root = WORK / "logits"
+def forward_case(hf: Path, step: str = "forward", directory: str = "logits") -> dict:
+    """``convert --multimodal --dtype float32 --devices 1``, then this script's ``step`` (``forward``: the decoder's
+    logits on text and an image; ``omni-towers``: Qwen3-Omni's towers alone) in MaxText's venv."""
+    root = WORK / directory
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     ours = root / "ckptconv-f32"
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
-                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    mine = steps.convert(hf, ours, root / "ckptconv.log", "--devices", 1, "--dtype", "float32", "--multimodal")
     if mine.returncode:
         return {"error": last_line(mine)}
-    fwd = run([MT_PYTHON, __file__, "forward", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
+    fwd = run([MT_PYTHON, __file__, step, ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
     if fwd.returncode:
         return {"error": last_line(fwd)}
     return json.loads(fwd.stdout.strip().splitlines()[-1])
@@ -607,21 +605,6 @@ OMNI_TOWERS_NOTE = (
     "mergers): with transformers' GELUs in the tanh form (last column) the audio tower agrees to float32 rounding; "
     "the vision tower's remaining 2-3e-5 were not traced further (MaxText's vision path: rotary and interpolated "
     "positions, attention).")
-
-
-def omni_towers_case(hf: Path) -> dict:
-    root = WORK / "omni-towers"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    ours = root / "ckptconv-f32"
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
-                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
-    if mine.returncode:
-        return {"error": last_line(mine)}
-    fwd = run([MT_PYTHON, __file__, "omni-towers", ours / "0" / "items", hf, root], root / "forward.log", env=MT_ENV)
-    if fwd.returncode:
-        return {"error": last_line(fwd)}
-    return json.loads(fwd.stdout.strip().splitlines()[-1])
 
 
 # the releases' towers: Gemma 3's SigLIP (27 layers, hidden 1152, MLP 4304, 4096 positions) and Gemma 4's 26B-A4B / 31B
@@ -656,8 +639,7 @@ def gemma4_logits_case(family: str) -> dict:
         made = run(step, root / "hf.log", env=MT_ENV)
         if made.returncode:
             return {"error": last_line(made)}
-    mine = run([sys.executable, "-m", "ckptconv", "convert", hf, ours, "--progress", "none", "--devices", "1",
-                "--dtype", "float32", "--multimodal"], root / "ckptconv.log")
+    mine = steps.convert(hf, ours, root / "ckptconv.log", "--devices", 1, "--dtype", "float32", "--multimodal")
     if mine.returncode:
         return {"error": last_line(mine)}
     fwd = run([MT_PYTHON, __file__, "gemma4-forward", ours / "0" / "items", hf, root, GEMMA4[family][1]],
@@ -738,8 +720,7 @@ def measure_peaks(src: Path, name: str) -> dict:
         shutil.rmtree(dst, ignore_errors=True)
         flags = ["--multimodal", "--devices", str(devices)]
         planned = run([sys.executable, "-m", "ckptconv", "plan", src, *flags, "--json"], WORK / f"{name}-plan.log")
-        done = run([sys.executable, "-m", "ckptconv", "convert", src, dst, *flags, "--progress", "none"],
-                   WORK / f"{name}-convert.log")
+        done = steps.convert(src, dst, WORK / f"{name}-convert.log", *flags)
         report = json.loads((dst / "ckptconv-report.json").read_text()) if done.returncode == 0 else {}
         rows.append({"devices": devices, "predicted": json.loads(planned.stdout)["predicted_peak_rss_bytes"],
                      "measured": report.get("peak_rss_bytes"), "source_bytes": report.get("source_bytes"),
@@ -1091,14 +1072,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
         entry = {"rows": rows}
         if family in ("gemma3", *GEMMA4) and not args.no_logits:
-            entry["logits"] = logits_case(hf) if family == "gemma3" else gemma4_logits_case(family)
+            entry["logits"] = forward_case(hf) if family == "gemma3" else gemma4_logits_case(family)
             print(json.dumps(entry["logits"]), flush=True)
             ok &= all(v.get("ok") for v in entry["logits"].values() if isinstance(v, dict))
         if family in ("qwen3_vl", "qwen3_vl_moe", "qwen3_omni"):
             entry["refusal"] = refusal(hf, family)
             ok &= entry["refusal"]["exit"] == 2 and not entry["refusal"]["written"]
         if family == "qwen3_omni" and not args.no_logits:
-            entry["towers"] = omni_towers_case(hf)
+            entry["towers"] = forward_case(hf, "omni-towers", "omni-towers")
             print(json.dumps(entry["towers"]), flush=True)
         results[family] = entry
         ok &= all(r.get("identical") and (family not in EXPORT_BACK or r.get("export_ok")) for r in rows)
