@@ -53,3 +53,34 @@ def against(got, reference, tolerance: float) -> dict:
 
     diff = float(np.abs(got[:, : reference.shape[-1]] - reference).max())
     return {"max_abs_logits_diff": diff, "max_abs_logit": float(np.abs(reference).max()), "ok": diff <= tolerance}
+
+
+def loaded_leaves(loaded) -> dict:
+    """What a MaxText loader restored (an nnx state or a plain tree), by leaf path."""
+    import jax
+    import numpy as np
+
+    pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
+    return {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
+
+
+def written_leaves(ckpt: str) -> dict:
+    """Every leaf of a checkpoint as written, restored with Orbax's public API: {path under its collection:
+    (collection, array)} (the collections of ``params`` merged by leaf path, as the model addresses them)."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(ckpt)
+    meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
+    written = checkpointer.restore(ckpt, args=ocp.args.PyTreeRestore(restore_args=args))
+    return {"/".join(str(k.key) for k in path): (collection, np.asarray(v))
+            for collection, tree in written["params"].items() for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def mismatched(got: dict, want: dict) -> list[str]:
+    """The written leaves (``want``: path -> array) a loader did not restore bit for bit (in its dtype)."""
+    return sorted(k for k in want if k not in got or got[k].shape != want[k].shape
+                  or got[k].tobytes() != want[k].astype(got[k].dtype).tobytes())

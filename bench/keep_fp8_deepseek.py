@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
 from bench import forward, steps  # noqa: E402
+from bench.maxtext_loaders import FAMILIES as LOADERS_FAMILIES  # noqa: E402
 from bench.measure import plan_of  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_PYTHON, REPO  # noqa: E402
 
@@ -43,19 +44,9 @@ TOLERANCE = 1e-4
 TOKENS = [3, 17, 101, 42, 7, 200, 9, 64]
 GIB = 1024**3
 
-# MaxText's model configs (deepseek3-671b.yml, kimi-k2-1t.yml): RoPE as transformers 5 writes it, routing
-FAMILIES = {
-    "deepseek3": {"maxtext_model": "deepseek3-671b", "model_type": "deepseek_v3", "routed_scaling_factor": 2.5,
-                  "max_position_embeddings": 163840,
-                  "rope": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
-                           "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                           "original_max_position_embeddings": 4096}},
-    "kimi-k2": {"maxtext_model": "kimi-k2-1t", "model_type": "kimi_k2", "routed_scaling_factor": 2.827,
-                "max_position_embeddings": 131072,
-                "rope": {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
-                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                         "original_max_position_embeddings": 4096}},
-}
+# MaxText's model configs (deepseek3-671b.yml, kimi-k2-1t.yml): RoPE as transformers 5 writes it, routing; as the
+# loaders benchmark has them
+FAMILIES = {family: LOADERS_FAMILIES[family] for family in ("deepseek3", "kimi-k2")}
 WIDTHS = {"hidden_size": 256, "num_layers": 3, "num_heads": 4, "head_dim": 128, "intermediate_size": 320,
           "moe_intermediate_size": 192, "num_experts": 8, "vocab_size": 300, "quantization": "fp8"}
 MLA = {"q_lora_rank": 192, "kv_lora_rank": 512, "qk_rope_head_dim": 64}

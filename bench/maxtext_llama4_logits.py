@@ -99,9 +99,6 @@ def run_forward(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: st
 
 def run_load_params(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work: str) -> dict:
     """MaxText's training loader into the model's abstract state: every leaf as written, bit for bit."""
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
     from flax import nnx
     from maxtext.common import checkpointing
     from maxtext.utils import model_creation_utils
@@ -110,17 +107,9 @@ def run_load_params(maxtext_model: str, ckpt: str, scan: bool, hf_dir: str, work
     _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
     loaded = checkpointing.load_params_from_path(ckpt, nnx.state(abstract_model, nnx.Param),
                                                  config.checkpoint_storage_concurrent_gb)
-    pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
-    got = {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(ckpt)
-    meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
-    written = checkpointer.restore(ckpt, args=ocp.args.PyTreeRestore(restore_args=args))
-    want = {"/".join(str(k.key) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(written["params"]["params"])[0]}
-    mismatched = sorted(k for k in want if k not in got or got[k].shape != want[k].shape
-                        or got[k].tobytes() != want[k].astype(got[k].dtype).tobytes())
+    got = forward.loaded_leaves(loaded)
+    want = {k: v for k, (collection, v) in forward.written_leaves(ckpt).items() if collection == "params"}
+    mismatched = forward.mismatched(got, want)
     return {"leaves_written": len(want), "leaves_loaded": len(got), "mismatched": mismatched[:5],
             "load_params_ok": not mismatched and set(want) == set(got)}
 

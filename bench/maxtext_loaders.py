@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run by path as a step in MaxText's venv: bench, tests
 from bench.compare_deepseek_v4 import v4_overrides  # noqa: E402
 from bench.forward import EXACT_MOE, config as mt_config, logits as forward_logits, settings as mt_settings  # noqa: E402,E501
+from bench.forward import loaded_leaves as forward_leaves, mismatched as mismatched_leaves, written_leaves  # noqa: E402,E501
 from bench import steps  # noqa: E402
 from bench.steps import BENCH, DOCS, MT_ENV, MT_PYTHON, REPO, error_line, last_json, run  # noqa: E402
 
@@ -186,8 +187,8 @@ def wrap_kimi_k25(out: Path) -> None:
 
 def maxtext_config(family: str, ckpt: str, scan: bool, work: str):
     model = FAMILIES[family]["maxtext_model"]
-    if FAMILIES[family].get("v4"):  # its overrides set the attention (dot_product) with the sizes
-        return mt_config(mt_settings(model, work, "loaders", len(TOKENS), scan, ckpt, attention=None, **EXACT_MOE,
+    if FAMILIES[family].get("v4"):  # its overrides give the attention (dot_product) with the sizes
+        return mt_config(mt_settings(model, work, "loaders", len(TOKENS), scan, ckpt, **EXACT_MOE,
                                      **v4_overrides(v4_sizes(), scan)), "loaders")
     s = sizes(family)
     return mt_config(mt_settings(
@@ -259,9 +260,6 @@ def run_maxtext_own(family: str, ckpt: str, scan: bool, hf_dir: str, work: str) 
 
 
 def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
     from maxtext.common import checkpointing
     from maxtext.utils import model_creation_utils
 
@@ -269,20 +267,9 @@ def run_load_params(family: str, ckpt: str, scan: bool, work: str) -> dict:
     _, abstract_model = model_creation_utils.create_nnx_abstract_model(config)
     abstract = abstract_state(abstract_model)
     loaded = checkpointing.load_params_from_path(ckpt, abstract, config.checkpoint_storage_concurrent_gb)
-    pure = loaded.to_pure_dict() if hasattr(loaded, "to_pure_dict") else loaded
-    got = {"/".join(str(k.key) for k in path): np.asarray(v) for path, v in jax.tree_util.tree_flatten_with_path(pure)[0]}
-    # what was written, every collection merged by leaf path (as the model addresses it)
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(ckpt)
-    meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), meta)
-    written = checkpointer.restore(ckpt, args=ocp.args.PyTreeRestore(restore_args=args))
-    want = {}
-    for collection, tree in written["params"].items():
-        for path, v in jax.tree_util.tree_flatten_with_path(tree)[0]:
-            want["/".join(str(k.key) for k in path)] = (collection, np.asarray(v))
-    mismatched = sorted(k for k in want if k not in got or got[k].shape != want[k][1].shape
-                        or got[k].tobytes() != want[k][1].astype(got[k].dtype).tobytes())
+    got = forward_leaves(loaded)
+    want = written_leaves(ckpt)  # what was written, every collection merged by leaf path (as the model addresses it)
+    mismatched = mismatched_leaves(got, {k: v for k, (_, v) in want.items()})
     bias = sorted(k for k in want if k.endswith(("gate/bias", "tid2eid")))
     return {"leaves_written": len(want), "leaves_loaded": len(got), "mismatched": mismatched[:5],
             "n_mismatched": len(mismatched), "bias_leaves": {k: [want[k][0], list(want[k][1].shape)] for k in bias},
