@@ -120,6 +120,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Kimi-K2.6": {"multimodal projector": 6, "vision tower": 329},
     "DeepSeek-V3.2": {"multi-token prediction": 1571},
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785, "vision tower": 333},
+    "Qwen3-Next-80B-A3B-Instruct": {"multi-token prediction": 1553},
 }
 
 
@@ -325,3 +326,16 @@ def test_transformers_generic_settings_that_change_weights_are_refused_unless_in
     config["text_config"][field] = value
     with pytest.raises(BadInputError, match=f"text_config: field '{field}' = .* is not supported"):
         read_spec(BY_MODEL_TYPE["kimi_k25"], config, "config.json")
+
+
+def test_qwen3_next_sliding_window_is_read_off_and_refused_on():
+    """transformers 5 prints Qwen3-Next's config with use_sliding_window: false (the release plans above); true would
+    be attention MaxText's qwen3-next decoder does not run: refused by name."""
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    config = load("Qwen3-Next-80B-A3B-Instruct")["config"]
+    read_spec(BY_MODEL_TYPE["qwen3_next"], config, "config.json")
+    with pytest.raises(BadInputError, match="'use_sliding_window' = True is not supported"):
+        read_spec(BY_MODEL_TYPE["qwen3_next"], {**config, "use_sliding_window": True}, "config.json")

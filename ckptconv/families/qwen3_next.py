@@ -166,6 +166,8 @@ def _period(cfg: ConfigReader, layers: int) -> int:
 
 def read_spec(cfg: ConfigReader) -> ModelSpec:
     dims, layers, period = read_hybrid(cfg)
+    # transformers 5's Qwen3NextConfig writes it (false): no layer of the release slides its window
+    cfg.require("use_sliding_window", (False,), False)
     values = {"tie_word_embeddings": cfg.bool("tie_word_embeddings", False), "period": period}
     return make_spec(cfg, "qwen3_next", dims, values, layers)
 
