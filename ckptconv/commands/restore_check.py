@@ -175,18 +175,18 @@ def restore(dst: str, stored: list[StoredLeaf], target: dict, result: RestoreChe
         tree = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
         jax.block_until_ready(tree)
-    except ValueError:  # tensorstore's words for a chunk that is missing or does not decode: find which leaf
-        problems = decode_problems(items, stored)
-        if not problems:
-            raise
-        result.mismatches += problems
-        return None
     except jax.errors.JaxRuntimeError as err:
         if "RESOURCE_EXHAUSTED" not in str(err):
             raise
         raise RuntimeSetupError(f"{dst}: {result.bytes / GIB:.2f} GiB do not fit the memory of {result.devices} "
                                 f"{result.platform} device(s) as stored sharded; run on a host with more devices "
                                 "(the checkpoint was not found at fault)") from None
+    except Exception:  # noqa: BLE001 - Orbax wraps tensorstore's DATA_LOSS (a digest mismatch) in a bare Exception
+        problems = decode_problems(items, stored)  # read one chunk at a time: which leaf holds the damage
+        if not problems:
+            raise
+        result.mismatches += problems
+        return None
     result.restore_seconds = time.perf_counter() - started
     return {leaf.path: _at(tree, leaf.path) for leaf in stored}
 
