@@ -56,21 +56,23 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 2
 
-# Each phase prints its wall time on its last line (`== phase: N s`), where CI's log shows where the minutes went.
+# Each phase prints its wall time on its last line (`== ... phase: N s`), where CI's log shows where the minutes went.
+PHASE_START := start=$$(date +%s)
+phase_end = status=$$?; echo "== $(1) phase: $$(( $$(date +%s) - start )) s"; exit $$status
+MEMORY_PYTEST := $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory --junitxml=$(MEMORY_RESULTS)
+
 test: setup
-	@start=$$(date +%s); $(PYTEST) -m "not memory"; status=$$?; \
-	  echo "== parallel phase: $$(( $$(date +%s) - start )) s"; exit $$status
-	@start=$$(date +%s); $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory \
-	  --junitxml=$(MEMORY_RESULTS); status=$$?; echo "== memory phase: $$(( $$(date +%s) - start )) s"; exit $$status
+	@$(PHASE_START); $(PYTEST) -m "not memory"; $(call phase_end,parallel)
+	@$(PHASE_START); $(MEMORY_PYTEST); $(call phase_end,memory)
 
 test-fast: setup
 	$(PYTEST) -m "not slow"
 
 bench: setup
-	$(PY) bench/compare_maxtext.py
+	$(PY) -m bench speed
 
 bench-families: setup
-	$(PY) bench/compare_families.py
+	$(PY) -m bench families
 
 clean:
 	rm -rf demo-out .pytest_cache .prefect $(RESULTS)
