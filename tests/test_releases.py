@@ -121,6 +121,13 @@ EXPECTED: dict[str, dict[str, int]] = {
     "DeepSeek-V3.2": {"multi-token prediction": 1571},
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785, "vision tower": 333},
     "Qwen3-Next-80B-A3B-Instruct": {"multi-token prediction": 1553},
+    "gemma-4-31B-it": {"vision projector": 1, "vision tower": 355},
+}
+# The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
+# is then left out (the encoders' tensors are all read).
+EXPECTED_MULTIMODAL: dict[str, dict[str, int]] = {
+    "gemma-4-31B-it": {},
+    "Qwen3.5-35B-A3B": {"multi-token prediction": 785},
 }
 
 
@@ -207,17 +214,20 @@ def test_partial_listing_matches_the_rules_names_and_shapes(name):
     assert not wrong, list(wrong.items())[:5]
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_release_plans_as_shipped(release_dir, name):
-    """The release plans; the tensors it does not convert are the expected ones, each with its reason."""
+@pytest.mark.parametrize("name, multimodal", [(name, False) for name in sorted(EXPECTED)]
+                         + [(name, True) for name in sorted(EXPECTED_MULTIMODAL)])
+def test_release_plans_as_shipped(release_dir, name, multimodal):
+    """The release plans (with --multimodal too, where its family converts the encoders); the tensors it does not
+    convert are the expected ones, each with its reason."""
     fixture = load(name)
-    plan = make_plan(LocalSource(str(release_dir(name))))
+    plan = make_plan(LocalSource(str(release_dir(name))), multimodal=multimodal)
     reported = not_converted(plan)
+    expected = (EXPECTED_MULTIMODAL if multimodal else EXPECTED)[name]
     by_reason = {}
     for what, count in reported.items():
-        key = next((k for k in EXPECTED[name] if what.startswith(k)), what)
+        key = next((k for k in expected if what.startswith(k)), what)
         by_reason[key] = by_reason.get(key, 0) + count
-    assert by_reason == EXPECTED[name], reported
+    assert by_reason == expected, reported
     read = sum(len(getattr(piece, "parts", (piece,))) for job in plan.jobs for piece in job.pieces)
     assert read + sum(reported.values()) <= len(fixture["tensors"])
 
@@ -339,3 +349,20 @@ def test_qwen3_next_sliding_window_is_read_off_and_refused_on():
     read_spec(BY_MODEL_TYPE["qwen3_next"], config, "config.json")
     with pytest.raises(BadInputError, match="'use_sliding_window' = True is not supported"):
         read_spec(BY_MODEL_TYPE["qwen3_next"], {**config, "use_sliding_window": True}, "config.json")
+
+
+def test_gemma4_expert_intermediate_size_read_off_and_refused_when_it_contradicts():
+    """transformers 5.7 prints Gemma 4's text_config with expert_intermediate_size (null in gemma-4-31B-it, which
+    plans above). In a MoE model a value other than moe_intermediate_size is refused, naming both."""
+    from ckptconv.commands import synth
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE, gemma4
+    from ckptconv.plan.conversion import read_spec
+
+    config = synth.for_family(gemma4.FAMILY, gemma4.MOE_TINY).config()
+    moe = config["text_config"]["moe_intermediate_size"]
+    config["text_config"]["expert_intermediate_size"] = moe
+    assert read_spec(BY_MODEL_TYPE["gemma4"], config, "config.json").dim("moe_mlp") == moe
+    config["text_config"]["expert_intermediate_size"] = 2 * moe
+    with pytest.raises(BadInputError, match=f"expert_intermediate_size={2 * moe} differs from moe_intermediate_size"):
+        read_spec(BY_MODEL_TYPE["gemma4"], config, "config.json")

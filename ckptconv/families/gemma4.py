@@ -151,9 +151,14 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
         dims["moe_mlp"] = text.int("moe_intermediate_size")
         dims["moe_mlp2"] = 2 * dims["moe_mlp"]
         text.runtime("top_k_experts")
+        # transformers 5.7 also prints expert_intermediate_size (null in the releases): set, it must agree
+        expert = text.raw("expert_intermediate_size")
+        if expert is not None and expert != dims["moe_mlp"]:
+            text.fail(f"expert_intermediate_size={expert!r} differs from moe_intermediate_size={dims['moe_mlp']}: "
+                      f"which one sizes the experts is unclear")
     else:  # transformers builds no MoE block without enable_moe_block, whatever these say (MaxText's copy of the
-        # 31B config keeps 26B-A4B's moe_intermediate_size)
-        text.runtime("num_experts", "top_k_experts", "moe_intermediate_size")
+        # 31B config keeps 26B-A4B's moe_intermediate_size; transformers 5.7 prints expert_intermediate_size)
+        text.runtime("num_experts", "top_k_experts", "moe_intermediate_size", "expert_intermediate_size")
     return _finish(cfg, text, dims, layers, {"moe": moe, vision.PROBLEM: problem})
 
 
