@@ -122,12 +122,14 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785, "vision tower": 333},
     "Qwen3-Next-80B-A3B-Instruct": {"multi-token prediction": 1553},
     "gemma-4-31B-it": {"vision projector": 1, "vision tower": 355},
+    "Qwen3-VL-30B-A3B-Instruct": {"vision tower": 351},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
 EXPECTED_MULTIMODAL: dict[str, dict[str, int]] = {
     "gemma-4-31B-it": {},
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785},
+    "Qwen3-VL-30B-A3B-Instruct": {},
 }
 
 
