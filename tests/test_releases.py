@@ -123,6 +123,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Qwen3-Next-80B-A3B-Instruct": {"multi-token prediction": 1553},
     "gemma-4-31B-it": {"vision projector": 1, "vision tower": 355},
     "Qwen3-VL-30B-A3B-Instruct": {"vision tower": 351},
+    "DeepSeek-V3": {"multi-token prediction": 1564},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
