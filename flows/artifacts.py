@@ -6,7 +6,9 @@ Per model (``<slug>`` from the model's name or destination):
   time, predicted and measured peaks, stages as bands), the stage table in human units with the
   wall time beside it, where the output is and how it was verified;
 - ``conversion-<slug>-progress`` (made by the conversion task while it runs);
-- ``conversion-<slug>-row`` (a one-row table with raw figures: a zoo that dispatched the run reads it back).
+- ``conversion-<slug>-row`` (a one-row table with raw figures: a zoo that dispatched the run reads it back);
+- ``conversion-<slug>-restore-check`` (a one-row table, on a pool that asks for it: the checkpoint restored onto
+  the worker's accelerator, restore seconds, GiB/s, device memory, host peak RSS, every leaf checked there).
 
 Per zoo run: ``zoo-<name>`` (markdown: one line per model, eight columns, each linking to the model's
 page) and ``zoo-<name>-rows`` (the same rows with every raw field, as a table). Builders are pure;
@@ -58,7 +60,8 @@ def headline(report: dict, predicted: int | None) -> str:
             f"peak RSS {human_bytes(peak)}{share}")
 
 
-def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> str:
+def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str,
+                     restored: dict | None = None) -> str:
     """The model's page: status and headline, the plot, the stage table (with wall time), output, details."""
     predicted = plan.get("predicted_peak_rss_bytes")
     status = "skipped: a complete, identical conversion was already there" if report.get("skipped") else "converted"
@@ -67,12 +70,13 @@ def summary_markdown(job: Conversion, plan: dict, report: dict, verified: dict |
     plot = (f"![RSS over time, predicted peak and stages]({rssplot.data_uri(svg)})\n\n" if svg
             else "_(no RSS timeline in this report)_\n\n")
     parts = [f"## Conversion `{job.slug}`: {status}\n",
-             f"**{headline(report, predicted)}**{origin}. Verify: {_verify_text(verified, report)}\n",
+             f"**{headline(report, predicted)}**{origin}. Verify: {_verify_text(verified, report)}\n"
+             + (f"\nOn the accelerator: {restore_check_text(restored)}\n" if restored else ""),
              f"Output: [{job.destination}]({output_link(job.destination)}) (MaxText: "
              f"`load_parameters_path={job.destination.rstrip('/')}/0/items`)\n",
              plot + f"### Stages\n\n{OVERLAP_NOTE}\n\n{_stage_table(report)}\n",
              "### Details\n\n| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in _details(
-                 job, report, predicted, verified, sharding, status)) + "\n"]
+                 job, report, predicted, verified, sharding, status, restored)) + "\n"]
     return "\n".join(parts)
 
 
@@ -88,7 +92,7 @@ def _stage_table(report: dict) -> str:
 
 
 def _details(job: Conversion, report: dict, predicted: int | None, verified: dict | None, sharding: str,
-             status: str) -> list[tuple[str, str]]:
+             status: str, restored: dict | None = None) -> list[tuple[str, str]]:
     source = report["source"]
     # a local source's per-file fingerprint details stay in the report
     provenance = ", ".join(f"{k} {v}" for k, v in source.items() if k not in ("uri", "files")) or "-"
@@ -117,8 +121,28 @@ def _details(job: Conversion, report: dict, predicted: int | None, verified: dic
         ("sharding", sharding),
         ("restore", restore_text(report.get("restore"))),
         ("verify", _verify_text(verified, report)),
+        ("restore check", restore_check_text(restored) if restored else "-"),
         ("attempts", str(report.get("attempts", 1))),
     ]
+
+
+def restore_check_text(restored: dict) -> str:
+    """One line: the checkpoint restored onto the worker's devices, how fast, what it held, and the check's verdict."""
+    device = (f"{human_bytes(restored['device_bytes_in_use'])} in use on the fullest device"
+              if restored.get("device_bytes_in_use") is not None else
+              f"{human_bytes(restored['restored_bytes_per_device'])} restored on the fullest device")
+    return (f"OK: {restored['leaves']} leaves, {human_bytes(restored['bytes'])} restored onto {restored['devices']} "
+            f"{restored['platform']} device(s) in {human_seconds(restored['restore_seconds'])} "
+            f"({restored['gib_per_s']} GiB/s); {device}; every leaf equal to the stored data bit for bit there "
+            f"({human_seconds(restored['check_seconds'])}); host peak RSS {human_bytes(restored['peak_rss_bytes'])}")
+
+
+def restore_check_row(job: Conversion, restored: dict) -> dict:
+    """The restore check's raw figures, one row (``conversion-<slug>-restore-check``)."""
+    keys = ("ok", "platform", "devices", "device_kind", "leaves", "bytes", "open_seconds", "restore_seconds",
+            "gib_per_s", "check_seconds", "device_bytes_in_use", "restored_bytes_per_device", "peak_rss_bytes")
+    return {"model": job.slug, "destination": job.destination, **{key: restored.get(key) for key in keys},
+            "waited_for_accelerator_since": (restored.get("admission") or {}).get("requested_at")}
 
 
 def restore_text(figures: dict | None) -> str:
@@ -152,7 +176,7 @@ def output_link(destination: str) -> str:
 
 
 def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: int,
-            predicted: int | None = None, artifact_id: str | None = None) -> dict:
+            predicted: int | None = None, artifact_id: str | None = None, restored: dict | None = None) -> dict:
     """One zoo row for this run: raw figures (status, wall, peak RSS (VmHWM), size, the OCDBT data files and the
     storage reads a host restoring device 0's shard makes, retries, memory held and when) and, for people, the model page's artifact id and the predicted peak."""
     report = report or {}
@@ -170,6 +194,11 @@ def zoo_row(job: Conversion, report: dict | None, error: str | None, attempts: i
         "data_files": restore.get("data_files"),
         "device_restore_reads": restore.get("device_reads"),
         "device_restore_seconds": restore.get("device_read_seconds"),
+        # restored onto the worker's accelerator and checked there (restore-check), where the run asked for it
+        "restore_check": None if restored is None else ("ok" if restored.get("ok") else "failed"),
+        "restore_check_platform": None if restored is None else f"{restored['devices']} {restored['platform']}",
+        "restore_check_seconds": None if restored is None else restored.get("restore_seconds"),
+        "restore_check_gib_per_s": None if restored is None else restored.get("gib_per_s"),
         "retries": max(attempts - 1, 0), "held_gb": admission.get("held_gb"),
         "admitted_at": admission.get("admitted_at"), "released_at": admission.get("released_at"), "error": error,
         "artifact_id": artifact_id,
@@ -213,7 +242,10 @@ def _note(row: dict) -> str:
         return first if len(first) <= ERROR_CHARS else first[:ERROR_CHARS - 1] + "…"
     peak, predicted = row.get("peak_rss_mib"), row.get("predicted_peak_mib")
     share = f"peak {peak / predicted:.0%} of predicted {_mib(predicted)}" if peak and predicted else ""
-    return ", ".join(p for p in ("verified" if row.get("status") == Status.COMPLETE else "", share) if p) or "-"
+    restored = (f"restored onto {row['restore_check_platform']} in {human_seconds(row['restore_check_seconds'])}"
+                if row.get("restore_check") == "ok" else "")
+    return ", ".join(p for p in ("verified" if row.get("status") == Status.COMPLETE else "", restored, share)
+                     if p) or "-"
 
 
 def _where(row: dict) -> str:
@@ -235,13 +267,24 @@ def ui_url() -> str | None:
 
 
 @task(name="publish-artifacts", task_run_name="publish-{job.slug}", cache_policy=NO_CACHE)
-def publish_model_artifacts(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str) -> str:
+def publish_model_artifacts(job: Conversion, plan: dict, report: dict, verified: dict | None, sharding: str,
+                            restored: dict | None = None) -> str:
     """Create the model's page (``conversion-<slug>``); returns its artifact id (for the zoo's link)."""
     origin = " (skipped now; figures of the conversion that wrote it)" if report.get("skipped") else ""
-    artifact_id = create_markdown_artifact(summary_markdown(job, plan, report, verified, sharding),
+    artifact_id = create_markdown_artifact(summary_markdown(job, plan, report, verified, sharding, restored),
                                            key=f"conversion-{job.slug}",
                                            description=f"{job.source} -> {job.destination}{origin}")
     return str(artifact_id)
+
+
+@task(name="publish-restore-check", task_run_name="publish-restore-check-{job.slug}", cache_policy=NO_CACHE)
+def publish_restore_check(job: Conversion, restored: dict) -> str:
+    """The restore check beside the conversion's page: ``conversion-<slug>-restore-check``, one row."""
+    key = f"conversion-{job.slug}-restore-check"
+    create_table_artifact([restore_check_row(job, restored)], key=key,
+                          description=f"{job.destination}: restored onto {restored['devices']} {restored['platform']} "
+                                      f"device(s) and checked there")
+    return key
 
 
 @task(name="publish-row", task_run_name="publish-row-{job.slug}", cache_policy=NO_CACHE)

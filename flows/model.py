@@ -1,7 +1,8 @@
-"""The ``convert-model`` flow: plan -> (skip if done) -> convert -> verify -> inspect -> artifacts.
+"""The ``convert-model`` flow: plan -> (skip if done) -> convert -> verify -> inspect -> [restore check] -> artifacts.
 
 ``convert_one`` is the whole pipeline for one model; the zoo flow runs it once per manifest
-entry. Every step that touches JAX runs as ``python -m ckptconv ...`` in a child process.
+entry. Every step that touches JAX runs as ``python -m ckptconv ...`` in a child process. On a TPU pool
+(``restore_check``) the checkpoint is then restored onto the worker's accelerator and checked there.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from prefect import flow, get_run_logger
 from prefect.states import State
 
 from ckptconv import settings
-from flows.artifacts import publish_model_artifacts, publish_row, zoo_row
-from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
+from flows.artifacts import publish_model_artifacts, publish_restore_check, publish_row, zoo_row
+from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, restore_check, verify_checkpoint
 from tasks.convert import DEFAULT_TIMEOUT_SECONDS
 from tasks.failures import retryable_io
 
@@ -39,9 +40,20 @@ def convert_one(job: Conversion, timeout_seconds: float = DEFAULT_TIMEOUT_SECOND
     verified = None if report["skipped"] else verify_checkpoint(job, timeout_seconds)
     inspected.wait()
     sharding = _sharding(job, inspected.state)
-    page = publish_model_artifacts(job, plan, report, verified, sharding)
-    row = zoo_row(job, report, None, report.get("attempts", 1), plan["predicted_peak_rss_bytes"], page)
+    restored = checked_on_accelerator(job, report, timeout_seconds)
+    page = publish_model_artifacts(job, plan, report, verified, sharding, restored)
+    row = zoo_row(job, report, None, report.get("attempts", 1), plan["predicted_peak_rss_bytes"], page, restored)
     return {**row, "worker": worker_name()}
+
+
+def checked_on_accelerator(job: Conversion, report: dict, timeout_seconds: float) -> dict | None:
+    """``restore-check`` after a conversion, where the job asks for it (a TPU pool), and its artifact; None where
+    it does not, or where the output was already complete (unchanged since the run that wrote it, as verify)."""
+    if not job.restore_check or report.get("skipped"):
+        return None
+    restored = restore_check(job, timeout_seconds)
+    publish_restore_check(job, restored)
+    return restored
 
 
 def _sharding(job: Conversion, state: State) -> str:
@@ -58,14 +70,18 @@ def convert_model(source: str, destination: str, devices: int = settings.DEVICES
                   timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, retry_kills: bool = True,
                   multimodal: bool = False, data_file_size: str = settings.DATA_FILE_SIZE,
                   data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
-                  compression: str | None = settings.COMPRESSION) -> dict:
+                  compression: str | None = settings.COMPRESSION, restore_check: bool = False,
+                  restore_check_cpu_devices: int | None = None) -> dict:
     """Convert one HF safetensors checkpoint into a sharded MaxText Orbax checkpoint, verified.
+
+    ``restore_check``: then restore it onto this worker's accelerator and check every leaf there (a TPU pool);
+    ``restore_check_cpu_devices``: onto that many CPU devices instead (a worker without one).
 
     Its zoo row is also published as an artifact: a zoo that started this run through the
     deployment (on another worker) reads it back from the server, no shared result storage needed.
     """
     job = Conversion(source, destination, devices, scan_layers, dtype, overwrite, name, multimodal, data_file_size,
-                     data_files_by_device, compression)
+                     data_files_by_device, compression, restore_check, restore_check_cpu_devices)
     row = convert_one(job, timeout_seconds, retry_kills)
     publish_row(job, row)
     return row

@@ -21,7 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from ckptconv import settings
 from flows.artifacts import publish_model_artifacts
-from flows.model import worker_name
+from flows.model import checked_on_accelerator, worker_name
 from flows.run_waits import DEFAULT_START_WAIT_SECONDS, RUN_WAIT_TIMEOUTS, NeverStarted, RunOverdue, wait_for_run
 from flows.zoo import published_row
 from tasks import Conversion, convert_checkpoint, inspect_checkpoint, plan_conversion, verify_checkpoint
@@ -85,13 +85,16 @@ def convert_partitioned(source: str, destination: str, partitions: int = 2, devi
                         start_wait_seconds: float = DEFAULT_START_WAIT_SECONDS, multimodal: bool = False,
                         data_file_size: str = settings.DATA_FILE_SIZE,
                         data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE,
-                        compression: str | None = settings.COMPRESSION) -> dict:
+                        compression: str | None = settings.COMPRESSION, restore_check: bool = False,
+                        restore_check_cpu_devices: int | None = None) -> dict:
     """Convert one checkpoint as ``partitions`` flow runs on any workers, then finalize, verify, publish.
 
     ``start_wait_seconds``: how long a partition may wait while no worker of its pool can take it.
+    ``restore_check``: after the finalize, restore the checkpoint onto this worker's accelerator and check it
+    there (``restore_check_cpu_devices``: onto that many CPU devices instead).
     """
     job = Conversion(source, destination, devices, scan_layers, dtype, False, name, multimodal, data_file_size,
-                     data_files_by_device, compression)
+                     data_files_by_device, compression, restore_check, restore_check_cpu_devices)
     plan = plan_conversion(job)
     futures = [run_partition.submit(job, i, partitions, deployment, timeout_seconds, start_wait_seconds)
                for i in range(partitions)]
@@ -106,7 +109,8 @@ def convert_partitioned(source: str, destination: str, partitions: int = 2, devi
     report = finalize(job, plan["predicted_peak_rss_bytes"], timeout_seconds, ("--finalize", str(partitions)))
     verified = verify_checkpoint(job, timeout_seconds)
     sharding = inspect_checkpoint(job)["sharding_check"]
-    publish_model_artifacts(job, plan, report, verified, sharding)
+    restored = checked_on_accelerator(job, report, timeout_seconds)
+    publish_model_artifacts(job, plan, report, verified, sharding, restored)
     create_table_artifact(rows, key=f"conversion-{job.slug}-partitions",
                           description=f"{source}: where each of {partitions} partitions ran")
-    return {"report": report, "partitions": rows}
+    return {"report": report, "partitions": rows, "restore_check": restored}

@@ -9,6 +9,7 @@ from tasks.convert import convert_checkpoint
 from tasks.export import export_checkpoint
 from tasks.job import Conversion, Export
 from tasks.plan import plan_conversion
+from tasks.restore import restore_check
 
-__all__ = ["Conversion", "Export", "convert_checkpoint", "export_checkpoint", "inspect_checkpoint", "plan_conversion", "sharding_check",
+__all__ = ["Conversion", "Export", "convert_checkpoint", "export_checkpoint", "inspect_checkpoint", "plan_conversion", "restore_check", "sharding_check",
            "verify_checkpoint"]

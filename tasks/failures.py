@@ -39,6 +39,13 @@ class ChildTimeout(ChildFailed):
     """The child ran past its timeout and was killed (not retried)."""
 
 
+class AcceleratorBusy(ChildFailed):
+    """Exit status 75: the host's accelerator is held by another program (retried by the restore check only)."""
+
+
+ACCELERATOR_BUSY_EXIT = 75  # ckptconv.accelerator.AcceleratorUnavailableError's status (EX_TEMPFAIL)
+
+
 class TooBigForWorker(Exception):
     """The predicted peak memory exceeds this worker's memory limit (not retried)."""
 
@@ -80,6 +87,8 @@ def failure(what: str, returncode: int, tail: list[str], timed_out: bool, timeou
     message = f"{what}: exit {returncode}: {error_line(tail)}"
     if returncode == 2:
         return BadInput(message)
+    if returncode == ACCELERATOR_BUSY_EXIT:
+        return AcceleratorBusy(message)
     if any(TRANSIENT.search(line) for line in tail[-20:]):
         return TransientIOError(message)
     return ChildFailed(message)

@@ -31,6 +31,10 @@ class Conversion:
     # None: the CLI's choice by the output's size
     data_files_by_device: bool | None = settings.DATA_FILES_BY_DEVICE
     compression: str | None = settings.COMPRESSION  # convert --compression: zstd, lz4 or none; None: by the layout
+    # after the conversion, restore it onto this worker's accelerator and check every leaf there (ckptconv
+    # restore-check; a TPU pool's deployment and zoo entries set it)
+    restore_check: bool = False
+    restore_check_cpu_devices: int | None = None  # restore onto this many CPU devices instead (no accelerator: CI)
 
     @property
     def slug(self) -> str:
