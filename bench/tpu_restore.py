@@ -117,7 +117,7 @@ def _measure(plan: dict) -> int:
                 results["runs"].append({"shape": case["shape"], "case": layout, "round": round_, **{
                     k: check[k] for k in ("ok", "restore_seconds", "metadata_seconds", "gib_per_s", "bytes",
                                           "check_seconds", "leaves_checked", "leaves", "device_bytes_in_use",
-                                          "device_peak_bytes", "peak_rss_bytes", "mismatches", "devices",
+                                          "device_peak_bytes", "peak_rss_bytes", "rss_bytes", "mismatches", "devices",
                                           "replicated_not_divisible")}})
                 _write(out, results)
             results["runs"].append({"shape": case["shape"], "case": "floor: safetensors read + device_put",

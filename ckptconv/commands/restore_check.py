@@ -57,7 +57,8 @@ class RestoreCheck:
     bytes_checked: int = 0
     mismatches: list[str] = field(default_factory=list)
     source_verified: dict | None = None
-    peak_rss_bytes: int = 0
+    peak_rss_bytes: int = 0  # VmHWM; where the kernel keeps none (gVisor), ru_maxrss, which includes the parent's
+    rss_bytes: dict = field(default_factory=dict)  # VmRSS when opened, after the restore, after the check
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,8 @@ class RestoreCheck:
                 "restored_bytes_per_device": self.restored_bytes_per_device,
                 "replicated_not_divisible": self.replicated_not_divisible, "leaves_checked": self.leaves_checked,
                 "bytes_checked": self.bytes_checked, "mismatches": self.mismatches,
-                "source_verified": self.source_verified, "peak_rss_bytes": self.peak_rss_bytes}
+                "source_verified": self.source_verified, "peak_rss_bytes": self.peak_rss_bytes,
+                "rss_bytes": self.rss_bytes}
 
 
 def restore_check(dst: str, *, source: str | None = None, hf_token_file: str | None = None,
@@ -103,6 +105,7 @@ def restore_check(dst: str, *, source: str | None = None, hf_token_file: str | N
     devices = open_backends()
     result.open_seconds = time.perf_counter() - started
     result.platform, result.devices, result.device_kind = devices[0].platform, len(devices), devices[0].device_kind
+    result.rss_bytes["opened"] = monitor.current_rss_bytes()
     if source is not None:
         from ckptconv.commands.verification import verify
 
@@ -117,11 +120,13 @@ def restore_check(dst: str, *, source: str | None = None, hf_token_file: str | N
     target = host_target(stored, devices, result.replicated_not_divisible)
     restored = restore(dst, stored, target, result)
     if restored is not None:
+        result.rss_bytes["restored"] = monitor.current_rss_bytes()
         _device_memory(devices, restored, result)
         if check:
             started = time.perf_counter()
             compare(dst, stored, restored, result)
             result.check_seconds = time.perf_counter() - started
+            result.rss_bytes["checked"] = monitor.current_rss_bytes()
         for array in restored.values():
             array.delete()
     result.peak_rss_bytes = monitor.peak_rss_bytes()
