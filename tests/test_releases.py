@@ -125,6 +125,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Qwen3-VL-30B-A3B-Instruct": {"vision tower": 351},
     "DeepSeek-V3": {"multi-token prediction": 1564},
     "Llama-3.1-8B-Instruct": {},
+    "DeepSeek-V4-Pro": {"multi-token prediction": 2343},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
