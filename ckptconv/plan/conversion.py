@@ -338,6 +338,10 @@ def _short(value: int) -> str:
 
 # --- names ---------------------------------------------------------------------------------
 
+IGNORED_NOTE = ("rotary embedding buffers (rotary_emb.inv_freq): transformers recomputes them from config.json and "
+                "MaxText computes RoPE itself")
+
+
 def _sort_tensors(source: Source, family: Family, spec: ModelSpec,
                   stored: dict[str, TensorInfo]) -> tuple[dict[str, TensorInfo], tuple]:
     """Stored tensors by the names the rules use; what MaxText's layout does not hold, grouped."""
@@ -349,7 +353,8 @@ def _sort_tensors(source: Source, family: Family, spec: ModelSpec,
         if what is not None:
             groups[what].append(info)
             continue
-        if name.endswith(family.ignored_hf_suffixes):
+        if name.endswith(family.ignored_hf_suffixes):  # buffers, not weights: reported, never silently dropped
+            groups[IGNORED_NOTE].append(info)
             continue
         canonical = family.canonical(name)
         if canonical in tensors:
