@@ -18,6 +18,7 @@ the chip is closed in one command. A chunk that does not decode is found by the 
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from ckptconv import layout, monitor
 from ckptconv.accelerator import open_backends
-from ckptconv.errors import RuntimeSetupError
+from ckptconv.errors import DamagedCheckpointError, RuntimeSetupError
 from ckptconv.families.sharding import partition_spec
 from ckptconv.read.stored import (
     StoredLeaf, decode_problems, open_leaf_checked, read_back, read_leaf_region, read_metadata,
@@ -33,6 +34,7 @@ from ckptconv.read.stored import (
 
 GIB = 1024**3
 PIECE_BYTES = 64 * 1024**2  # stored bytes read and compared at a time (per shard: rows along its first axis)
+READS_AHEAD = 3  # pieces in flight: tensorstore reads and decodes the next while one is compared
 
 
 @dataclass
@@ -225,16 +227,34 @@ def _compare_shard(items: str, leaf: StoredLeaf, store, held: np.ndarray, box: t
         if expected.astype(held.dtype).tobytes() != held.tobytes() or expected.astype(held.dtype) != expected:
             return f"{leaf.name}: on device {device.id}: {held} restored, {expected} stored"
         return None
+    held = np.ascontiguousarray(held)  # C order, whatever layout the device's copy came back in
     rows = max(1, PIECE_BYTES // max(1, held[:1].nbytes))
-    for start in range(0, held.shape[0], rows):
-        piece = (slice(box[0].start + start, min(box[0].stop, box[0].start + start + rows)),) + box[1:]
-        expected = read_leaf_region(items, leaf.name, store, piece)
-        got = held[start:start + rows].tobytes()  # C order whatever the device's layout made of the host copy
-        if got != expected.tobytes():
-            diff = np.flatnonzero(np.frombuffer(got, np.uint8) != np.frombuffer(expected.tobytes(), np.uint8))
-            return (f"{leaf.name}: on device {device.id}, region {_fmt(piece)} differs from the stored data "
-                    f"(first differing byte {int(diff[0]) if diff.size else '?'} of the region)")
+    starts = range(0, held.shape[0], rows)
+    reads: collections.deque = collections.deque()
+    for n, start in enumerate(starts):  # READS_AHEAD pieces read while one is compared
+        for ahead in starts[n + len(reads):n + READS_AHEAD]:
+            reads.append(store[_piece(box, ahead, rows)].read())
+        expected = _result(reads.popleft(), items, leaf)
+        got = held[start:start + rows]
+        if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
+            diff = np.flatnonzero(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
+            return (f"{leaf.name}: on device {device.id}, region {_fmt(_piece(box, start, rows))} differs from the "
+                    f"stored data (first differing byte {int(diff[0]) if diff.size else '?'} of the region)")
     return None
+
+
+def _piece(box: tuple[slice, ...], start: int, rows: int) -> tuple[slice, ...]:
+    """Rows ``start:start + rows`` of the shard at ``box``, in the leaf's coordinates."""
+    return (slice(box[0].start + start, min(box[0].stop, box[0].start + start + rows)),) + box[1:]
+
+
+def _result(read, items: str, leaf: StoredLeaf) -> np.ndarray:
+    """A stored piece's read, finished; a chunk that does not decode names the leaf (as ``read_leaf_region``)."""
+    try:
+        return np.asarray(read.result())
+    except ValueError as err:
+        raise DamagedCheckpointError(f"{items}: leaf {leaf.name} is damaged: "
+                                     f"{(str(err).strip().splitlines() or ['?'])[0][:300]}") from None
 
 
 def _device_memory(devices: list, restored: dict, result: RestoreCheck) -> None:
