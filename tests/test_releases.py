@@ -127,6 +127,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Llama-3.1-8B-Instruct": {},
     "DeepSeek-V4-Pro": {"multi-token prediction": 2343},
     "Kimi-K2-Instruct": {"rotary embedding buffers": 61},  # each layer stores its rotary_emb.inv_freq
+    "Qwen3-30B-A3B-Instruct-2507": {},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
