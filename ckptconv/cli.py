@@ -175,11 +175,22 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "files only (about 16x fewer reads on 16 devices), for a few more seconds of conversion; "
                          "--no-data-files-by-device writes them in the source's order; default: by device when the "
                          "output fills more than one spill window (devices x --data-file-size: 1 GiB on 16 devices)")
+    command.add_argument("--workers", type=int, default=settings.WORKERS, metavar="N",
+                         help="read units read and transformed at once (and, above 1, a data file gathered while the "
+                         "last commits); default: the cores this process may use, as many as fit --memory-budget")
+    command.add_argument("--memory-budget", default=settings.MEMORY_BUDGET, metavar="SIZE",
+                         help="the peak RSS the run may plan on (plan predicts it): fewer workers when more would not "
+                         f"fit; default: {settings.BUDGET_SHARE_OF_AVAILABLE * 100:.0f}%% of the memory available now")
 
 
-def _use_data_file_size(args: argparse.Namespace) -> None:
-    settings.use_data_file_bytes(parse_size(args.data_file_size, "--data-file-size", zero=True))
-    settings.use_data_files_by_device(args.data_files_by_device)
+def _run_options(args: argparse.Namespace) -> settings.RunOptions:
+    """The run's options, built once from these flags and this host (ckptconv.host.run_options)."""
+    from ckptconv import host
+
+    budget = None if args.memory_budget is None else parse_size(args.memory_budget, "--memory-budget")
+    return host.run_options(data_file_bytes=parse_size(args.data_file_size, "--data-file-size", zero=True),
+                            data_files_by_device=args.data_files_by_device, workers=args.workers,
+                            budget_bytes=budget)
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:
@@ -328,13 +339,12 @@ def run() -> None:
 def _convert(args: argparse.Namespace) -> int:
     from ckptconv.commands.convert import ConvertRequest, convert
 
-    _use_data_file_size(args)
     report = convert(ConvertRequest(
         source=args.source, destination=args.destination, devices=args.devices, scan_layers=args.scan_layers,
         dtype=args.dtype, report=args.report, overwrite=args.overwrite, progress=args.progress,
         compression=args.compression, hf_token_file=args.hf_token_file, partition=args.partition,
         finalize=args.finalize, lora=args.lora, merge_lora=args.merge_lora, lora_layout=args.lora_layout,
-        multimodal=args.multimodal,
+        multimodal=args.multimodal, options=_run_options(args),
     ))
     if args.partition:
         state = "already written; nothing to do" if report.get("skipped") else (
@@ -430,16 +440,15 @@ def _verify_integrity(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ckptconv.commands.convert import ConvertRequest, plan_for
+    from ckptconv.commands.convert import ConvertRequest, plan_for, run_options
     from ckptconv.plan.estimate import plan_summary
     from ckptconv.read import open_source
 
-    _use_data_file_size(args)
     request = ConvertRequest(source=args.source, destination="", devices=args.devices, scan_layers=args.scan_layers,
                              dtype=args.dtype, hf_token_file=args.hf_token_file, lora=args.lora,
-                             merge_lora=args.merge_lora, multimodal=args.multimodal)
+                             merge_lora=args.merge_lora, multimodal=args.multimodal, options=_run_options(args))
     plan, _ = plan_for(request, open_source(args.source, hf_token_file=args.hf_token_file))
-    summary = plan_summary(plan)
+    summary = plan_summary(plan, run_options(plan, request))
     if args.json:
         print(json.dumps(summary, indent=2, allow_nan=False))
     else:

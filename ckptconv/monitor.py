@@ -1,7 +1,10 @@
 """Peak memory from the kernel and wall time per stage: the numbers users compare tools by.
 
 Peak RSS is the kernel's own high-water mark (``VmHWM``), not a sampling thread that
-misses short peaks. Stage times from worker threads add up as busy seconds, so with reads
+misses short peaks, wherever the kernel keeps one. Where it does not (gVisor, as GKE Sandbox and
+TPU VM hosts run it: ``/proc/self/status`` there has ``VmRSS`` only), a thread samples ``VmRSS``
+every ``PEAK_SAMPLE_SECONDS`` from the first :class:`StageTimer` on; never ``ru_maxrss``, which
+Linux and gVisor carry across ``exec`` from a parent. The report names the source it used. Stage times from worker threads add up as busy seconds, so with reads
 overlapping writes their sum can exceed the wall time; the report says both.
 
 For the picture (RSS over time, stages as bands) a conversion also samples its RSS a few times a
@@ -20,31 +23,95 @@ from ckptconv.settings import STAGES
 
 
 
-def peak_rss_bytes() -> int:
-    """This program's RSS high-water mark so far, from the kernel (``VmHWM``).
+HWM = "VmHWM"  # the kernel's high-water mark of this address space
+SAMPLED = "sampled VmRSS"  # the most VmRSS seen by the sampling thread (a peak between samples can be missed)
+MAXRSS = "ru_maxrss"  # no /proc at all: the only figure left (it may be a parent's)
+PEAK_SAMPLE_SECONDS = 0.01
 
-    Not ``ru_maxrss``: Linux carries it across ``exec``, so a child forked from a big parent
-    (a Prefect worker, a test process that imported torch) would report the parent's size.
-    ``VmHWM`` belongs to the address space this program runs in. ``ru_maxrss`` is the
-    fallback where ``/proc`` is missing.
+
+def peak_source(status: str | None) -> str:
+    """Where this process's own peak can come from, given the text of its ``/proc/self/status`` (None: unreadable):
+    ``VmHWM`` where the kernel keeps it, sampled ``VmRSS`` where it does not (gVisor), ``ru_maxrss`` without /proc.
+
+    >>> peak_source("VmPeak: 9 kB\\nVmHWM: 5 kB\\nVmRSS: 4 kB"), peak_source("VmRSS: 4 kB"), peak_source(None)
+    ('VmHWM', 'sampled VmRSS', 'ru_maxrss')
     """
+    if status is None:
+        return MAXRSS
+    return HWM if any(line.startswith("VmHWM:") for line in status.splitlines()) else SAMPLED
+
+
+def _status() -> str | None:
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+            return f.read()
     except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return None
+
+
+def _status_kib(status: str, field: str) -> int | None:
+    for line in status.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+class PeakWatch:
+    """The most RSS seen, sampled every ``interval`` seconds in a daemon thread (where no ``VmHWM`` is kept)."""
+
+    def __init__(self, interval: float = PEAK_SAMPLE_SECONDS) -> None:
+        self.interval, self.peak = interval, current_rss_bytes()
+        self._thread = threading.Thread(target=self._run, name="ckptconv-peak", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> int:
+        self.peak = max(self.peak, current_rss_bytes())
+        return self.peak
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            time.sleep(self.interval)
+
+
+_WATCH: list[PeakWatch] = []  # this process's sampler, started once where no VmHWM is kept
+
+
+def watch_peak() -> None:
+    """Start sampling this process's RSS if the kernel keeps no high-water mark of it (once per process)."""
+    if not _WATCH and peak_source(_status()) == SAMPLED:
+        _WATCH.append(PeakWatch())
+
+
+def peak_rss() -> tuple[int, str]:
+    """This process's own RSS high-water mark so far, and its source (:func:`peak_source`).
+
+    Not ``ru_maxrss`` where anything else is there: Linux and gVisor carry it across ``exec``, so a child forked from
+    a big parent (a Prefect worker, a test process that imported torch) would report the parent's size; ``VmHWM``
+    belongs to the address space this program runs in, and so does the sampled ``VmRSS``."""
+    status = _status()
+    source = peak_source(status)
+    if source == HWM:
+        return _status_kib(status, "VmHWM"), HWM
+    if source == SAMPLED:
+        now = current_rss_bytes()
+        return (max(_WATCH[0].sample(), now) if _WATCH else now), SAMPLED
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, MAXRSS
+
+
+def peak_rss_bytes() -> int:
+    """This program's RSS high-water mark so far (:func:`peak_rss`)."""
+    return peak_rss()[0]
 
 
 def current_rss_bytes() -> int:
-    """Resident set size now, from ``/proc/self/statm``."""
+    """Resident set size now, from ``/proc/self/statm`` (else ``VmRSS``)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * resource.getpagesize()
-    except OSError:
-        return 0
+    except (OSError, ValueError, IndexError):
+        status = _status()
+        return (_status_kib(status, "VmRSS") or 0) if status else 0
 
 
 def run_figures(timer: "StageTimer", output_bytes: int) -> dict:
@@ -52,8 +119,9 @@ def run_figures(timer: "StageTimer", output_bytes: int) -> dict:
     CPU seconds (all threads, user + system) in total and per GiB written, to size a VM by."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu = usage.ru_utime + usage.ru_stime
+    peak, source = peak_rss()
     figures = {"stage_seconds": timer.as_dict(), "wall_seconds": round(timer.wall(), 3),
-               "peak_rss_bytes": peak_rss_bytes(), "cpu_seconds": round(cpu, 3),
+               "peak_rss_bytes": peak, "peak_rss_source": source, "cpu_seconds": round(cpu, 3),
                "cpu_seconds_per_gib": round(cpu / (output_bytes / 2**30), 3) if output_bytes else None}
     if timer.sampler is not None:
         figures["timeline"] = timer.timeline()
@@ -116,6 +184,7 @@ class StageTimer:
         self._lock = threading.Lock()
         self.started = time.perf_counter()
         self.sampler = RssSampler(self.wall) if sample_rss else None
+        watch_peak()  # where the kernel keeps no high-water mark, from the run's start
 
     def add(self, stage: str, seconds: float, start: float | None = None) -> None:
         """Add busy seconds to ``stage``; ``start`` (seconds since the timer started) places its span,

@@ -82,13 +82,6 @@ class InFlight:
 IN_FLIGHT = InFlight()
 
 
-def use_data_file_bytes(nbytes: int) -> None:
-    """``--data-file-size``: this process's conversion (and ``plan``'s prediction of it) gathers ``nbytes`` of tiles
-    per OCDBT data file. Every user reads ``IN_FLIGHT`` when it runs, so the run and the estimate agree."""
-    global IN_FLIGHT
-    IN_FLIGHT = dataclasses.replace(IN_FLIGHT, data_file_bytes=nbytes)
-
-
 # --data-files-by-device: the writer regroups tiles by device through a local spill (ckptconv.write.spill), so a host
 # restoring its shard reads its own data files only. None (the default) chooses by size: by device when the output
 # fills more than AUTO_SPILL_WINDOWS spill windows (1 GiB on 16 devices with 64 MiB data files), in the source's order
@@ -103,36 +96,75 @@ def use_data_file_bytes(nbytes: int) -> None:
 # plan.estimate's overlap).
 DATA_FILES_BY_DEVICE: bool | None = None
 AUTO_SPILL_WINDOWS = 1
-_PLANNED_OUTPUT_BYTES = 0  # this process's planned conversion's output (use_planned_output): what "by size" reads
+# --workers and --memory-budget (RunOptions.workers_asked, budget_bytes): None takes them from the host, the cores this
+# process may run on and the memory available to it (ckptconv.host); plan.estimate.choose_workers then takes the most
+# workers whose predicted peak fits the budget.
+WORKERS: int | None = None
+MEMORY_BUDGET: str | None = None
+# Without --memory-budget a run may plan on this share of the memory available when it starts: the rest is left to
+# the page cache (its spill and the source's reads go through it) and to whatever else runs beside it.
+BUDGET_SHARE_OF_AVAILABLE = 0.5
 
 
-def use_data_files_by_device(enabled: bool | None) -> None:
-    """``--data-files-by-device`` / ``--no-data-files-by-device`` / neither (None: by size)."""
-    global DATA_FILES_BY_DEVICE
-    DATA_FILES_BY_DEVICE = None if enabled is None else bool(enabled)
+@dataclass(frozen=True)
+class RunOptions:
+    """One run's options, built once from the command line and the host, then passed down to the planner's estimate,
+    the producer, the writer and the report (which records :meth:`to_json`): no stage reads them from module state,
+    so whoever changes one finds every reader by following the value.
 
+    ``workers`` is what the run uses: the producer reads and transforms that many read units at once and, above one,
+    the writer overlaps gathering the next data file with committing the last (:func:`ckptconv.plan.estimate.
+    choose_workers` sets it from the plan, the cores and the budget, and ``why`` says how). ``planned_output_bytes``
+    is set once the plan is made (:meth:`planned`): the layout chosen by size goes by it, so the writer, which may see
+    one partition's leaves only, the estimate and the report make the same choice.
+    """
 
-def use_planned_output(output_bytes: int) -> None:
-    """This process's conversion, once planned, writes ``output_bytes``: the choice by size goes by it, so the writer
-    (which sees one partition's leaves, not the whole output), the estimate and the report make the same one."""
-    global _PLANNED_OUTPUT_BYTES
-    _PLANNED_OUTPUT_BYTES = output_bytes
+    data_file_bytes: int = IN_FLIGHT.data_file_bytes  # --data-file-size
+    data_files_by_device_asked: bool | None = DATA_FILES_BY_DEVICE  # --[no-]data-files-by-device; None: by size
+    planned_output_bytes: int | None = None  # the plan's output (None: not planned; the writer uses its leaves')
+    workers_asked: int | None = WORKERS  # --workers; None: from the host's cores and the budget
+    budget_bytes: int | None = None  # --memory-budget, else a share of the host's available memory; None: no bound
+    budget_asked: bool = False  # whether the budget was given (else it came from the host)
+    host_cores: int = 1  # the cores this process may run on (scheduler affinity, a cgroup's CPU quota)
+    host_available_bytes: int | None = None  # MemAvailable (or a cgroup's room) when the run started
+    workers: int = 1  # what the run uses (choose_workers)
+    why: str = "one worker (nothing chosen)"
 
+    @property
+    def in_flight(self) -> InFlight:
+        """The limits this run's runtime obeys and its estimate counts (``IN_FLIGHT`` with this run's data file)."""
+        return dataclasses.replace(IN_FLIGHT, data_file_bytes=self.data_file_bytes)
 
-def data_files_by_device(devices: int, output_bytes: int | None = None) -> bool:
-    """Whether a conversion of ``output_bytes`` (default: the planned one's) for ``devices`` writes its data files by
-    device: as asked, else by size (``AUTO_SPILL_WINDOWS``); never on one device (its data files are all the host's)
-    or with a data file per tile."""
-    window = devices * IN_FLIGHT.data_file_bytes
-    if devices < 2 or window <= 0:
-        return False
-    if DATA_FILES_BY_DEVICE is not None:
-        return DATA_FILES_BY_DEVICE
-    return (_PLANNED_OUTPUT_BYTES if output_bytes is None else output_bytes) > AUTO_SPILL_WINDOWS * window
+    @property
+    def overlaps_commits(self) -> bool:
+        """Whether the writer gathers the next data file while the last commits (two in RAM): with workers > 1,
+        where tiles come faster than one commit at a time takes them."""
+        return self.workers > 1 and self.data_file_bytes > 0
 
+    def planned(self, output_bytes: int) -> "RunOptions":
+        """These options for a conversion planned to write ``output_bytes``."""
+        return dataclasses.replace(self, planned_output_bytes=output_bytes)
 
-def spill_window_bytes(devices: int, output_bytes: int | None = None) -> int:
-    """Bytes of tiles' device parts the writer spills to local disk before writing them device by device
-    (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come (:func:`data_files_by_device`
-    says no)."""
-    return devices * IN_FLIGHT.data_file_bytes if data_files_by_device(devices, output_bytes) else 0
+    def data_files_by_device(self, devices: int, output_bytes: int | None = None) -> bool:
+        """Whether a conversion of ``output_bytes`` (default: the planned one's) for ``devices`` writes its data files
+        by device: as asked, else by size (``AUTO_SPILL_WINDOWS``); never on one device (its data files are all the
+        host's) or with a data file per tile."""
+        window = devices * self.data_file_bytes
+        if devices < 2 or window <= 0:
+            return False
+        if self.data_files_by_device_asked is not None:
+            return self.data_files_by_device_asked
+        output = self.planned_output_bytes if output_bytes is None else output_bytes
+        return (output or 0) > AUTO_SPILL_WINDOWS * window
+
+    def spill_window_bytes(self, devices: int, output_bytes: int | None = None) -> int:
+        """Bytes of tiles' device parts the writer spills to local disk before writing them device by device
+        (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come."""
+        return devices * self.data_file_bytes if self.data_files_by_device(devices, output_bytes) else 0
+
+    def to_json(self) -> dict:
+        """What the report and ``plan`` say of the run's parallelism and budget, and why."""
+        return {"workers": self.workers, "workers_asked": self.workers_asked, "why": self.why,
+                "memory_budget_bytes": self.budget_bytes, "memory_budget_asked": self.budget_asked,
+                "host_cores": self.host_cores, "host_available_bytes": self.host_available_bytes,
+                "overlapped_commits": self.overlaps_commits}

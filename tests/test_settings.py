@@ -63,14 +63,13 @@ def test_the_predicted_peak_is_its_terms(tmp_path, monkeypatch):
     synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
     plan = make_plan(LocalSource(str(tmp_path)), devices=16)
     for by_device, together in ((False, "sum"), (True, "larger")):
-        monkeypatch.setattr(settings, "DATA_FILES_BY_DEVICE", by_device)
-        monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, data_file_bytes=2**30))
-        terms = estimate.peak_terms(plan)
-        assert estimate.predicted_peak_bytes(plan) == terms["baseline"] + terms["cache"] + terms["overlap"]
+        options = settings.RunOptions(data_file_bytes=2**30, data_files_by_device_asked=by_device)
+        terms = estimate.peak_terms(plan, options=options)
+        assert estimate.predicted_peak_bytes(plan, options=options) == \
+            terms["baseline"] + terms["cache"] + terms["overlap"]
         assert terms["overlap"] == {"sum": terms["writer"] + terms["producer"],
                                     "larger": max(terms["writer"], terms["producer"])}[together], (by_device, terms)
-        assert estimate.plan_summary(plan)["predicted_peak_terms"] == terms
-        monkeypatch.undo()
+        assert estimate.plan_summary(plan, options)["predicted_peak_terms"] == terms
 
 
 def test_the_shipped_deployments_take_their_defaults_from_settings():

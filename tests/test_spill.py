@@ -114,7 +114,6 @@ FAILING = """
 import tempfile
 from ckptconv import settings
 from ckptconv.write.orbax import LeafWrite, write_checkpoint
-settings.use_data_files_by_device(True)
 tempfile.tempdir = os.environ["SPILL"]
 shape = (256, 16, 1024)
 def tiles():
@@ -124,7 +123,7 @@ def tiles():
         yield 0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
 try:
     write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, (64, 1, 1024))], tiles,
-                     devices=4, custom_metadata={})
+                     devices=4, custom_metadata={}, options=settings.RunOptions(data_files_by_device_asked=True))
 except ValueError as err:
     print(json.dumps({"error": str(err), "spill": os.listdir(os.environ["SPILL"])}))
 """

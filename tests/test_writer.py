@@ -249,10 +249,8 @@ def test_streaming_a_256_mib_leaf_stays_far_below_its_size(tmp_path):
 
 
 PACKED = """
-import dataclasses
 from collections import defaultdict
 from ckptconv import settings
-settings.IN_FLIGHT = dataclasses.replace(settings.IN_FLIGHT, data_file_bytes=4 << 20)
 from ckptconv.read.restore_cost import stored_chunks
 from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out = os.environ["OUT"]
@@ -260,7 +258,8 @@ rows = {"a": (512, 3), "b": (512, 2), "c": (256, 1), "d": (512, 6), "e": (512, 1
 leaves = [LeafWrite(("params", "params", name), (r, n, 1024), BF16, (r // 4, 1, 1024)) for name, (r, n) in rows.items()]
 tiles = lambda: ((k, np.s_[:, l:l + 1, :], values((r, 1, 1024), BF16, l)) for k, (r, n) in enumerate(rows.values())
                  for l in range(n))
-write_checkpoint(out, leaves, tiles, devices=1, custom_metadata={}, codec="none")
+options = settings.RunOptions(data_file_bytes=4 << 20, workers=int(os.environ["WORKERS"]))
+write_checkpoint(out, leaves, tiles, devices=1, custom_metadata={}, codec="none", options=options)
 files = defaultdict(lambda: defaultdict(int))
 for chunk in stored_chunks(out + "/0/items")[0]:
     if chunk.file is not None:
@@ -270,13 +269,16 @@ print(json.dumps(sorted([{leaf: round(n / 2**20, 1) for leaf, n in sorted(held.i
 """
 
 
-def test_a_leaf_starts_a_data_file_unless_all_of_it_fits_in_the_one_being_filled(tmp_path):
+@pytest.mark.parametrize("workers", (1, 2))
+def test_a_leaf_starts_a_data_file_unless_all_of_it_fits_in_the_one_being_filled(tmp_path, monkeypatch, workers):
     """Data files of 4 MiB, tiles of 1 MiB, leaves of 3, 2, 0.5, 6 and 1 MiB written in that order: b does not fit
     after a (3 + 2 > 4) and starts a data file, c fits whole after it, d (over the limit) starts one and fills it,
     e fits whole after d's rest. Each leaf is in as few data files as it can be (a host restoring its shard makes a
     request per (leaf, data file) pair it reads, bench/RESTORE.md); filling each file to the limit regardless of
     leaves would have split b over two files and d over three. One device: with more, the files are by device
-    (tests/test_spill.py)."""
+    (tests/test_spill.py). With workers (RunOptions.workers > 1) a data file commits while the next is gathered:
+    the same files."""
+    monkeypatch.setenv("WORKERS", str(workers))
     files = last_json(run_child(PACKED, 1, tmp_path / "ckpt"))
     assert files == [{"a": 3.0}, {"b": 2.0, "c": 0.5}, {"d": 2.0, "e": 1.0}, {"d": 4.0}], files
 

@@ -14,7 +14,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ckptconv import __version__, layout, rssplot, settings, storage_failures
+from ckptconv import __version__, host, layout, rssplot, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
@@ -28,7 +28,7 @@ from ckptconv.read.sources import Source
 from ckptconv.settings import Status
 from ckptconv.write import codecs, destination, partition
 from ckptconv.write.destination import Destination
-from ckptconv.write.produce import plan_tiles, prefetch
+from ckptconv.write.produce import produce_tiles
 
 
 log = logging.getLogger("ckptconv")
@@ -56,6 +56,9 @@ class ConvertRequest:
     merge_lora: bool = False
     lora_layout: str = "converter"  # an adapter alone: where its tree sits (ckptconv.plan.lora.LORA_LAYOUTS)
     multimodal: bool = False  # also the vision/audio encoders (MaxText's use_multimodal=true)
+    # --data-file-size, --[no-]data-files-by-device, --workers, --memory-budget and what the host has; None: this
+    # host's defaults (ckptconv.host.run_options). The plan then fixes the workers (estimate.choose_workers).
+    options: settings.RunOptions | None = None
 
 
 def fingerprint(plan: ConversionPlan, source: Source, request: ConvertRequest) -> str:
@@ -107,8 +110,10 @@ def _convert(request: ConvertRequest) -> dict:
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
         plan, source = plan_for(request, source)
-        by_device = settings.data_files_by_device(request.devices)
-        request = dataclasses.replace(request, compression=codecs.chosen(request.compression, by_device))
+        options = run_options(plan, request)
+        by_device = options.data_files_by_device(request.devices)
+        request = dataclasses.replace(request, compression=codecs.chosen(request.compression, by_device),
+                                      options=options)
         print_ = fingerprint(plan, source, request)
     if request.partition:  # partitions write side by side by design; one writer per partition, as per DST
         part = partition.Partition.parse(request.partition)
@@ -123,9 +128,13 @@ def plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, S
     """The plan, and the source its jobs read: the base, or for an adapter alone the adapter (``plan`` too)."""
     if request.merge_lora and not request.lora:
         raise BadInputError("--merge-lora folds an adapter into the base: give it with --lora ADAPTER_DIR")
-    plan, source = _plan_for(request, source)
-    settings.use_planned_output(plan.output_bytes)  # data files by device or not: by its size, unless asked
-    return plan, source
+    return _plan_for(request, source)
+
+
+def run_options(plan: ConversionPlan, request: ConvertRequest) -> settings.RunOptions:
+    """The request's options (else this host's defaults) for this plan: its output size (the layout chosen by size
+    goes by it) and the workers the budget lets run (``estimate.choose_workers``, which says why)."""
+    return estimate.choose_workers(plan, request.options or host.run_options())
 
 
 def _plan_for(request: ConvertRequest, source: Source) -> tuple[ConversionPlan, Source]:
@@ -199,7 +208,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
-    report["predicted_peak_terms"] = terms = estimate.peak_terms(plan)
+    report["predicted_peak_terms"] = terms = estimate.peak_terms(plan, options=request.options)
     report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan, terms=terms)
     report["restore"] = restore_figures(request.destination)  # after the peak: its reads are not the conversion's
     rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
@@ -236,9 +245,9 @@ def _convert_partition(plan: ConversionPlan, source: Source, request: ConvertReq
     begin = timer.wall()
     writer.write_partition(
         str(partition.staging_dir(request.destination)), [leaf for _, leaf in chosen], [i for i, _ in chosen],
-        lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)), devices=request.devices,
+        lambda: produce_tiles(plan, source, timer, request.options, jobs), devices=request.devices,
         process_id=part.process_id, on_tile=lambda leaf, n: (trim_now_and_then(n), progress.advance(0, n)),
-        codec=request.compression)
+        codec=request.compression, options=request.options)
     timer.add("write", timer.wall() - begin, begin)
     progress.close()
     report = {
@@ -292,10 +301,10 @@ def _write(plan: ConversionPlan, source: Source, request: ConvertRequest, timer:
     endpoint = os.environ.get("TENSORSTORE_GCS_HTTP_URL") or GCS_ENDPOINT  # where tensorstore writes
     with waits.watched_writes(request.destination, endpoint) as tick:
         writer.write_checkpoint(
-            request.destination, plan.leaves, lambda: prefetch(lambda: plan_tiles(plan, source, timer)),
+            request.destination, plan.leaves, lambda: produce_tiles(plan, source, timer, request.options),
             devices=request.devices, custom_metadata=_custom_metadata(plan, request),
             on_tile=lambda leaf, nbytes: (tick(), on_tile(leaf, nbytes)), codec=request.compression,
-            extra_items=_extra_items(request), adopt=adopt,
+            extra_items=_extra_items(request), adopt=adopt, options=request.options,
         )
     end = timer.wall()
     timer.add("write", last_tile[0] - begin, begin)
@@ -355,7 +364,9 @@ def _report(plan: ConversionPlan, source: Source, request: ConvertRequest, timer
         "devices": request.devices,
         "compression": request.compression,
         # each OCDBT data file holds one device's chunks (as asked, else by the planned output's size)
-        "data_files_by_device": settings.data_files_by_device(request.devices),
+        "data_files_by_device": request.options.data_files_by_device(request.devices),
+        # the workers and memory budget it ran with, what the host had, and why (ckptconv.plan.estimate.choose_workers)
+        "run": request.options.to_json(),
         "scan_layers": plan.scan_layers,
         "multimodal": request.multimodal,
         "tensors": plan.tensor_count,

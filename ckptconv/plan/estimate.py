@@ -9,7 +9,9 @@ producer, being handed over, in flight in tensorstore) and the read unit being t
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -74,6 +76,14 @@ def _unit_out_bytes(job: Job, unit) -> int:
                 for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
 
 
+def unit_tiles_bytes(job: Job, plan: ConversionPlan) -> int:
+    """The most one read unit of this job makes, all its leaves' tiles together: what a parallel worker holds once
+    its unit is made (:func:`ckptconv.write.produce.produce_tiles` makes a unit's tiles at once)."""
+    return max(sum(math.prod(box_shape(box)) * leaf.dtype.itemsize
+                   for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None)
+               for unit in job.sample_units(plan.spec))
+
+
 def work_bytes(job: Job, spec: ModelSpec) -> int:
     """Producing one read unit besides its output: the raw read, then either what decoding a
     quantised read takes or what the steps take. Decoding ends before the steps start, so the
@@ -107,22 +117,53 @@ def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
     return min(settings.IN_FLIGHT.ocdbt_cache_bytes, chunks * OCDBT_CACHE_PER_CHUNK)
 
 
-def data_file_bytes(plan: ConversionPlan, tiles: list[int]) -> int:
+def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.RunOptions | None = None) -> int:
     """What the writer's open transaction holds: the tiles of one OCDBT data file, uncompressed, and at
-    its commit their compressed copy (``settings.IN_FLIGHT.data_file_bytes``; no more than the output)."""
-    limit = settings.IN_FLIGHT.data_file_bytes
+    its commit their compressed copy (``options.data_file_bytes``; no more than the output). With overlapped
+    commits (``options.overlaps_commits``) the next data file is gathered, uncompressed, while one commits."""
+    options = options or settings.RunOptions()
+    limit = options.data_file_bytes
     if limit <= 0:
         return 0
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
-    return int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
-               + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
+    committing = int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
+                     + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
+    return committing + (min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0)
 
 
-def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None) -> dict[str, int]:
+@dataclass(frozen=True)
+class JobFigures:
+    """What one job's read units weigh, computed once per plan: its largest tile, the most one unit makes (all its
+    leaves' tiles), and what producing a unit takes besides (:func:`work_bytes`)."""
+
+    tile: int
+    unit: int
+    work: int
+
+
+def job_figures(plan: ConversionPlan) -> list[JobFigures]:
+    return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec))
+            for job in plan.jobs]
+
+
+def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
+    """What the producer holds for a job at most. One worker: its tiles alive (queued, handed over, in tensorstore's
+    writes) and the unit being made. ``workers`` > 1: ``workers + prefetch`` units made or being made, each holding
+    its tiles, the ``workers`` being made also their work, and the tiles in tensorstore's writes."""
+    limits = options.in_flight
+    if options.workers <= 1:
+        return limits.tiles_alive * figures.tile + figures.work
+    units = options.workers + limits.prefetch
+    return units * figures.unit + options.workers * figures.work + limits.writes * figures.tile
+
+
+def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: settings.RunOptions | None = None,
+               figures: list[JobFigures] | None = None) -> dict[str, int]:
     """What the predicted peak is made of, in bytes (the report and ``plan`` show it, so a peak that comes close
     to its prediction says which term to look at): the runtime ``baseline``, the OCDBT ``cache``, the ``writer``'s
-    data file being gathered, the ``producer``'s worst job (its tiles alive and the read unit being made), and
-    ``overlap``: what the writer and the producer hold together.
+    data file being gathered, the ``producer``'s worst job (its tiles alive and the read units being made), and
+    ``overlap``: what the writer and the producer hold together. ``options``: the run's (default: one worker, the
+    default data files, by size).
 
     The two overlap when the writer commits while the source is read: without a spill, and with one whose output
     fills two windows or more (one window is written while the next fills). A model that fits one window is
@@ -132,13 +173,46 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None) -> dict[str
     the stream fills the second: the two overlap for that rest only, so the smaller term counts in its share of a
     window (:func:`_overlap_share`). By device with lz4, the memory examples of 1.0-1.8 windows peaked at 0.80-0.99
     of the larger term alone and 0.69-0.84 of the sum; at 0.75-0.89 of this prediction (a fresh clone's memory phase)."""
-    tiles = tiles or [tile_bytes(job, plan) for job in plan.jobs]
-    worst = max(settings.IN_FLIGHT.tiles_alive * tile + work_bytes(job, plan.spec) for job, tile in zip(plan.jobs, tiles))
-    writer = data_file_bytes(plan, tiles)
-    window = settings.spill_window_bytes(plan.devices, plan.output_bytes)
+    options = options or settings.RunOptions()
+    if options.planned_output_bytes is None:
+        options = options.planned(plan.output_bytes)
+    figures = figures or job_figures(plan)
+    tiles = tiles or [f.tile for f in figures]
+    worst = max(producer_bytes(f, options) for f in figures)
+    writer = data_file_bytes(plan, tiles, options)
+    window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     overlap = max(writer, worst) + int(min(writer, worst) * _overlap_share(plan.output_bytes, window))
     return {"baseline": BASELINE_BYTES, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
             "overlap": overlap}
+
+
+def choose_workers(plan: ConversionPlan, options: settings.RunOptions) -> settings.RunOptions:
+    """``options`` with the workers this run uses, and why: as many as asked (``--workers``), else as the host has
+    cores, but no more than the predicted peak lets fit in the budget (``--memory-budget``, else a share of the
+    memory available); one at least, whatever the budget."""
+    options = options.planned(plan.output_bytes)
+    figures = job_figures(plan)
+    most = options.workers_asked or options.host_cores
+    source = "asked (--workers)" if options.workers_asked else f"the {options.host_cores} cores this process may use"
+    budget = options.budget_bytes
+    whose = "--memory-budget" if options.budget_asked else "the budget (a share of the memory available)"
+    for workers in range(most, 0, -1):
+        chosen = dataclasses.replace(options, workers=workers)
+        peak = predicted_peak_bytes(plan, options=chosen, figures=figures)
+        if budget is None or peak <= budget or workers == 1:
+            break
+    gib = 1024**3
+    if budget is None:
+        why = f"{workers}: {source}; no memory budget known"
+    elif peak > budget:
+        why = f"1: the least a run takes, and its predicted peak {peak / gib:.2f} GiB is over {whose}, " \
+              f"{budget / gib:.2f} GiB"
+    elif workers < most:
+        why = f"{workers} of {most} ({source}): the most whose predicted peak ({peak / gib:.2f} GiB) fits " \
+              f"{whose}, {budget / gib:.2f} GiB"
+    else:
+        why = f"{workers}: {source}; predicted peak {peak / gib:.2f} GiB within {whose}, {budget / gib:.2f} GiB"
+    return dataclasses.replace(chosen, why=why)
 
 
 def _overlap_share(output_bytes: int, window: int) -> float:
@@ -154,10 +228,11 @@ def _overlap_share(output_bytes: int, window: int) -> float:
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,
-                         terms: dict[str, int] | None = None) -> int:
+                         terms: dict[str, int] | None = None, options: settings.RunOptions | None = None,
+                         figures: list[JobFigures] | None = None) -> int:
     """Baseline + the OCDBT cache + what the writer and the producer hold together (``terms``, else
-    :func:`peak_terms`)."""
-    terms = terms or peak_terms(plan, tiles)
+    :func:`peak_terms` with ``options``)."""
+    terms = terms or peak_terms(plan, tiles, options, figures)
     return terms["baseline"] + terms["cache"] + terms["overlap"]
 
 
@@ -167,10 +242,14 @@ def predicted_seconds(plan: ConversionPlan) -> float:
     return round(STARTUP_SECONDS + plan.output_bytes / 1024**3 * rate, 1)
 
 
-def plan_summary(plan: ConversionPlan) -> dict:
-    tiles = [tile_bytes(job, plan) for job in plan.jobs]
-    terms = peak_terms(plan, tiles)
-    window = settings.spill_window_bytes(plan.devices, plan.output_bytes)
+def plan_summary(plan: ConversionPlan, options: settings.RunOptions | None = None) -> dict:
+    """What ``plan`` prints: the plan's sizes, the layout and the run's options (``options``: workers chosen, else
+    one worker), the predicted peak and its terms."""
+    options = (options or settings.RunOptions()).planned(plan.output_bytes)
+    figures = job_figures(plan)
+    tiles = [f.tile for f in figures]
+    terms = peak_terms(plan, tiles, options, figures)
+    window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     return {
         "source": plan.source_uri,
         "family": plan.family.name,
@@ -184,8 +263,9 @@ def plan_summary(plan: ConversionPlan) -> dict:
         "largest_shard_bytes": plan.largest_shard_bytes,
         "largest_read_bytes": max(job.tiling.unit_bytes for job in plan.jobs),
         "largest_tile_bytes": max(tiles),
-        "data_file_bytes": settings.IN_FLIGHT.data_file_bytes,
-        "data_files_by_device": settings.data_files_by_device(plan.devices, plan.output_bytes),
+        "data_file_bytes": options.data_file_bytes,
+        "data_files_by_device": options.data_files_by_device(plan.devices, plan.output_bytes),
+        "run": options.to_json(),
         # local disk (TMPDIR) the writer's spill takes at most: two windows (one filling, one being written) and
         # the tile that fills one
         "spill_disk_bytes": min(2 * window + max(tiles), plan.output_bytes) if window else 0,

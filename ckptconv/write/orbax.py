@@ -51,6 +51,9 @@ from ckptconv.write.spill import DeviceSpill, device_parts
 TARGET_FILE_BYTES = 2 * 1024**3
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
+# Spilled parts read back ahead of the one being copied into its data file (each at most a tile; the estimate's
+# writer term counts them where commits overlap).
+READ_AHEAD = 2
 
 
 @contextlib.contextmanager
@@ -178,20 +181,23 @@ def _with_checksum(node: Any) -> Any:
 
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
-                  process_id: str | None = None) -> list[Any]:
-    """Write the tile stream (``settings.IN_FLIGHT.writes`` at most), opening each leaf at its first tile and
+                  process_id: str | None = None, options: settings.RunOptions | None = None) -> list[Any]:
+    """Write the tile stream (``options.in_flight.writes`` at most), opening each leaf at its first tile and
     letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
 
-    With data files by device (``settings.spill_window_bytes``: asked, or the planned output over one window) sharded
-    leaves go through :class:`_SpilledWrites` (one data file per device per window); otherwise each tile is written
-    as it comes."""
+    With data files by device (``options.spill_window_bytes``: asked, or the planned output over one window; the
+    output of these leaves where nothing was planned) sharded leaves go through :class:`_SpilledWrites` (one data file
+    per device per window); otherwise each tile is written as it comes."""
+    options = options or settings.RunOptions()
+    if options.planned_output_bytes is None:
+        options = options.planned(sum(math.prod(value.shape) * value.dtype.itemsize for value in values))
     by_index = {value.index: n for n, value in enumerate(values)}
     stores: dict[int, Any] = {}
     metadatas: list[Any] = [None] * len(values)
     written = [0] * len(values)
-    writer = _Writer(on_tile)
+    writer = _Writer(on_tile, options)
     devices = max((value.devices for value in values), default=1)
-    window = settings.spill_window_bytes(devices)
+    window = options.spill_window_bytes(devices)
     spilled = _SpilledWrites(window, writer, stores) if window else None
     stream = iter(tiles())
     try:
@@ -229,7 +235,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
                     spilled.complete(n)
         if spilled is not None:
             await spilled.finish()
-        await writer.commit()
+        await writer.finish()
     finally:
         if spilled is not None:
             spilled.close()
@@ -259,8 +265,8 @@ class _SpilledWrites:
     async def add(self, n: int, value: _StreamedLeaf, region: Region, data: np.ndarray) -> None:
         if self._spills[self._filling].full(data.nbytes):
             await self._rotate()
-        for group, into, take in device_parts(region, value.shape, value.devices):
-            self._spills[self._filling].add(group, n, into, data[take])
+        # in a thread: the window being written goes on in this loop meanwhile (the copies and writes free the GIL)
+        await asyncio.to_thread(self._spills[self._filling].add_tile, n, region, data, value.shape, value.devices)
 
     def complete(self, n: int) -> None:
         self._done.append(n)
@@ -282,27 +288,50 @@ class _SpilledWrites:
         self._filling, self._done = 1 - self._filling, []
         self._flush = asyncio.get_running_loop().create_task(self._write(spill, done))
 
+    async def _write_part(self, read: tuple, group_now: int | None) -> int:
+        """Write one part read back; a new group (device) first commits the last one's data file."""
+        group, part, data = read
+        if group_now is not None and group != group_now:
+            await self._writer.commit()
+        await self._writer.write(self._stores[part.leaf], part.region, await data, None)
+        return group
+
     async def _wait(self) -> None:
         if self._flush is not None:
             flush, self._flush = self._flush, None
             await flush
 
     async def _write(self, spill: DeviceSpill, done: list[int]) -> None:
-        for group, parts in spill.groups():
-            for part in parts:
-                await self._writer.write(self._stores[part.leaf], part.region, spill.read(group, part), None)
-            await self._writer.commit()
+        # each part read back in a thread, the next one read while this one is copied into the data file
+        reads = ((group, part) for group, parts in spill.groups() for part in parts)
+        ahead: collections.deque = collections.deque()
+        group_now = None
+        for group, part in reads:
+            ahead.append((group, part, asyncio.ensure_future(asyncio.to_thread(spill.read, group, part))))
+            if len(ahead) > READ_AHEAD:
+                group_now = await self._write_part(ahead.popleft(), group_now)
+        while ahead:
+            group_now = await self._write_part(ahead.popleft(), group_now)
+        await self._writer.finish()  # the window's last data file committed before its leaves are let go
         spill.clear()
         for n in done:
             del self._stores[n]  # complete, and all of it written
 
 
 class _Writer:
-    """Tile writes into the data file being gathered (:class:`_Batch`), at most ``settings.IN_FLIGHT.writes``
-    in flight; ``on_tile(leaf, nbytes)`` once each is written (``leaf`` None: already counted)."""
+    """Tile writes into the data file being gathered (:class:`_Batch`), at most ``options.in_flight.writes``
+    in flight; ``on_tile(leaf, nbytes)`` once each is written (``leaf`` None: already counted).
 
-    def __init__(self, on_tile: Callable[[Leaf, int], None] | None):
-        self.batch = _Batch(settings.IN_FLIGHT.data_file_bytes)
+    With ``options.overlaps_commits`` (workers > 1) a data file commits in the background while the next is
+    gathered: commits stay one at a time and in order (each data file holds what it held before), but the stream no
+    longer waits for each one's compression and write."""
+
+    def __init__(self, on_tile: Callable[[Leaf, int], None] | None, options: settings.RunOptions | None = None):
+        options = options or settings.RunOptions()
+        self.batch = _Batch(options.data_file_bytes)
+        self._writes = options.in_flight.writes
+        self._overlap = options.overlaps_commits
+        self._committing: asyncio.Future | None = None
         self._on_tile = on_tile
         self._in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
 
@@ -313,7 +342,7 @@ class _Writer:
         await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
         self._in_flight.append((write, leaf, data.nbytes))
         self.batch.add(data.nbytes)
-        while len(self._in_flight) >= settings.IN_FLIGHT.writes:
+        while len(self._in_flight) >= self._writes:
             await self._settle()
 
     async def _settle(self) -> None:
@@ -323,10 +352,25 @@ class _Writer:
             self._on_tile(leaf, nbytes)
 
     async def commit(self) -> None:
-        """Wait for the writes in flight and commit the data file being gathered."""
+        """Wait for the writes in flight and commit the data file being gathered (in the background when commits
+        overlap, once the one before has committed)."""
         while self._in_flight:
             await self._settle()
-        await self.batch.commit()
+        if not self._overlap:
+            await self.batch.commit()
+            return
+        await self._committed()
+        self._committing = asyncio.ensure_future(self.batch.commit_detached())
+
+    async def finish(self) -> None:
+        """Commit what is gathered and wait until every data file is committed."""
+        await self.commit()
+        await self._committed()
+
+    async def _committed(self) -> None:
+        if self._committing is not None:
+            committing, self._committing = self._committing, None
+            await committing
 
 
 class _Batch:
@@ -363,11 +407,19 @@ class _Batch:
         self._bytes += nbytes
 
     async def commit(self) -> None:
-        if self._txn is not None:
-            txn, self._txn = self._txn, None
-            await txn.commit_async()
-            trim()  # the data file's chunks, freed together: none of it resident beside the next one
-        self._bytes = 0
+        await self.commit_detached()
+
+    def commit_detached(self) -> Any:
+        """Start committing the data file gathered so far and begin the next one at once; the returned awaitable
+        ends with the commit."""
+        txn, self._txn, self._bytes = self._txn, None, 0
+        return _commit(txn)
+
+
+async def _commit(txn: ts.Transaction | None) -> None:
+    if txn is not None:
+        await txn.commit_async()
+        trim()  # the data file's chunks, freed together: none of it resident beside the next one
 
 
 class _StreamingHandler(jax_array_handlers.ArrayHandler):
@@ -382,8 +434,9 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
 
     def __init__(self, store: array_metadata_store.Store | None, typestr: str,
                  tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
-                 adopt: Callable[[epath.Path], None] | None = None):
+                 adopt: Callable[[epath.Path], None] | None = None, options: settings.RunOptions | None = None):
         super().__init__(array_metadata_store=store)
+        self._options = options
         self._typestr = typestr
         self._tiles = tiles
         self._on_tile = on_tile
@@ -423,7 +476,7 @@ class _StreamingHandler(jax_array_handlers.ArrayHandler):
             metadatas = [dataclasses.replace(_write_spec(value, info, arg).metadata, write_shape=value.write_shape)
                          for value, info, arg in zip(values, infos, args)]
         else:
-            metadatas = await _stream(values, infos, args, self._tiles, self._on_tile)
+            metadatas = await _stream(values, infos, args, self._tiles, self._on_tile, options=self._options)
         if self._array_metadata_store is not None:
             await self._array_metadata_store.write(
                 checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas,
@@ -466,7 +519,8 @@ def _tree(leaves: Sequence[Leaf], make: Callable[[int, Leaf], Any]) -> dict:
 def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
                      devices: int, custom_metadata: dict, on_tile: Callable[[Leaf, int], None] | None = None,
                      codec: str = codecs.DEFAULT, extra_items: dict[str, Any] | None = None,
-                     adopt: Callable[[epath.Path], None] | None = None) -> None:
+                     adopt: Callable[[epath.Path], None] | None = None,
+                     options: settings.RunOptions | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
     Same layout as MaxText's converter: PyTreeCheckpointHandler with OCDBT + zarr3, leaves
@@ -505,7 +559,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
     store = array_metadata_store.Store()
     sharded = mesh is not None
     streaming = _StreamingHandler(store if sharded else None, "jax.Array" if sharded else "np.ndarray",
-                                  tiles, on_tile, adopt)
+                                  tiles, on_tile, adopt, options)
     registry = type_handler_registry.create_type_handler_registry(
         (_StreamedLeaf, streaming),  # standard handlers last: they own the typestrs
         (int, type_handlers.ScalarHandler()),
@@ -540,7 +594,7 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
 
 def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int], tiles: Callable[[], Iterable[Tile]],
                     *, devices: int, process_id: str, on_tile: Callable[[Leaf, int], None] | None = None,
-                    codec: str = codecs.DEFAULT) -> None:
+                    codec: str = codecs.DEFAULT, options: settings.RunOptions | None = None) -> None:
     """Write the data of some leaves into ``staging/ocdbt.process_<process_id>``, as one host of a
     multi-host Orbax save writes its part: the same array specs, names and chunks, no metadata.
 
@@ -561,4 +615,4 @@ def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int]
                                      ocdbt_target_data_file_size=TARGET_FILE_BYTES, ts_context=context)
              for leaf in leaves]
     args = [ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES)] * len(values)
-    asyncio.run(_stream(values, infos, args, tiles, on_tile, process_id))
+    asyncio.run(_stream(values, infos, args, tiles, on_tile, process_id, options))

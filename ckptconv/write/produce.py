@@ -2,14 +2,21 @@
 
 A tile is ``(leaf index, region, data)``: the image of one read unit in one leaf, a union of
 whole storage chunks (see :mod:`ckptconv.families.tiles`). Every source tensor is read once even when
-it feeds several leaves. A small background thread produces the next tiles while the writer
-writes (bounded queue: flat memory). The conversion and ``verify`` share this module.
+it feeds several leaves. With one worker a small background thread produces the next tiles while the
+writer writes (bounded queue: flat memory); with more (``RunOptions.workers``) that many threads each
+read and transform a read unit at once, and the tiles still come out in the plan's order
+(:func:`produce_tiles`), so the writer sees the same stream and writes the same data files. The reads
+(``preadv``), the transposes and casts (NumPy) run outside the GIL. The conversion and ``verify`` share
+this module.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import queue
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Collection, Iterable, Iterator
 
 import numpy as np
@@ -32,6 +39,68 @@ def plan_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
         if jobs is None or index in jobs:
             yield from job_tiles(job, plan.spec, source, timer, first)
         first += len(job.leaves)
+
+
+def produce_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
+                  options: settings.RunOptions | None = None, jobs: Collection[int] | None = None) -> Iterator[Tile]:
+    """The tile stream a writer takes, in the plan's order: from one prefetch thread with one worker, else from
+    ``options.workers`` threads making read units at once, at most ``workers + prefetch`` units made and not yet
+    handed over (what :func:`ckptconv.plan.estimate.producer_bytes` counts)."""
+    options = options or settings.RunOptions()
+    if options.workers <= 1:
+        return prefetch(lambda: plan_tiles(plan, source, timer, jobs))
+    return _in_order(_unit_makers(plan, source, timer, jobs), options.workers,
+                     options.workers + options.in_flight.prefetch)
+
+
+def _unit_makers(plan: ConversionPlan, source: Source, timer: StageTimer,
+                 jobs: Collection[int] | None) -> Iterator[Callable[[], list[Tile]]]:
+    first = 0
+    for index, job in enumerate(plan.jobs):
+        if jobs is None or index in jobs:
+            for unit in job.units(plan.spec):
+                yield functools.partial(_unit_tiles, job, unit, plan.spec, source, timer, first)
+        first += len(job.leaves)
+
+
+def _unit_tiles(job: Job, unit: ReadUnit, spec: ModelSpec, source: Source, timer: StageTimer,
+                first_leaf: int) -> list[Tile]:
+    """One read unit's tiles, all its leaves' (made in a worker thread)."""
+    stop_if_terminated()
+    with timer.stage("read"):
+        raws = [] if unit.source_box is None else [job.pieces[i].read(source, unit.source_box) for i in unit.pieces]
+    tiles = []
+    for k, leaf in enumerate(job.leaves):
+        box = unit.leaf_boxes[k]
+        if box is not None:
+            with timer.stage("transform"):
+                tiles.append((first_leaf + k, box_slices(box), _assemble(leaf, box, raws, unit, k, spec)))
+    return tiles
+
+
+def _in_order(makers: Iterator[Callable[[], list[Tile]]], workers: int, depth: int) -> Iterator[Tile]:
+    """Run ``makers`` on ``workers`` threads, at most ``depth`` made or being made and not yet handed over; yield
+    their tiles in the makers' order (an error raised by one is raised here, in its turn)."""
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptconv-produce")
+    pending: collections.deque[Future] = collections.deque()
+    try:
+        for make in makers:
+            pending.append(pool.submit(make))
+            while len(pending) >= depth:
+                yield from _handed_over(pending.popleft())
+        while pending:
+            yield from _handed_over(pending.popleft())
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _handed_over(future: Future) -> Iterator[Tile]:
+    """A unit's tiles one by one, each let go of here once handed over."""
+    tiles = future.result()
+    while tiles:
+        yield tiles.pop(0)
 
 
 def job_tiles(job: Job, spec: ModelSpec, source: Source, timer: StageTimer, first_leaf: int = 0) -> Iterator[Tile]:

@@ -1,6 +1,6 @@
 """Tiles regrouped by the device that restores them, through local spill files, so that each OCDBT data file
 holds one device's chunks (``convert --data-files-by-device``; by default when the output fills more than two
-windows, ``settings.data_files_by_device``).
+windows, ``settings.RunOptions.data_files_by_device``).
 
 The tiles come in the source's order, each covering part of every device's shard. Committed as they come, every
 data file would hold a slice of every device's shard, and a TPU host restoring its shard would read every data
@@ -101,16 +101,22 @@ class DeviceSpill:
         self._parts.setdefault(group, []).append(Part(leaf, region, data.dtype, tuple(data.shape), offset))
         self.bytes += data.nbytes
 
+    def add_tile(self, leaf: int, region: Region, data: np.ndarray, shape: tuple[int, ...], devices: int) -> None:
+        """A tile of leaf ``leaf`` (of ``shape`` on ``devices``), each device's part into that device's file."""
+        for group, into, take in device_parts(region, shape, devices):
+            self.add(group, leaf, into, data[take])
+
     def groups(self) -> Iterator[tuple[int, list[Part]]]:
         """The waiting parts, group by group (devices in order, the replicated leaves last)."""
         for group in sorted(self._parts, key=lambda g: (g == REPLICATED, g)):
             yield group, self._parts[group]
 
     def read(self, group: int, part: Part) -> np.ndarray:
+        """A part's data back (a positional read: several may run at once, beside ``add`` on another window)."""
         data = np.empty(part.shape, part.dtype)
         spill = self._files[group]
-        spill.seek(part.offset)
-        if spill.readinto(memoryview(data.reshape(-1).view(np.uint8))) != part.nbytes:
+        spill.flush()
+        if os.preadv(spill.fileno(), [memoryview(data.reshape(-1).view(np.uint8))], part.offset) != part.nbytes:
             raise OSError(f"spill file {spill.name}: short read at {part.offset}")
         return data
 

@@ -1,0 +1,143 @@
+"""Every core of the host (issue 38): parallel workers under a memory budget the prediction still bounds.
+
+The producer's workers make the same tile stream as one worker, in the same order (so the writer writes the same
+data files); the workers chosen are the most whose predicted peak fits the budget; a worker more is predicted to
+hold what it holds; and a host without ``VmHWM`` (gVisor) reports a peak of its own, sampled, and says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ckptconv import host, monitor, settings
+from ckptconv.commands import synth
+from ckptconv.monitor import StageTimer
+from ckptconv.plan import estimate
+from ckptconv.plan.conversion import make_plan
+from ckptconv.read.sources import LocalSource
+from ckptconv.write.produce import produce_tiles
+
+MiB = 2**20
+GiB = 2**30
+
+
+def _stream(plan, source, workers: int) -> list[tuple[int, tuple, bytes]]:
+    options = settings.RunOptions(workers=workers)
+    return [(index, tuple((s.start, s.stop) for s in region), data.dtype.str, data.tobytes())
+            for index, region, data in produce_tiles(plan, source, StageTimer(), options)]
+
+
+def test_workers_make_the_one_worker_stream_in_its_order(tmp_path, monkeypatch):
+    """Small reads (4 KiB) cut a tiny model's tensors into many units; three workers hand over the very tiles one
+    worker makes, in the same order."""
+    synth.write_checkpoint(synth.SynthModel(num_layers=3), str(tmp_path))
+    monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=4096))
+    source = LocalSource(str(tmp_path))
+    plan = make_plan(source, devices=4)
+    one = _stream(plan, source, 1)
+    assert len(one) > 2 * len(plan.leaves)  # many units: the order has something to keep
+    assert _stream(plan, source, 3) == one
+
+
+def test_an_error_in_a_worker_reaches_the_writer(tmp_path):
+    synth.write_checkpoint(synth.SynthModel(), str(tmp_path))
+    source = LocalSource(str(tmp_path))
+    plan = make_plan(source, devices=4)
+    with open(tmp_path / "model.safetensors", "r+b") as f:  # the data cut short after the header was read
+        f.truncate(f.seek(0, os.SEEK_END) // 2)
+    with pytest.raises(Exception, match="truncated|ends at"):
+        _stream(plan, source, 3)
+
+
+@pytest.fixture(scope="module")
+def wide_plan(tmp_path_factory):
+    """Llama-3-8B's widths with 2 layers, headers only (nothing to read: the estimate needs the plan alone)."""
+    src = tmp_path_factory.mktemp("llama8b")
+    synth.write_checkpoint(dataclasses.replace(synth.LLAMA3_8B, num_layers=2), str(src), header_only=True)
+    return make_plan(LocalSource(str(src)), devices=16)
+
+
+def _peak(plan, workers: int, **fields) -> int:
+    return estimate.predicted_peak_bytes(plan, options=settings.RunOptions(workers=workers, **fields))
+
+
+def test_each_worker_more_is_predicted_to_hold_its_unit_and_its_work(wide_plan):
+    figures = estimate.job_figures(wide_plan)
+    per_worker = max(f.unit + f.work for f in figures)
+    peaks = [_peak(wide_plan, workers) for workers in range(2, 6)]
+    assert all(b - a >= per_worker for a, b in zip(peaks, peaks[1:])), [p / MiB for p in peaks]
+    # more than one worker also gathers a data file while the last commits: one more data file in the writer's term
+    one, two = (estimate.peak_terms(wide_plan, options=settings.RunOptions(workers=w))["writer"] for w in (1, 2))
+    assert two - one >= settings.IN_FLIGHT.data_file_bytes
+
+
+def test_the_workers_are_the_most_the_budget_fits(wide_plan):
+    host_has = {"host_cores": 8}
+    between = (_peak(wide_plan, 3) + _peak(wide_plan, 4)) // 2
+    fitted = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=between, budget_asked=True,
+                                                                    **host_has))
+    assert fitted.workers == 3 and "3 of 8" in fitted.why and "--memory-budget" in fitted.why, fitted.why
+    assert estimate.predicted_peak_bytes(wide_plan, options=fitted) <= between
+    roomy = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=64 * GiB, **host_has))
+    assert roomy.workers == 8 and "8 cores" in roomy.why, roomy.why
+    asked = estimate.choose_workers(wide_plan, settings.RunOptions(workers_asked=2, budget_bytes=64 * GiB, **host_has))
+    assert asked.workers == 2 and "asked" in asked.why
+    tight = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=MiB, budget_asked=True, **host_has))
+    assert tight.workers == 1 and "over --memory-budget" in tight.why, tight.why
+    assert estimate.plan_summary(wide_plan, fitted)["run"]["workers"] == 3
+
+
+def test_the_host_says_its_cores_and_memory():
+    assert 1 <= host.cores() <= (os.cpu_count() or 1)
+    assert host.available_bytes("MemTotal: 100 kB\nMemAvailable: 42 kB\n") == 42 * 1024
+    assert host.available_bytes("MemTotal: 100 kB\n") is None
+    options = host.run_options(workers=3)
+    assert options.workers_asked == 3 and options.host_cores == host.cores() and not options.budget_asked
+    assert options.budget_bytes == int(options.host_available_bytes * settings.BUDGET_SHARE_OF_AVAILABLE)
+    assert host.run_options(budget_bytes=GiB).budget_asked
+
+
+def test_a_peak_without_vmhwm_is_sampled_and_says_so(monkeypatch):
+    """gVisor's /proc/self/status has VmRSS but no VmHWM: the peak then comes from VmRSS sampled in a thread (never
+    ru_maxrss, which carries a parent's peak across exec), and the report names its source."""
+    assert monitor.peak_source("Name: python\nVmPeak: 10 kB\nVmHWM: 8 kB\nVmRSS: 6 kB\n") == monitor.HWM
+    assert monitor.peak_source("Name: python\nVmRSS: 6 kB\n") == monitor.SAMPLED
+    assert monitor.peak_source(None) == monitor.MAXRSS
+    watch = monitor.PeakWatch(interval=0.005)
+    before = watch.sample()
+    block = np.ones(256 * MiB // 8)  # touched: resident while it lives
+    import time
+    time.sleep(0.1)
+    del block
+    assert watch.sample() >= before + 200 * MiB  # seen by the thread, and kept after the block was freed
+    monkeypatch.setattr(monitor, "_status", lambda: "Name: python\nVmRSS: 6 kB\n")
+    monkeypatch.setattr(monitor, "_WATCH", [watch])
+    peak, source = monitor.peak_rss()
+    assert source == monitor.SAMPLED and peak >= before + 200 * MiB
+
+
+CHILD = """
+import json, sys
+from ckptconv import monitor
+monitor._status = lambda: "Name: python\\nVmRSS: 6 kB\\n"  # as gVisor's, before anything is measured
+timer = monitor.StageTimer()
+print(json.dumps(dict(zip(("peak", "source"), monitor.peak_rss()))))
+"""
+
+
+def test_a_child_of_a_big_parent_reports_its_own_peak_where_there_is_no_vmhwm():
+    """A child started by this (big) test process, its /proc as gVisor's: its peak is its own (ru_maxrss would be at
+    least this parent's)."""
+    block = np.ones(512 * MiB // 8)  # the parent grows well past what the child will use
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
+    del block
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["source"] == monitor.SAMPLED
+    assert report["peak"] < 300 * MiB, report
