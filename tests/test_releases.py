@@ -128,6 +128,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "DeepSeek-V4-Pro": {"multi-token prediction": 2343},
     "Kimi-K2-Instruct": {"rotary embedding buffers": 61},  # each layer stores its rotary_emb.inv_freq
     "Qwen3-30B-A3B-Instruct-2507": {},
+    "Qwen3-VL-8B-Instruct": {"vision tower": 351},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
@@ -135,6 +136,7 @@ EXPECTED_MULTIMODAL: dict[str, dict[str, int]] = {
     "gemma-4-31B-it": {},
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785},
     "Qwen3-VL-30B-A3B-Instruct": {},
+    "Qwen3-VL-8B-Instruct": {},
 }
 
 
