@@ -104,3 +104,18 @@ def test_a_held_accelerator_is_retried_and_never_called_damage(synth_dir, tmp_pa
     assert isinstance(error, AcceleratorBusy), error
     assert "held by another program" in str(error) and "damaged" not in str(error)
     assert len(log.read_text().split()) == 2  # the first attempt and its retry each tried to open it
+
+
+def test_the_shipped_tpu_deployment_and_zoo_entry_ask_for_the_restore_check():
+    import inspect
+
+    import yaml
+
+    from flows.zoo import load_manifest
+
+    deployments = yaml.safe_load((ROOT / "deploy" / "prefect.yaml").read_text())["deployments"]
+    tpu = next(d for d in deployments if d["name"] == "convert-model-tpu")
+    assert tpu["parameters"] == {"restore_check": True} and tpu["work_pool"]["name"] == "tpu-pool"
+    assert "restore_check" in inspect.signature(convert_model.fn).parameters
+    checked = [e.job for e in load_manifest(str(ROOT / "deploy" / "zoo.yaml")).entries if e.job.restore_check]
+    assert [job.slug for job in checked] == ["llama-3-1-8b"]  # a zoo sends every entry's own value
