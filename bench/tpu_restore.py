@@ -1,7 +1,7 @@
 """Restoring ckptconv checkpoints onto a TPU host's chip, against the least a start without conversion does (issue 39).
 
-    python -m bench tpu_restore --out DIR                      (or: python -m bench.tpu_restore --out DIR)
-    python -m bench tpu_restore --shapes 0.6b --layers-8b 4 --rounds 3 --work /tmp/tpu-restore --out DIR
+    python -m bench tpu-restore --out DIR                      (or: python -m bench.tpu_restore --out DIR)
+    python -m bench tpu-restore --shapes 0.6b --layers-8b 4 --rounds 3 --work /tmp/tpu-restore --out DIR
 
 On the TPU host (docs/tpu.md says how to install ckptconv there), in one command:
 1. synthesises Qwen3-0.6B's shape (28 layers, 1.1 GiB) and Llama-3-8B's widths with ``--layers-8b`` layers
@@ -16,7 +16,9 @@ On the TPU host (docs/tpu.md says how to install ckptconv there), in one command
    timed to the last byte on device. Once per checkpoint, where the restore's time goes: Orbax's restore into
    host NumPy alone, ``jax.device_put`` of those arrays alone, and tensorstore's reads of every leaf alone;
 4. writes ``results.json`` (every run) and ``table.md`` (min-max per case) to ``--out``, after every step, so
-   a command cut off by its time limit still returns what it measured.
+   a command cut off by its time limit still returns what it measured, and prints the table at the end.
+
+The figures measured so far, and what they say: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "plan.json").write_text(json.dumps(plan, indent=2))
     child = subprocess.run([sys.executable, "-m", "bench.tpu_restore", "--measure", str(out / "plan.json")],
                            cwd=REPO, env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
+    if (out / "table.md").exists():
+        print((out / "table.md").read_text(), end="")
     return child.returncode
 
 
