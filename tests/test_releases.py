@@ -129,6 +129,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Kimi-K2-Instruct": {"rotary embedding buffers": 61},  # each layer stores its rotary_emb.inv_freq
     "Qwen3-30B-A3B-Instruct-2507": {},
     "Qwen3-VL-8B-Instruct": {"vision tower": 351},
+    "Qwen3-Omni-30B-A3B-Instruct": {"audio tower": 525, "vision tower": 351, "talker": 8037, "code2wav": 230},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
@@ -137,6 +138,7 @@ EXPECTED_MULTIMODAL: dict[str, dict[str, int]] = {
     "Qwen3.5-35B-A3B": {"multi-token prediction": 785},
     "Qwen3-VL-30B-A3B-Instruct": {},
     "Qwen3-VL-8B-Instruct": {},
+    "Qwen3-Omni-30B-A3B-Instruct": {"talker": 8037, "code2wav": 230},
 }
 
 
@@ -375,3 +377,21 @@ def test_gemma4_expert_intermediate_size_read_off_and_refused_when_it_contradict
     config["text_config"]["expert_intermediate_size"] = 2 * moe
     with pytest.raises(BadInputError, match=f"expert_intermediate_size={2 * moe} differs from moe_intermediate_size"):
         read_spec(BY_MODEL_TYPE["gemma4"], config, "config.json")
+
+
+@pytest.mark.parametrize("field, value", [("shared_expert_intermediate_size", 768), ("use_qk_norm", False),
+                                          ("use_sliding_window", True)])
+def test_qwen3_omni_printed_text_fields_read_at_the_release_values_only(field, value):
+    """transformers 5.7 prints Qwen3-Omni's thinker text_config with shared_expert_intermediate_size 0, use_qk_norm
+    true and use_sliding_window false (the release plans above); other values would mean other weights or attention,
+    refused by name."""
+    import copy
+
+    from ckptconv.errors import BadInputError
+    from ckptconv.families import BY_MODEL_TYPE
+    from ckptconv.plan.conversion import read_spec
+
+    config = copy.deepcopy(load("Qwen3-Omni-30B-A3B-Instruct")["config"])
+    config["thinker_config"]["text_config"][field] = value
+    with pytest.raises(BadInputError, match=f"text_config: field '{field}' = .* is not supported"):
+        read_spec(BY_MODEL_TYPE["qwen3_omni_moe"], config, "config.json")

@@ -60,6 +60,12 @@ def read_spec(cfg: ConfigReader) -> ModelSpec:
     text.require("model_type", ("qwen3_omni_moe_text",), "qwen3_omni_moe_text")
     text.runtime("tie_word_embeddings", "sliding_window", "num_experts_per_tok", "norm_topk_prob")
     text.require("attention_bias", (False,), False)
+    # fields transformers 5.7 prints into the thinker's text_config, at the values the release's layers have: no
+    # shared expert, q/k norms in every layer, no sliding window (any other value would change the weights or how
+    # they run, and is refused)
+    text.require("shared_expert_intermediate_size", (0,), 0)
+    text.require("use_qk_norm", (True,), True)
+    text.require("use_sliding_window", (False,), False)
     dims = read_moe_dims(text) | read_omni_vision_dims(thinker.nested("vision_config"))
     dims |= read_audio_dims(thinker.nested("audio_config"))
     return make_spec(cfg, "qwen3_omni_moe", dims, {"tie_word_embeddings": tied, "interleave_rope": False},
@@ -70,7 +76,8 @@ def read_omni_vision_dims(vision: ConfigReader) -> dict[str, int]:
     """Qwen3-VL's tower sizes, and the fields the release's ``vision_config`` adds: run-time ones, and two older
     spellings of the channel count and patch size, which must agree with the fields read."""
     dims = read_vision_dims(vision, ("qwen3_omni_moe_vision_encoder",))
-    vision.runtime("image_size", "tokens_per_second", "apply_vit_abs_pos_embed")
+    # tie_word_embeddings: transformers' generic default, printed into the tower's config; a tower ties no head
+    vision.runtime("image_size", "tokens_per_second", "apply_vit_abs_pos_embed", "tie_word_embeddings")
     for alias, dim, field in (("in_chans", "v_channels", "in_channels"), ("spatial_patch_size", "v_patch",
                                                                           "patch_size")):
         if vision.int(alias, dims[dim]) != dims[dim]:
@@ -81,7 +88,7 @@ def read_omni_vision_dims(vision: ConfigReader) -> dict[str, int]:
 def read_audio_dims(audio: ConfigReader) -> dict[str, int]:
     """The audio tower's sizes (``a_*`` dims), read whether or not ``--multimodal`` asks for it."""
     audio.require("model_type", ("qwen3_omni_moe_audio_encoder",), "qwen3_omni_moe_audio_encoder")
-    audio.runtime(*AUDIO_RUNTIME)
+    audio.runtime(*AUDIO_RUNTIME, "tie_word_embeddings")  # transformers' generic default: a tower ties no head
     dims = {f"a_{key}": audio.int(field, AUDIO_DEFAULTS[field]) for key, field in (
         ("emb", "d_model"), ("layers", "encoder_layers"), ("heads", "encoder_attention_heads"),
         ("ffn", "encoder_ffn_dim"), ("mel", "num_mel_bins"), ("down", "downsample_hidden_size"),
