@@ -20,7 +20,7 @@ from ckptconv.errors import CkptConvError
 
 PLATFORMS_ENV = "JAX_PLATFORMS"
 # Words in a backend's failure that mean another process holds the device (libtpu's lockfile, a busy chip).
-HELD_SIGNS = ("lockfile", "already in use", "busy", "resource exhausted", "device or resource")
+HELD_SIGNS = ("lockfile", "already in use", "busy", "device or resource")
 
 
 class AcceleratorUnavailableError(CkptConvError):
