@@ -130,6 +130,8 @@ EXPECTED: dict[str, dict[str, int]] = {
     "Qwen3-30B-A3B-Instruct-2507": {},
     "Qwen3-VL-8B-Instruct": {"vision tower": 351},
     "Qwen3-Omni-30B-A3B-Instruct": {"audio tower": 525, "vision tower": 351, "talker": 8037, "code2wav": 230},
+    "Qwen2.5-7B-Instruct": {},
+    "DeepSeek-V2-Lite-Chat": {},
 }
 # The same releases converted with --multimodal where their family converts the encoders as MaxText does: what
 # is then left out (the encoders' tensors are all read).
