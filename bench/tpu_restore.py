@@ -34,9 +34,9 @@ from pathlib import Path
 GIB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
 LAYOUTS = {  # name -> convert flags
-    "16 devices, data files by device": ["--devices", "16", "--data-files-by-device"],
-    "16 devices, source order": ["--devices", "16", "--no-data-files-by-device"],
-    "1 device": ["--devices", "1"],
+    "16-by-device": ["--devices", "16", "--data-files-by-device"],  # 16 devices, data files by device (the default)
+    "16-source-order": ["--devices", "16", "--no-data-files-by-device"],  # 16 devices, in the source's order
+    "1-device": ["--devices", "1"],
 }
 
 
@@ -47,15 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/tpu-restore", help="where checkpoints are written (kept, reused)")
     parser.add_argument("--out", default=".", help="where results.json and table.md go")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated, of: " + ", ".join(LAYOUTS))
+    parser.add_argument("--batched", action="store_true", help="also time the batched restore (Orbax into host NumPy "
+                        "a batch of leaves at a time, one device_put per batch while the next is read)")
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false", help="skip the breakdown runs")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # the child's plan (JSON)
     args = parser.parse_args(argv)
     if args.measure:
         return _measure(json.loads(Path(args.measure).read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"cases": [], "rounds": args.rounds, "out": str(out)}
+    plan = {"cases": [], "rounds": args.rounds, "out": str(out), "batched": args.batched, "breakdown": args.breakdown}
+    layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
     for shape in args.shapes.split(","):
-        plan["cases"].append(prepare(shape, args.layers_8b, Path(args.work)))
+        plan["cases"].append(prepare(shape, args.layers_8b, Path(args.work), layouts))
         (out / "plan.json").write_text(json.dumps(plan, indent=2))
     child = subprocess.run([sys.executable, "-m", "bench.tpu_restore", "--measure", str(out / "plan.json")],
                            cwd=REPO, env={k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"})
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     return child.returncode
 
 
-def prepare(shape: str, layers_8b: int, work: Path) -> dict:
+def prepare(shape: str, layers_8b: int, work: Path, layouts: dict[str, list[str]]) -> dict:
     """Synthesise ``shape`` and convert it in each layout (reused when already there); the case's paths."""
     from dataclasses import replace
 
@@ -80,8 +85,8 @@ def prepare(shape: str, layers_8b: int, work: Path) -> dict:
         synth.write_checkpoint(model, str(src), max_shard_bytes=5 * GIB, fast=True)
         case["prepare_seconds"]["synth"] = round(time.perf_counter() - started, 1)
     running = {}
-    for layout, flags in LAYOUTS.items():
-        dst = work / name / layout.replace(" ", "-").replace(",", "")
+    for layout, flags in layouts.items():
+        dst = work / name / layout
         case["checkpoints"][layout] = str(dst)
         env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
         running[layout] = (time.perf_counter(), subprocess.Popen(
@@ -124,10 +129,14 @@ def _measure(plan: dict) -> int:
                                           "device_peak_bytes", "peak_rss_bytes", "rss_bytes", "mismatches", "devices",
                                           "replicated_not_divisible")}})
                 _write(out, results)
+                if plan.get("batched"):
+                    results["runs"].append({"shape": case["shape"], "case": f"{layout}, batched", "round": round_,
+                                            **batched(dst, devices, check=round_ == 0)})
+                    _write(out, results)
             results["runs"].append({"shape": case["shape"], "case": "floor: safetensors read + device_put",
                                     "round": round_, **floor(Path(case["source"]), devices[0])})
             _write(out, results)
-    for case in plan["cases"]:
+    for case in plan["cases"] if plan.get("breakdown", True) else []:
         for layout, dst in case["checkpoints"].items():
             results["breakdown"].append({"shape": case["shape"], "case": layout, **breakdown(dst, devices)})
             _write(out, results)
@@ -164,6 +173,77 @@ def floor(src: Path, device) -> dict:
     for array in arrays:
         array.delete()
     return {"restore_seconds": round(seconds, 3), "bytes": nbytes, "gib_per_s": round(nbytes / GIB / seconds, 3)}
+
+
+def batched(dst: str, devices: list, check: bool, batch_bytes: int = 2 * GIB) -> dict:
+    """The cut the breakdown points to: Orbax reads leaves into host NumPy, a batch of at most ``batch_bytes`` at a
+    time, and each batch goes onto the devices in one ``jax.device_put`` (a thread) while the next is read; so at most
+    two batches are in host RAM. Timed to the last byte on device; ``check``: every shard compared with the stored
+    data (restore_check.compare) afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from ckptconv import layout
+    from ckptconv.commands.restore_check import RestoreCheck, compare, host_target
+    from ckptconv.read.stored import read_metadata
+
+    items = layout.items_path(dst).as_posix()
+    stored, _ = read_metadata(dst)
+    target = host_target(stored, devices, [])
+    paths = [leaf.path for leaf in stored]
+    shapes = {leaf.path: _at(target, leaf.path) for leaf in stored}
+    batches, size = [[]], 0
+    for leaf in stored:
+        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+        if batches[-1] and size + nbytes > batch_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(leaf.path)
+        size += nbytes
+    placed: dict = {}
+    started = time.perf_counter()
+    with ThreadPoolExecutor(1) as put:
+        pending = None
+        for batch in batches:
+            item = _tree({path: shapes[path] for path in batch})
+            args = jax.tree.map(lambda t: ocp.RestoreArgs(restore_type=np.ndarray), item)
+            host = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
+                item=item, restore_args=args, partial_restore=True))
+            if pending is not None:
+                placed.update(pending.result())
+            values = [_at(host, path) for path in batch]
+            pending = put.submit(lambda b, v: dict(zip(b, jax.block_until_ready(
+                jax.device_put(v, [shapes[p].sharding for p in b])))), batch, values)
+        placed.update(pending.result())
+    seconds = time.perf_counter() - started
+    nbytes = sum(array.nbytes for array in placed.values())
+    result = RestoreCheck(destination=dst, leaves=len(stored))
+    if check:
+        compare(dst, stored, placed, result)
+    for array in placed.values():
+        array.delete()
+    return {"restore_seconds": round(seconds, 3), "bytes": nbytes, "gib_per_s": round(nbytes / GIB / seconds, 3),
+            "batches": len(batches), "ok": result.ok if check else None, "leaves_checked": result.leaves_checked,
+            "mismatches": result.mismatches, "paths": len(paths)}
+
+
+def _tree(flat: dict) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key]
+    return tree
 
 
 def breakdown(dst: str, devices: list) -> dict:
@@ -236,7 +316,7 @@ def table(results: dict) -> str:
         seconds = [run["restore_seconds"] for run in runs]
         best = max(run["gib_per_s"] or 0 for run in runs)
         checked = next((("OK" if run["ok"] else f"FAILED {run['mismatches'][:1]}") for run in runs
-                        if run.get("leaves_checked")), "-")
+                        if run.get("leaves_checked") or run.get("mismatches")), "-")
         device = next((run.get("device_bytes_in_use") for run in runs if run.get("device_bytes_in_use")), None)
         peak = max((run.get("peak_rss_bytes") or 0) for run in runs)
         lines.append(f"| {shape} | {case} | {min(seconds):.2f}-{max(seconds):.2f} | {best:.2f} | {checked} | "
