@@ -111,7 +111,7 @@ def restore_check(dst: str, *, source: str | None = None, hf_token_file: str | N
     if source is not None:
         from ckptconv.commands.verification import verify
 
-        verified = verify(source, dst, hf_token_file=hf_token_file)
+        verified = read_back(dst, lambda: verify(source, dst, hf_token_file=hf_token_file))
         result.source_verified = verified.to_json()
         result.mismatches += [f"against {source}: {line}" for line in verified.mismatches]
     started = time.perf_counter()
