@@ -245,10 +245,11 @@ def test_release_plans_as_shipped(release_dir, name, multimodal):
     assert read + sum(reported.values()) <= len(fixture["tensors"])
 
 
-def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp_path):
-    """E2B's form as shipped: its KV-shared layers still store k_proj, v_proj and k_norm. They convert, each reported
-    with its reason, and every leaf is bit-identical to the conversion of the same model without them (as MaxText
-    0.2.5's is)."""
+@pytest.mark.parametrize("form", ["E2B_TINY", "E4B_TINY"])
+def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp_path, form):
+    """E2B's form as shipped (and E4B's, built the same way): the KV-shared layers still store k_proj, v_proj and
+    k_norm. They convert, each reported with its reason, and every leaf is bit-identical to the conversion of the
+    same model without them (as MaxText 0.2.5's is)."""
     import numpy as np
 
     from ckptconv.commands import synth
@@ -256,7 +257,8 @@ def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp
     from tests.conftest import run_cli
     from tests.test_convert import restore
 
-    spec = synth.for_family(gemma4.FAMILY, gemma4.E2B_TINY)
+    fields = getattr(gemma4, form)
+    spec = synth.for_family(gemma4.FAMILY, fields)
     text = spec.config()["text_config"]
     layers, shared = text["num_hidden_layers"], text["num_kv_shared_layers"]
     hd, ghd, kv = text["head_dim"], text["global_head_dim"], text["num_key_value_heads"]
@@ -269,8 +271,7 @@ def test_gemma4_kv_shared_layers_stored_keys_are_reported_and_change_no_leaf(tmp
     outputs = {}
     for name, tensors in (("plain", {}), ("shipped", extra)):
         src, dst = tmp_path / f"{name}-src", tmp_path / f"{name}-dst"
-        synth.write_checkpoint(synth.SynthModel(model_type="gemma4", extra_tensors=tensors, **gemma4.E2B_TINY),
-                               str(src))
+        synth.write_checkpoint(synth.SynthModel(model_type="gemma4", extra_tensors=tensors, **fields), str(src))
         result = run_cli("convert", str(src), str(dst), "--progress", "none", "--devices", "1")
         assert result.returncode == 0, result.stderr
         report = json.loads((dst / "ckptconv-report.json").read_text())
