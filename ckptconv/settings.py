@@ -100,6 +100,9 @@ AUTO_SPILL_WINDOWS = 1
 # process may run on and the memory available to it (ckptconv.host); plan.estimate.choose_workers then takes the most
 # workers whose predicted peak fits the budget.
 WORKERS: int | None = None
+# At most this many data files commit at once (RunOptions.commit_lanes): each holds its data file in RAM while it
+# commits, and beyond a few the disk, not the compression, bounds the writes.
+COMMIT_LANES = 4
 MEMORY_BUDGET: str | None = None
 # Without --memory-budget a run may plan on this share of the memory available when it starts: the rest is left to
 # the page cache (its spill and the source's reads go through it) and to whatever else runs beside it.
@@ -137,9 +140,16 @@ class RunOptions:
 
     @property
     def overlaps_commits(self) -> bool:
-        """Whether the writer gathers the next data file while the last commits (two in RAM): with workers > 1,
-        where tiles come faster than one commit at a time takes them."""
+        """Whether the writer gathers the next data file while the last commits: with workers > 1, where tiles come
+        faster than one commit at a time takes them."""
         return self.workers > 1 and self.data_file_bytes > 0
+
+    @property
+    def commit_lanes(self) -> int:
+        """Data files committed at once, each by a writer of its own (``ckptconv.write.orbax._Lanes``): one commit
+        compresses its data file's chunks on about one core (a zarr3 shard is encoded as one value), so one at a time
+        bounds a run at one core's compression, whatever the host has."""
+        return min(self.workers, COMMIT_LANES) if self.overlaps_commits else 1
 
     def planned(self, output_bytes: int) -> "RunOptions":
         """These options for a conversion planned to write ``output_bytes``."""
@@ -167,4 +177,4 @@ class RunOptions:
         return {"workers": self.workers, "workers_asked": self.workers_asked, "why": self.why,
                 "memory_budget_bytes": self.budget_bytes, "memory_budget_asked": self.budget_asked,
                 "host_cores": self.host_cores, "host_available_bytes": self.host_available_bytes,
-                "overlapped_commits": self.overlaps_commits}
+                "overlapped_commits": self.overlaps_commits, "commit_lanes": self.commit_lanes}

@@ -132,10 +132,12 @@ def test_plan_predicts_the_data_file_size_convert_is_given(source):
     (16 x the size each) and the writes overlap them; when it fits one window the spill is written after the reads,
     and only the larger counts; in between, the writes overlap the part of the reads past the first window, and
     the tiles count in that part's share of a window (tests/test_memory.py holds the default to measured peaks); a
-    size that is not one is refused in one line."""
+    size that is not one is refused in one line. One worker: one data file at a time (more commit side by side,
+    tests/test_workers.py)."""
     def plan(size: str | int) -> dict | subprocess.CompletedProcess:
         result = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
-                                 "--data-file-size", str(size), "--data-files-by-device"], capture_output=True,
+                                 "--data-file-size", str(size), "--data-files-by-device", "--workers", "1"],
+                                capture_output=True,
                                 text=True, cwd=ROOT, timeout=120)
         return json.loads(result.stdout) if result.returncode == 0 else result
 

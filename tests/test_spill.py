@@ -76,14 +76,18 @@ def _convert(src: Path, dst: Path, *flags: str, env: dict | None = None) -> subp
                    "--data-files-by-device", *flags, env=env)
 
 
-def test_each_data_file_holds_one_device_chunks_and_a_host_reads_only_its_own(tmp_path):
+@pytest.mark.parametrize("workers", (1, 3))
+def test_each_data_file_holds_one_device_chunks_and_a_host_reads_only_its_own(tmp_path, workers):
+    """One worker commits the devices' data files one after another; three commit them side by side, each in an OCDBT
+    database of its own (write.orbax._Lanes): either way a data file holds one device's chunks."""
     src, dst, spill_root = tmp_path / "src", tmp_path / "dst", tmp_path / "tmp"
     synth.write_checkpoint(MODEL, str(src))
     spill_root.mkdir()
-    done = _convert(src, dst, "--data-file-size", "1MiB", env={"TMPDIR": str(spill_root)})
+    done = _convert(src, dst, "--data-file-size", "1MiB", "--workers", str(workers), env={"TMPDIR": str(spill_root)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(spill_root.iterdir()) == []  # the spill is gone
     items = dst / "0" / "items"
+    assert len(list(items.glob("ocdbt.process_*"))) == workers  # one writer, or three side by side
     leaves = {".".join(leaf.path): leaf for leaf in read_items_metadata(str(items)) if leaf.chunk_shape is not None}
     owners: dict[str, set] = defaultdict(set)
     chunks, _, _ = stored_chunks(str(items))

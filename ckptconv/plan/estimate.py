@@ -64,6 +64,9 @@ DATA_FILE_FACTOR = 1.25
 # peaked 732 MiB above the 64 MiB run (446 -> 1178 MiB, 1.63 per byte added): 1.8 per byte above 128 MiB.
 DATA_FILE_FACTOR_LARGE = 1.8
 DATA_FILE_FACTOR_FROM = 128 * 1024**2
+# Parts a writer lane reads back from the spill ahead of the one it copies (ckptconv.write.orbax.READ_AHEAD): a
+# device's part of a tile each.
+READ_AHEAD = 2
 
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -118,9 +121,11 @@ def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
 
 
 def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.RunOptions | None = None) -> int:
-    """What the writer's open transaction holds: the tiles of one OCDBT data file, uncompressed, and at
-    its commit their compressed copy (``options.data_file_bytes``; no more than the output). With overlapped
-    commits (``options.overlaps_commits``) the next data file is gathered, uncompressed, while one commits."""
+    """What the writer's open transactions hold: the tiles of one OCDBT data file, uncompressed, and at
+    its commit their compressed copy (``options.data_file_bytes``; no more than the output), once per commit lane
+    (``options.commit_lanes``, no more than the output's data files). In the source's order with overlapped commits
+    (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
+    each lane gathers and commits its own, and reads parts back from the spill ahead of them."""
     options = options or settings.RunOptions()
     limit = options.data_file_bytes
     if limit <= 0:
@@ -128,7 +133,12 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
     committing = int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
                      + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
-    return committing + (min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0)
+    lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
+    if options.spill_window_bytes(plan.devices, plan.output_bytes):
+        ahead = READ_AHEAD * -(-max(tiles, default=0) // plan.devices) if options.overlaps_commits else 0
+        return lanes * (committing + ahead)
+    gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
+    return lanes * committing + gathering
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ from ckptconv.write.spill import DeviceSpill, device_parts
 TARGET_FILE_BYTES = 2 * 1024**3
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
-# Spilled parts read back ahead of the one being copied into its data file (each at most a tile; the estimate's
-# writer term counts them where commits overlap).
+# Spilled parts read back ahead of the one being copied into its data file, with workers > 1 (each a device's part of
+# a tile; the estimate's writer term counts them).
 READ_AHEAD = 2
 
 
@@ -179,26 +179,68 @@ def _with_checksum(node: Any) -> Any:
     return node
 
 
+class _Lanes:
+    """``count`` writers side by side, each committing its data files into an OCDBT database of its own
+    (``ocdbt.process_<id>``, as each host of a multi-host save writes its own; Orbax merges them into the step's root
+    manifest at its commit, as after such a save). A data file holds what one writer gathered, so commits can run
+    at once without OCDBT putting two writers' chunks in one file; each storage key (a zarr3 shard) is written once,
+    by one writer. Lane 0 writes where one writer would (``process_id``)."""
+
+    def __init__(self, values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
+                 process_id: str | None, count: int, on_tile: Callable[[Leaf, int], None] | None,
+                 options: settings.RunOptions):
+        base = process_id if process_id is not None else str(ocdbt_utils.get_process_index_for_subdir(
+            infos[0].is_ocdbt_checkpoint if infos else True))
+        self.ids = [process_id] + [f"{base}lane{k}" for k in range(1, count)]
+        self.writers = [_Writer(on_tile, options) for _ in range(count)]
+        self._stores: list[dict[int, Any]] = [{} for _ in range(count)]
+        self._values, self._infos, self._args = values, infos, args
+        self.metadatas: list[Any] = [None] * len(values)
+
+    def __len__(self) -> int:
+        return len(self.writers)
+
+    async def store(self, lane: int, n: int) -> Any:
+        """Leaf ``n``'s array as lane ``lane`` writes it (opened at its first write there)."""
+        store = self._stores[lane].get(n)
+        if store is None:
+            store, metadata = await _open_leaf(self._values[n], self._infos[n], self._args[n], self.ids[lane])
+            self._stores[lane][n] = store
+            if self.metadatas[n] is None:
+                self.metadatas[n] = metadata
+        return store
+
+    def let_go(self, n: int) -> None:
+        """Leaf ``n`` is complete: the writes in flight keep what they need."""
+        for stores in self._stores:
+            stores.pop(n, None)
+
+    async def finish(self) -> None:
+        await asyncio.gather(*(writer.finish() for writer in self.writers))
+
+
 async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
                   process_id: str | None = None, options: settings.RunOptions | None = None) -> list[Any]:
-    """Write the tile stream (``options.in_flight.writes`` at most), opening each leaf at its first tile and
-    letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
+    """Write the tile stream (``options.in_flight.writes`` at most per writer), opening each leaf at its first tile
+    and letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
 
     With data files by device (``options.spill_window_bytes``: asked, or the planned output over one window; the
     output of these leaves where nothing was planned) sharded leaves go through :class:`_SpilledWrites` (one data file
-    per device per window); otherwise each tile is written as it comes."""
+    per device per window); otherwise each tile is written as it comes, data file after data file, each committed by
+    the next of ``options.commit_lanes`` writers (:class:`_Lanes`) while the following one is gathered."""
     options = options or settings.RunOptions()
     if options.planned_output_bytes is None:
         options = options.planned(sum(math.prod(value.shape) * value.dtype.itemsize for value in values))
     by_index = {value.index: n for n, value in enumerate(values)}
-    stores: dict[int, Any] = {}
-    metadatas: list[Any] = [None] * len(values)
+    lanes = _Lanes(values, infos, args, process_id, options.commit_lanes if process_id is None else 1, on_tile,
+                   options)
+    started: set[int] = set()
     written = [0] * len(values)
-    writer = _Writer(on_tile, options)
     devices = max((value.devices for value in values), default=1)
     window = options.spill_window_bytes(devices)
-    spilled = _SpilledWrites(window, writer, stores) if window else None
+    spilled = _SpilledWrites(window, lanes, options.overlaps_commits) if window else None
+    lane = 0
     stream = iter(tiles())
     try:
         # the next tile is awaited in a thread, so a window being written in the background goes on meanwhile
@@ -208,20 +250,25 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             if n is None:
                 raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
             value = values[n]
-            starts = n not in stores
+            starts = n not in started
             if starts:
-                if metadatas[n] is not None:
+                if written[n]:
                     raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
-                stores[n], metadatas[n] = await _open_leaf(value, infos[n], args[n], process_id)
-            region = _region(value, region, data, tuple(metadatas[n].chunk_shape))
+                started.add(n)
+                await lanes.store(lane, n)  # its metadata, whichever lane writes it
+            region = _region(value, region, data, tuple(lanes.metadatas[n].chunk_shape))
             if spilled is None:
                 # Commit the data file being filled if this tile would overflow it, or if a leaf starts that does
                 # not fit whole in what is left of it: a host restoring its shard reads its chunks of one leaf in
                 # one data file in one request, but of two leaves in two (OCDBT stores a file's chunks in key
-                # order, leaf by leaf), so each leaf is in as few files as it can be.
-                if starts and writer.batch.full(math.prod(value.shape) * value.dtype.itemsize):
+                # order, leaf by leaf), so each leaf is in as few files as it can be. The next data file is the next
+                # lane's, gathered while this one commits.
+                writer = lanes.writers[lane]
+                if writer.batch.full(data.nbytes) or (
+                        starts and writer.batch.full(math.prod(value.shape) * value.dtype.itemsize)):
                     await writer.commit()
-                await writer.write(stores[n], region, data, value.leaf)
+                    lane = (lane + 1) % len(lanes)
+                await lanes.writers[lane].write(await lanes.store(lane, n), region, data, value.leaf)
             else:
                 await spilled.add(n, value, region, data)
                 if on_tile is not None:  # gathered, as a tile written into the data file being filled
@@ -230,12 +277,12 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             del data, tile
             if written[n] == math.prod(value.shape):
                 if spilled is None:
-                    del stores[n]  # complete: the writes in flight keep what they need
+                    lanes.let_go(n)
                 else:
                     spilled.complete(n)
         if spilled is not None:
             await spilled.finish()
-        await writer.finish()
+        await lanes.finish()
     finally:
         if spilled is not None:
             spilled.close()
@@ -244,23 +291,25 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
                              f"{math.prod(value.shape)} elements")
     return [dataclasses.replace(metadata, write_shape=value.write_shape)
-            for value, metadata in zip(values, metadatas)]
+            for value, metadata in zip(values, lanes.metadatas)]
 
 
 class _SpilledWrites:
     """Two spill windows (:class:`~ckptconv.write.spill.DeviceSpill`): one filling from the tile stream while the
-    other is written in the background, device by device, each device's parts committed apart (its own data files).
+    other is written in the background, device by device, each device's parts committed apart (its own data files),
+    the devices shared out among the lanes (:class:`_Lanes`), which write theirs side by side.
 
     So the source's reads and transforms overlap the writer's compression and commits, as they do without a spill.
     With one window they took turns: Llama-3-8B's widths with 8 layers converted in 45 s against 27 s. A leaf's
-    store stays open until the window holding its last parts is written."""
+    stores stay open until the window holding its last parts is written."""
 
-    def __init__(self, window: int, writer: _Writer, stores: dict[int, Any]):
+    def __init__(self, window: int, lanes: _Lanes, read_ahead: bool):
         self._spills = [DeviceSpill(window), DeviceSpill(window)]
         self._filling = 0
         self._done: list[int] = []  # leaves complete in the filling window
         self._flush: asyncio.Task | None = None
-        self._writer, self._stores = writer, stores
+        self._lanes = lanes
+        self._read_ahead = READ_AHEAD if read_ahead else 0
 
     async def add(self, n: int, value: _StreamedLeaf, region: Region, data: np.ndarray) -> None:
         if self._spills[self._filling].full(data.nbytes):
@@ -288,34 +337,35 @@ class _SpilledWrites:
         self._filling, self._done = 1 - self._filling, []
         self._flush = asyncio.get_running_loop().create_task(self._write(spill, done))
 
-    async def _write_part(self, read: tuple, group_now: int | None) -> int:
-        """Write one part read back; a new group (device) first commits the last one's data file."""
-        group, part, data = read
-        if group_now is not None and group != group_now:
-            await self._writer.commit()
-        await self._writer.write(self._stores[part.leaf], part.region, await data, None)
-        return group
-
     async def _wait(self) -> None:
         if self._flush is not None:
             flush, self._flush = self._flush, None
             await flush
 
     async def _write(self, spill: DeviceSpill, done: list[int]) -> None:
-        # each part read back in a thread, the next one read while this one is copied into the data file
-        reads = ((group, part) for group, parts in spill.groups() for part in parts)
-        ahead: collections.deque = collections.deque()
-        group_now = None
-        for group, part in reads:
-            ahead.append((group, part, asyncio.ensure_future(asyncio.to_thread(spill.read, group, part))))
-            if len(ahead) > READ_AHEAD:
-                group_now = await self._write_part(ahead.popleft(), group_now)
-        while ahead:
-            group_now = await self._write_part(ahead.popleft(), group_now)
-        await self._writer.finish()  # the window's last data file committed before its leaves are let go
+        groups = list(spill.groups())
+        count = len(self._lanes)
+        await asyncio.gather(*(self._write_lane(lane, spill, groups[lane::count]) for lane in range(count)))
         spill.clear()
         for n in done:
-            del self._stores[n]  # complete, and all of it written
+            self._lanes.let_go(n)  # complete, and all of it written
+
+    async def _write_lane(self, lane: int, spill: DeviceSpill, groups: list) -> None:
+        """One lane's devices, one data file each (committed before the next is gathered); each part read back in a
+        thread, the next ones read while this one is copied into the data file."""
+        writer = self._lanes.writers[lane]
+        for group, parts in groups:
+            ahead: collections.deque = collections.deque()
+            for part in parts:
+                ahead.append((part, asyncio.ensure_future(asyncio.to_thread(spill.read, group, part))))
+                if len(ahead) > self._read_ahead:
+                    await self._write_part(lane, *ahead.popleft())
+            while ahead:
+                await self._write_part(lane, *ahead.popleft())
+            await writer.finish()
+
+    async def _write_part(self, lane: int, part, data) -> None:
+        await self._lanes.writers[lane].write(await self._lanes.store(lane, part.leaf), part.region, await data, None)
 
 
 class _Writer:

@@ -77,13 +77,18 @@ def device_parts(region: Region, shape: tuple[int, ...], devices: int) -> list[t
 
 
 class DeviceSpill:
-    """One local spill file per group, appended to until ``window`` bytes wait, then read back group by group."""
+    """One local spill file per group, appended to until ``window`` bytes wait, then read back group by group.
+
+    Writes and reads are positional (``pwrite``/``preadv`` at offsets kept here): reads of one window run in several
+    threads at once, beside the writes into the other window. A window forgotten (:meth:`clear`) is overwritten from
+    its files' start, not truncated: on gVisor dropping a file's cached pages cost about as much as writing them."""
 
     def __init__(self, window: int, directory: str | None = None):
         self.window = window
         sweep(directory or tempfile.gettempdir())
         self._dir = tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
-        self._files: dict[int, object] = {}
+        self._files: dict[int, int] = {}  # group -> file descriptor
+        self._ends: dict[int, int] = {}  # group -> bytes of this window in its file
         self._parts: dict[int, list[Part]] = {}
         self.bytes = 0
 
@@ -92,12 +97,16 @@ class DeviceSpill:
         return self.bytes > 0 and self.bytes + nbytes > self.window
 
     def add(self, group: int, leaf: int, region: Region, data: np.ndarray) -> None:
-        spill = self._files.get(group)
-        if spill is None:
+        fd = self._files.get(group)
+        if fd is None:
             name = "replicated" if group == REPLICATED else f"device-{group}"
-            spill = self._files[group] = open(os.path.join(self._dir.name, name), "w+b")
-        offset = spill.seek(0, os.SEEK_END)
-        spill.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+            fd = self._files[group] = os.open(os.path.join(self._dir.name, name), os.O_RDWR | os.O_CREAT, 0o600)
+        offset = self._ends.get(group, 0)
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
+        self._ends[group] = offset + done
         self._parts.setdefault(group, []).append(Part(leaf, region, data.dtype, tuple(data.shape), offset))
         self.bytes += data.nbytes
 
@@ -114,22 +123,24 @@ class DeviceSpill:
     def read(self, group: int, part: Part) -> np.ndarray:
         """A part's data back (a positional read: several may run at once, beside ``add`` on another window)."""
         data = np.empty(part.shape, part.dtype)
-        spill = self._files[group]
-        spill.flush()
-        if os.preadv(spill.fileno(), [memoryview(data.reshape(-1).view(np.uint8))], part.offset) != part.nbytes:
-            raise OSError(f"spill file {spill.name}: short read at {part.offset}")
+        view = memoryview(data.reshape(-1).view(np.uint8))
+        done = 0
+        while done < part.nbytes:
+            count = os.preadv(self._files[group], [view[done:]], part.offset + done)
+            if count == 0:
+                raise OSError(f"spill file of group {group}: short read at {part.offset + done}")
+            done += count
         return data
 
     def clear(self) -> None:
-        """Forget the window: its parts are written."""
-        for spill in self._files.values():
-            spill.truncate(0)
+        """Forget the window: its parts are written (the next one overwrites its files from the start)."""
         self._parts.clear()
+        self._ends.clear()
         self.bytes = 0
 
     def close(self) -> None:
-        for spill in self._files.values():
-            spill.close()
+        for fd in self._files.values():
+            os.close(fd)
         self._files.clear()
         self._dir.cleanup()
 
