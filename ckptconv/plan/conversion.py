@@ -193,8 +193,11 @@ def make_plan(source: Source, *, dtype: str = settings.DTYPE, scan_layers: bool 
     unused, unused_consumed = _resolve_present({n: r for n, r in inactive.items() if n not in consumed}, tensors,
                                                scheme)
     _check_extra(source, family, tensors, consumed | unused_consumed)
-    not_converted += tuple({"what": inactive[name][0].note, "tensors": [unused[name].name],
-                            "bytes": unused[name].nbytes} for name in sorted(unused))
+    by_note: dict[str, list[Input]] = defaultdict(list)  # one entry per reason (E2B's 60 KV-shared keys: one)
+    for name in sorted(unused):
+        by_note[inactive[name][0].note].append(unused[name])
+    not_converted += tuple({"what": note, "tensors": [found.name for found in unread],
+                            "bytes": sum(found.nbytes for found in unread)} for note, unread in by_note.items())
     _check_shapes_and_dtypes(expected, inputs, scheme)
     out_dtype = dtypes.OUTPUT[dtype]
     jobs = layout_jobs(family, spec, stacks, inputs, out_dtype, devices)
