@@ -7,7 +7,8 @@ derived from config.json where the fixture says so), the file each tensor is in 
 never a weight. Each is written as sparse safetensors files (headers only) and planned: the plan must succeed,
 read every tensor MaxText holds, and name every other one in ``not_converted`` with its reason. ``EXPECTED`` pins,
 per release, how many tensors are reported not converted and why, so a tensor silently dropped or newly refused
-fails here.
+fails here. A listing of part of a release (``PARTIAL``) is compared with the names, shapes and stored dtypes the
+rules derive instead. docs/releases.md lists every release, its sources and what each showed.
 """
 
 from __future__ import annotations
