@@ -136,8 +136,11 @@ class RssSampler:
     samples that were taken is lost to the thinning. (Peaks between samples are what ``VmHWM`` is for.)
     """
 
-    def __init__(self, clock, interval: float = 0.25, max_points: int = 400) -> None:
+    def __init__(self, clock, interval: float = 0.25, max_points: int = 400, rss=None) -> None:
+        """``clock`` and ``rss`` (bytes now; default :func:`current_rss_bytes`) are this sampler's own, so a test
+        drives one sampler without touching what any other sampler thread in the process reads."""
         self.clock, self.interval, self.max_points = clock, interval, max_points
+        self.rss = current_rss_bytes if rss is None else rss
         self.points: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -146,7 +149,7 @@ class RssSampler:
 
     def sample(self) -> None:
         with self._lock:
-            self.points.append((round(self.clock(), 3), current_rss_bytes()))
+            self.points.append((round(self.clock(), 3), self.rss()))
             if len(self.points) > self.max_points:
                 pairs = zip(self.points[0::2], self.points[1::2] + [None])
                 self.points = [a if b is None else (a[0], max(a[1], b[1])) for a, b in pairs]

@@ -95,11 +95,13 @@ class Logged:
 class FakeHub:
     """State shared by the hub and CDN servers; tests add repos and read the request log."""
 
+    STALL_SECONDS = 30.0  # a "stall" fault's silence, unless a test sets stall_seconds (the hub fixture resets it)
+
     def __init__(self) -> None:
         self.repos: dict[str, Repo] = {}
         self.log: list[Logged] = []
         self.faults: list[str] = []
-        self.stall_seconds = 30.0  # how long a "stall" fault keeps the connection silent
+        self.stall_seconds = self.STALL_SECONDS  # how long a "stall" fault keeps the connection silent
         self.fault_min_bytes = 4096  # faults hit tensor reads, not the 8-byte header-length reads
         self.lock = threading.Lock()
         self.endpoint = self.cdn = ""
@@ -658,6 +660,7 @@ def hub(fake_hub, tmp_path, monkeypatch):
     fake_hub.clear_log()
     fake_hub.faults.clear()
     fake_hub.write_faults.clear()
+    fake_hub.stall_seconds = FakeHub.STALL_SECONDS  # a test may shorten it for itself (test_hub_export's SIGTERM)
     home = tmp_path / "hf-home"
     home.mkdir()
     fake_hub.client_env = fake_hub.env(home)

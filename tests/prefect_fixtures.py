@@ -51,6 +51,7 @@ def memory_limit(monkeypatch):
 
     def make(gb: int = 8) -> str:
         name = f"ckptconv-memory-gb-test-{uuid.uuid4().hex[:8]}"
+        # the environment, as a deployment sets it, for the test's synchronous flow calls; undone when it ends
         monkeypatch.setenv("CKPTCONV_MEMORY_LIMIT", name)
         monkeypatch.setenv("CKPTCONV_MEMORY_GB", str(gb))
         return name

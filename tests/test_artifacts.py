@@ -42,14 +42,13 @@ def test_human_units():
         ["-", "0.042 s", "3.5 s", "42 s", "1 min 15 s", "1 h 0 min", "2 h 3 min"]
 
 
-def test_rss_samples_stay_bounded_and_keep_the_largest(monkeypatch):
-    import ckptconv.monitor as monitor
-
-    sampler = RssSampler(clock=lambda: 0.0, interval=3600, max_points=8)  # the thread samples once; we drive it
-    sampler.stop()
-    sampler.points.clear()  # the real samples; from here on, ours
-    values = iter([10, 90, 20, 30, 40, 50, 60, 70, 80, 15, 25, 35] * 10)
-    monkeypatch.setattr(monitor, "current_rss_bytes", lambda: next(values))
+def test_rss_samples_stay_bounded_and_keep_the_largest():
+    # the readings are this sampler's own (rss=): patching monitor.current_rss_bytes would feed them to every
+    # other sampler thread alive in the worker process too
+    values = iter([7, 7] + [10, 90, 20, 30, 40, 50, 60, 70, 80, 15, 25, 35] * 10)
+    sampler = RssSampler(clock=lambda: 0.0, interval=3600, max_points=8, rss=lambda: next(values))
+    sampler.stop()  # the thread sampled once, stop() once more (the two 7s); from here on we drive it
+    sampler.points.clear()
     for _ in range(100):
         sampler.sample()
     assert len(sampler.points) <= 8 and max(b for _, b in sampler.points) == 90

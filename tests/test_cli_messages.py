@@ -268,6 +268,8 @@ def test_restore_figures_of_a_relative_path_are_those_of_the_absolute_one(conver
     _, dst, _ = converted
     timed = ("device_read_seconds",)
     absolute = {k: v for k, v in restore_figures(str(dst)).items() if k not in timed}
+    # the working directory is the process's: changed only for the synchronous call below (its reads end with it),
+    # and the threads that outlive tests in this worker (the fake hub's, the GCS gate's) use absolute paths
     monkeypatch.chdir(dst.parent)
     relative = {k: v for k, v in restore_figures(dst.name).items() if k not in timed}
     assert "error" not in relative and "read_error" not in relative, relative

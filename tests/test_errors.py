@@ -88,6 +88,7 @@ def test_the_cli_maps_by_type_alone(monkeypatch, capsys, tmp_path):
     def refuse(args):
         raise _Refused("gs://b/m: refused, for a reason of its own")
 
+    # the CLI's table of commands, for the synchronous cli.main() calls below only (undone when the test ends)
     monkeypatch.setitem(cli.COMMANDS, "inspect", refuse)
     assert cli.main(["inspect", str(tmp_path)]) == 7
     assert capsys.readouterr().err == "ckptconv: error: gs://b/m: refused, for a reason of its own\n"

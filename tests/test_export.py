@@ -156,6 +156,8 @@ def crash_after_two_files(monkeypatch) -> list[str]:
         real_close(self)
         closed.append(self.layout.name)
 
+    # class-level, and owned: the callers undo it right after their one export(), which closes its files on
+    # the calling thread (the export starts no thread that could outlive it)
     monkeypatch.setattr(safetensors_writer.StreamedFile, "close", close_twice)
     return closed
 

@@ -128,6 +128,8 @@ def test_ranged_reads_resume_after_transient_errors(gcs_source, monkeypatch):
             raise requests.exceptions.ChunkedEncodingError("injected: connection broken")
         return real(self, file_obj, start=start, end=end, **kwargs)
 
+    # class-level, for the one synchronous read_range below (it reads on this thread); no other GCS reader runs in
+    # this worker meanwhile, and monkeypatch puts the method back when the test ends
     monkeypatch.setattr(Blob, "download_to_file", flaky)
     assert bytes(source.read_range(name, 1000, 40000)) == expected
     assert calls == [(1000, 40999), (1000, 40999), (21000, 40999)]
@@ -144,7 +146,7 @@ def test_permanent_errors_are_not_retried(gcs_source, monkeypatch):
         calls.append(1)
         raise gexc.Forbidden("injected")
 
-    monkeypatch.setattr(Blob, "download_to_file", forbidden)
+    monkeypatch.setattr(Blob, "download_to_file", forbidden)  # class-level, for the one read below, as above
     with pytest.raises(CkptConvError, match="permission denied"):
         source.read_range("config.json", 0, 10)
     assert len(calls) == 1

@@ -148,12 +148,12 @@ def test_a_branch_that_moved_refuses_the_commit_and_a_rerun_commits_on_the_new_h
 
 
 @pytest.mark.fault
-def test_sigterm_during_the_upload_commits_nothing_and_a_rerun_finishes(tmp_path, hub, checkpoint, monkeypatch):
+def test_sigterm_during_the_upload_commits_nothing_and_a_rerun_finishes(tmp_path, hub, checkpoint):
     """A stop request while a file is uploading: the run ends at the next batch boundary with one
     line (143), before the commit; the branch is as it was; the rerun commits."""
     hub.create_repo("org/stopped")
     before = hub.head("org/stopped").sha
-    monkeypatch.setattr(hub, "stall_seconds", 3.0)
+    hub.stall_seconds = 3.0  # this test's (the hub fixture sets it back for the next)
     hub.write_faults.append(("part", "stall"))
     env = {**os.environ, **hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
     env.pop("XLA_FLAGS", None)

@@ -44,6 +44,8 @@ TOY = dataclasses.replace(
 
 @pytest.fixture
 def toy_source(tmp_path, monkeypatch):
+    # a family added to the registry for this test's synchronous plans and conversions (no other test knows the
+    # model type encoder_toy; CLI children never see it); removed when the test ends
     monkeypatch.setitem(families.BY_MODEL_TYPE, "encoder_toy", TOY)
     model = synth.SynthModel(model_type="qwen3", num_layers=2, dtype="float32")
     src = tmp_path / "src"

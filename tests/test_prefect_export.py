@@ -48,7 +48,7 @@ def test_export_model_to_the_hub_commits_once_and_links_the_branch(tmp_path, mem
 
     memory_limit(8)
     env = {**hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
-    for key, value in env.items():
+    for key, value in env.items():  # as a worker's job variables would, for the synchronous flow call below
         monkeypatch.setenv(key, value)
     src, maxtext = tmp_path / "src", tmp_path / "maxtext"
     synth.write_checkpoint(synth.SynthModel(), str(src))

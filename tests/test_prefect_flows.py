@@ -107,6 +107,9 @@ def test_progress_artifact_follows_the_child_lines():
 @pytest.mark.fault
 def test_sigkilled_conversion_is_retried_and_completes(synth_dir, tmp_path, memory_limit, monkeypatch):
     memory_limit(8)
+    # The environment is how a deployment hands the flow its settings, so the test sets it as a worker would,
+    # for the synchronous flow call below; Prefect's threads that outlive it (log and event workers) read no
+    # CKPTCONV_ name. The task is replaced in flows.model's namespace for this call only.
     monkeypatch.setenv(KILL_HOOK, "1")  # the task SIGKILLs its child at the child's first event, attempt 1 only
     # the decorator's backoff (10 s, 20 s, 40 s) without the wait; retries and retry_condition_fn stay as declared
     monkeypatch.setattr(flows.model, "convert_checkpoint", convert_checkpoint.with_options(retry_delay_seconds=0))
@@ -198,6 +201,8 @@ def test_a_token_never_reaches_a_flow_runs_state_logs_or_artifacts(tmp_path, mem
     from prefect.client.schemas.filters import ArtifactFilter, LogFilter, LogFilterFlowRunId
 
     memory_limit(8)
+    # as a worker's job variables hand them to the flow run (the environment is the interface under test), for
+    # the synchronous flow call below; no thread that outlives it reads HF_* or CKPTCONV_*
     monkeypatch.setenv("HF_TOKEN", token)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("CKPTCONV_REMOTE_DEADLINE", "3")

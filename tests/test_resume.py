@@ -185,6 +185,7 @@ def test_crash_while_clearing_never_reads_complete(tmp_path, synth_dir, monkeypa
     def crash(self, *args, **kwargs):
         raise KeyboardInterrupt("simulated crash while removing the step")
 
+    # class-level, for the one synchronous clear() below (no thread of it outlives the call; undone at the end)
     monkeypatch.setattr(type(epath.Path(str(dst))), "rmtree", crash)
     with pytest.raises(KeyboardInterrupt):
         destination.clear(str(dst))

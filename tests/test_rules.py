@@ -57,6 +57,9 @@ def test_one_tensor_two_leaves_read_once(tmp_path, monkeypatch, fused_family, bu
     model = synth.SynthModel(model_type="fused_toy", intermediate_size=96, tie_word_embeddings=False)
     src, dst = tmp_path / "src", tmp_path / "dst"
     synth.write_checkpoint(model, str(src))
+    # Module state, for the one synchronous convert() below: make_plan takes no read budget yet (plan_tiling does,
+    # from settings.IN_FLIGHT), and convert()'s producer and writer threads are joined before it returns; CLI
+    # children read their own settings. Both patches are undone when the test ends.
     if budget:
         monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=budget))
     reads: list[tuple[str, int, int]] = []

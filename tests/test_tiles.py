@@ -31,6 +31,9 @@ FAMILIES = {
     "gemma3": synth.SynthModel(model_type="gemma3", num_layers=7, vocab_size=96),
 }
 BUDGET = 2048
+# The tiny budget is patched into settings.IN_FLIGHT (module state) for a test's synchronous make_plan() or convert()
+# only: make_plan takes no read budget yet (plan_tiling does, from settings.IN_FLIGHT), convert()'s threads are joined
+# before it returns, and CLI children read their own settings; monkeypatch undoes it when the test ends.
 
 
 @pytest.mark.parametrize("devices", [1, 16])

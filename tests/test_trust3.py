@@ -396,6 +396,8 @@ def test_orbax_restores_checksummed_chunks_as_it_restores_orbax_own(converted, t
     zarr = json.loads(bytes(open_database(str(ckpt / "0" / "items")).read(f"{LEAF}/zarr.json").result().value))
     inner = zarr["codecs"][0]["configuration"]["codecs"]
     assert [codec["name"] for codec in inner] == ["bytes", "zstd", "crc32c"]
+    # module-level, for the one synchronous convert() below: its producer and commit threads are joined before it
+    # returns, and the CLI children other tests start import their own writer
     monkeypatch.setattr(writer, "_with_checksum", lambda spec: spec)
     plain = tmp_path / "plain"
     convert(ConvertRequest(str(src), str(plain), devices=16, progress="none"))
