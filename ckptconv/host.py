@@ -76,4 +76,12 @@ def run_options(*, data_file_bytes: int = settings.IN_FLIGHT.data_file_bytes,
         None if available is None else int(available * settings.BUDGET_SHARE_OF_AVAILABLE))
     return settings.RunOptions(data_file_bytes=data_file_bytes, data_files_by_device_asked=data_files_by_device,
                                workers_asked=workers, budget_bytes=budget, budget_asked=budget_bytes is not None,
-                               host_cores=cores(), host_available_bytes=available)
+                               host_cores=cores(), host_available_bytes=available, sandboxed=sandboxed())
+
+
+def sandboxed() -> bool:
+    """Whether this kernel keeps no ``VmHWM`` for a process (gVisor): there the runtime's RSS is counted higher
+    (:data:`ckptconv.plan.estimate.BASELINE_SANDBOX_BYTES`) and the peak is sampled (:mod:`ckptconv.monitor`)."""
+    from ckptconv import monitor
+
+    return monitor.peak_source(monitor._status()) == monitor.SAMPLED

@@ -130,6 +130,9 @@ class RunOptions:
     budget_asked: bool = False  # whether the budget was given (else it came from the host)
     host_cores: int = 1  # the cores this process may run on (scheduler affinity, a cgroup's CPU quota)
     host_available_bytes: int | None = None  # MemAvailable (or a cgroup's room) when the run started
+    # the kernel keeps no VmHWM (gVisor, as GKE Sandbox and TPU VM hosts run it): its RSS counts the runtime's
+    # mapped libraries whole, and the estimate's baseline is that kernel's (plan.estimate.BASELINE_SANDBOX_BYTES)
+    sandboxed: bool = False
     workers: int = 1  # what the run uses (choose_workers)
     why: str = "one worker (nothing chosen)"
 
@@ -145,11 +148,18 @@ class RunOptions:
         return self.workers > 1 and self.data_file_bytes > 0
 
     @property
+    def transforming(self) -> int:
+        """Read units transformed at once (the rest of the workers read, or wait): a transform's float32 copies are
+        the most a unit holds (a scaled query: 5x its read), so half the workers at most hold them together."""
+        return max(1, self.workers // 2)
+
+    @property
     def commit_lanes(self) -> int:
         """Data files committed at once, each by a writer of its own (``ckptconv.write.orbax._Lanes``): one commit
         compresses its data file's chunks on about one core (a zarr3 shard is encoded as one value), so one at a time
-        bounds a run at one core's compression, whatever the host has."""
-        return min(self.workers, COMMIT_LANES) if self.overlaps_commits else 1
+        bounds a run at one core's compression, whatever the host has. A lane for every two workers: the other
+        half make the tiles (on 2 cores one lane, its commit overlapping the next data file's gathering)."""
+        return max(1, min(self.workers // 2, COMMIT_LANES)) if self.overlaps_commits else 1
 
     def planned(self, output_bytes: int) -> "RunOptions":
         """These options for a conversion planned to write ``output_bytes``."""
@@ -177,4 +187,5 @@ class RunOptions:
         return {"workers": self.workers, "workers_asked": self.workers_asked, "why": self.why,
                 "memory_budget_bytes": self.budget_bytes, "memory_budget_asked": self.budget_asked,
                 "host_cores": self.host_cores, "host_available_bytes": self.host_available_bytes,
+                "sandboxed_kernel": self.sandboxed, "transforming": self.transforming,
                 "overlapped_commits": self.overlaps_commits, "commit_lanes": self.commit_lanes}

@@ -82,3 +82,19 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name, record_pro
             assert source_bytes - fewer_bytes > example.more_bytes  # the bigger model really is much bigger
             assert measured <= fewer_peak + 64 * MiB, (fewer_peak / MiB, measured / MiB)
 
+
+
+# Issue 38: more workers than this machine's cores, as a many-core host chooses (the default is one per core):
+# each worker's read units and each commit lane's data file are counted, and the bound still holds.
+MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MORE_WORKERS)
+def test_more_workers_stay_predicted(synth_dir, tmp_path, name, record_property):
+    family, example = EXAMPLES[name]
+    src = synth_dir(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
+                    fast=True)
+    devices = max(example.devices)
+    convert_peak(src, tmp_path / f"{name}-workers", devices, "--workers", str(MORE_WORKERS[name]),
+                 record=record_property)

@@ -40,6 +40,10 @@ from ckptconv.read.spec import ModelSpec
 # in a clean clone's memory phase). 320 MiB keeps that within the bound, and the lowest ratio seen with an
 # older venv (Mixtral-8x7B's widths, 397 MiB) within the 1.5.
 BASELINE_BYTES = 320 * 1024**2
+# The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host): importing JAX (16 CPU devices),
+# tensorstore and Orbax alone left 523 MiB resident there (VmRSS), and a tiny model converted in 515 MiB, against
+# 0.19-0.21 GiB here; that kernel counts more of the mapped libraries. The same headroom above it as above ours.
+BASELINE_SANDBOX_BYTES = 640 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
@@ -67,6 +71,8 @@ DATA_FILE_FACTOR_FROM = 128 * 1024**2
 # Parts a writer lane reads back from the spill ahead of the one it copies (ckptconv.write.orbax.READ_AHEAD): a
 # device's part of a tile each.
 READ_AHEAD = 2
+# Tiles being written to the spill while the stream goes on (ckptconv.write.orbax.SPILL_AHEAD), with workers > 1.
+SPILL_AHEAD = 2
 
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -136,7 +142,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
     if options.spill_window_bytes(plan.devices, plan.output_bytes):
         ahead = READ_AHEAD * -(-max(tiles, default=0) // plan.devices) if options.overlaps_commits else 0
-        return lanes * (committing + ahead)
+        spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
+        return lanes * (committing + ahead) + spilling
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
     return lanes * committing + gathering
 
@@ -149,22 +156,27 @@ class JobFigures:
     tile: int
     unit: int
     work: int
+    read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
-    return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec))
-            for job in plan.jobs]
+    return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
+                       job.tiling.unit_bytes) for job in plan.jobs]
 
 
 def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
     """What the producer holds for a job at most. One worker: its tiles alive (queued, handed over, in tensorstore's
     writes) and the unit being made. ``workers`` > 1: ``workers + prefetch`` units made or being made, each holding
-    its tiles, the ``workers`` being made also their work, and the tiles in tensorstore's writes."""
+    its tiles; of the workers, ``transforming`` also their work, the others their read; and the tiles in
+    tensorstore's writes."""
     limits = options.in_flight
     if options.workers <= 1:
         return limits.tiles_alive * figures.tile + figures.work
     units = options.workers + limits.prefetch
-    return units * figures.unit + options.workers * figures.work + limits.writes * figures.tile
+    transforming = min(options.transforming, options.workers)
+    read = min(figures.work, figures.read)
+    return (units * figures.unit + transforming * figures.work + (options.workers - transforming) * read
+            + limits.writes * figures.tile)
 
 
 def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: settings.RunOptions | None = None,
@@ -192,7 +204,8 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     writer = data_file_bytes(plan, tiles, options)
     window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     overlap = max(writer, worst) + int(min(writer, worst) * _overlap_share(plan.output_bytes, window))
-    return {"baseline": BASELINE_BYTES, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
+    baseline = BASELINE_SANDBOX_BYTES if options.sandboxed else BASELINE_BYTES
+    return {"baseline": baseline, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
             "overlap": overlap}
 
 

@@ -44,7 +44,7 @@ from ckptconv.families.tiles import Region, Tile
 from ckptconv.layout import is_gcs
 from ckptconv.monitor import trim
 from ckptconv.write import codecs
-from ckptconv.write.spill import DeviceSpill, device_parts
+from ckptconv.write.spill import DeviceSpill, write_reserved
 
 # MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
 # file size and as every leaf's chunk_byte_size, so we do too (same data files).
@@ -54,6 +54,9 @@ CHUNK_CHECKSUM = "crc32c"
 # Spilled parts read back ahead of the one being copied into its data file, with workers > 1 (each a device's part of
 # a tile; the estimate's writer term counts them).
 READ_AHEAD = 2
+# Tiles whose device parts are being written to the spill while the stream goes on, with workers > 1 (the estimate's
+# writer term counts them).
+SPILL_AHEAD = 2
 
 
 @contextlib.contextmanager
@@ -285,7 +288,7 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         await lanes.finish()
     finally:
         if spilled is not None:
-            spilled.close()
+            await spilled.close()
     for value, count in zip(values, written):
         if count != math.prod(value.shape):
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
@@ -310,12 +313,18 @@ class _SpilledWrites:
         self._flush: asyncio.Task | None = None
         self._lanes = lanes
         self._read_ahead = READ_AHEAD if read_ahead else 0
+        self._spill_ahead = SPILL_AHEAD if read_ahead else 0
+        self._adding: collections.deque = collections.deque()  # the filling window's parts being written
 
     async def add(self, n: int, value: _StreamedLeaf, region: Region, data: np.ndarray) -> None:
         if self._spills[self._filling].full(data.nbytes):
             await self._rotate()
-        # in a thread: the window being written goes on in this loop meanwhile (the copies and writes free the GIL)
-        await asyncio.to_thread(self._spills[self._filling].add_tile, n, region, data, value.shape, value.devices)
+        # Written in a thread: the window being written goes on in this loop meanwhile (the copies and writes free the
+        # GIL); with workers > 1 the stream goes on too, ``SPILL_AHEAD`` tiles at most waiting for their writes.
+        places = self._spills[self._filling].reserve_tile(n, region, data, value.shape, value.devices)
+        self._adding.append(asyncio.ensure_future(asyncio.to_thread(write_reserved, places)))
+        while len(self._adding) > self._spill_ahead:
+            await self._adding.popleft()
 
     def complete(self, n: int) -> None:
         self._done.append(n)
@@ -325,14 +334,17 @@ class _SpilledWrites:
         await self._rotate()
         await self._wait()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self._flush is not None and not self._flush.done():
             self._flush.cancel()  # the write failed: nothing more of it is needed
+        await asyncio.gather(*self._adding, return_exceptions=True)  # no write left to a closed file
         for spill in self._spills:
             spill.close()
 
     async def _rotate(self) -> None:
         await self._wait()  # the other window written and its leaves let go: it is empty again
+        while self._adding:  # the filling window's parts all in its files before it is read back
+            await self._adding.popleft()
         spill, done = self._spills[self._filling], self._done
         self._filling, self._done = 1 - self._filling, []
         self._flush = asyncio.get_running_loop().create_task(self._write(spill, done))

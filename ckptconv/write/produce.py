@@ -49,32 +49,35 @@ def produce_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
     options = options or settings.RunOptions()
     if options.workers <= 1:
         return prefetch(lambda: plan_tiles(plan, source, timer, jobs))
-    return _in_order(_unit_makers(plan, source, timer, jobs), options.workers,
+    slots = threading.BoundedSemaphore(options.transforming)
+    return _in_order(_unit_makers(plan, source, timer, jobs, slots), options.workers,
                      options.workers + options.in_flight.prefetch)
 
 
-def _unit_makers(plan: ConversionPlan, source: Source, timer: StageTimer,
-                 jobs: Collection[int] | None) -> Iterator[Callable[[], list[Tile]]]:
+def _unit_makers(plan: ConversionPlan, source: Source, timer: StageTimer, jobs: Collection[int] | None,
+                 slots: threading.BoundedSemaphore) -> Iterator[Callable[[], list[Tile]]]:
     first = 0
     for index, job in enumerate(plan.jobs):
         if jobs is None or index in jobs:
             for unit in job.units(plan.spec):
-                yield functools.partial(_unit_tiles, job, unit, plan.spec, source, timer, first)
+                yield functools.partial(_unit_tiles, job, unit, plan.spec, source, timer, first, slots)
         first += len(job.leaves)
 
 
 def _unit_tiles(job: Job, unit: ReadUnit, spec: ModelSpec, source: Source, timer: StageTimer,
-                first_leaf: int) -> list[Tile]:
-    """One read unit's tiles, all its leaves' (made in a worker thread)."""
+                first_leaf: int, slots: threading.BoundedSemaphore) -> list[Tile]:
+    """One read unit's tiles, all its leaves' (made in a worker thread; transformed holding one of ``slots``,
+    ``RunOptions.transforming``)."""
     stop_if_terminated()
     with timer.stage("read"):
         raws = [] if unit.source_box is None else [job.pieces[i].read(source, unit.source_box) for i in unit.pieces]
     tiles = []
-    for k, leaf in enumerate(job.leaves):
-        box = unit.leaf_boxes[k]
-        if box is not None:
-            with timer.stage("transform"):
-                tiles.append((first_leaf + k, box_slices(box), _assemble(leaf, box, raws, unit, k, spec)))
+    with slots:
+        for k, leaf in enumerate(job.leaves):
+            box = unit.leaf_boxes[k]
+            if box is not None:
+                with timer.stage("transform"):
+                    tiles.append((first_leaf + k, box_slices(box), _assemble(leaf, box, raws, unit, k, spec)))
     return tiles
 
 

@@ -97,23 +97,30 @@ class DeviceSpill:
         return self.bytes > 0 and self.bytes + nbytes > self.window
 
     def add(self, group: int, leaf: int, region: Region, data: np.ndarray) -> None:
+        write_reserved([self.reserve(group, leaf, region, data)])
+
+    def reserve(self, group: int, leaf: int, region: Region, data: np.ndarray) -> tuple[int, int, np.ndarray]:
+        """Take the place of a part in its group's file, in the order parts come; :func:`write_reserved` then writes
+        it there, in any thread (each part has its own bytes of the file)."""
         fd = self._files.get(group)
         if fd is None:
             name = "replicated" if group == REPLICATED else f"device-{group}"
             fd = self._files[group] = os.open(os.path.join(self._dir.name, name), os.O_RDWR | os.O_CREAT, 0o600)
         offset = self._ends.get(group, 0)
-        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], offset + done)
-        self._ends[group] = offset + done
+        self._ends[group] = offset + data.nbytes
         self._parts.setdefault(group, []).append(Part(leaf, region, data.dtype, tuple(data.shape), offset))
         self.bytes += data.nbytes
+        return fd, offset, data
+
+    def reserve_tile(self, leaf: int, region: Region, data: np.ndarray, shape: tuple[int, ...],
+                     devices: int) -> list[tuple[int, int, np.ndarray]]:
+        """The places of a tile of leaf ``leaf`` (of ``shape`` on ``devices``), each device's part in that device's
+        file (:meth:`reserve`)."""
+        return [self.reserve(group, leaf, into, data[take]) for group, into, take in device_parts(region, shape, devices)]
 
     def add_tile(self, leaf: int, region: Region, data: np.ndarray, shape: tuple[int, ...], devices: int) -> None:
         """A tile of leaf ``leaf`` (of ``shape`` on ``devices``), each device's part into that device's file."""
-        for group, into, take in device_parts(region, shape, devices):
-            self.add(group, leaf, into, data[take])
+        write_reserved(self.reserve_tile(leaf, region, data, shape, devices))
 
     def groups(self) -> Iterator[tuple[int, list[Part]]]:
         """The waiting parts, group by group (devices in order, the replicated leaves last)."""
@@ -143,6 +150,16 @@ class DeviceSpill:
             os.close(fd)
         self._files.clear()
         self._dir.cleanup()
+
+
+def write_reserved(places: list[tuple[int, int, np.ndarray]]) -> None:
+    """Write each part at the place :meth:`DeviceSpill.reserve` took for it (a positional write: several threads may
+    write one window's parts at once)."""
+    for fd, offset, data in places:
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], offset + done)
 
 
 def sweep(directory: str) -> list[str]:
