@@ -41,7 +41,9 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
         logger.info("admitted: holding %d GB of %s", gb, limit.name)
         progress = ProgressReporter(job.slug, logger)
         report_path = os.path.join(tmp, "report.json")
-        result = stream_child(job.convert_args(report_path) + list(extra_args), child_env(job.devices),
+        # the run plans its workers within what it holds (ckptconv's --memory-budget): it uses what was reserved
+        budget = ["--memory-budget", f"{gb}GiB"]
+        result = stream_child(job.convert_args(report_path) + list(extra_args) + budget, child_env(job.devices),
                               _kill_hook(job.slug, progress.on_line), timeout_seconds)
         result.check(f"ckptconv convert {job.source}", timeout_seconds)
         with open(report_path) as f:
