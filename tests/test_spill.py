@@ -76,9 +76,9 @@ def _convert(src: Path, dst: Path, *flags: str, env: dict | None = None) -> subp
                    "--data-files-by-device", *flags, env=env)
 
 
-@pytest.mark.parametrize("workers", (1, 3))
+@pytest.mark.parametrize("workers", (1, 4))
 def test_each_data_file_holds_one_device_chunks_and_a_host_reads_only_its_own(tmp_path, workers):
-    """One worker commits the devices' data files one after another; three commit them side by side, each in an OCDBT
+    """One worker commits the devices' data files one after another; four commit them two at a time, each in an OCDBT
     database of its own (write.orbax._Lanes): either way a data file holds one device's chunks."""
     src, dst, spill_root = tmp_path / "src", tmp_path / "dst", tmp_path / "tmp"
     synth.write_checkpoint(MODEL, str(src))
@@ -87,7 +87,7 @@ def test_each_data_file_holds_one_device_chunks_and_a_host_reads_only_its_own(tm
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(spill_root.iterdir()) == []  # the spill is gone
     items = dst / "0" / "items"
-    assert len(list(items.glob("ocdbt.process_*"))) == workers  # one writer, or three side by side
+    assert len(list(items.glob("ocdbt.process_*"))) == workers // 2 or 1  # one writer, or two side by side
     leaves = {".".join(leaf.path): leaf for leaf in read_items_metadata(str(items)) if leaf.chunk_shape is not None}
     owners: dict[str, set] = defaultdict(set)
     chunks, _, _ = stored_chunks(str(items))
