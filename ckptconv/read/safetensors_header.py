@@ -49,7 +49,7 @@ class Entry(NamedTuple):
 
 def parse_header(where: str, header: bytes) -> list[Entry]:
     """The tensors a header declares, typed as the reference types them; :class:`BadInputError` if not."""
-    with _collector_paused():
+    with collector_paused():
         try:
             tree = loads(header.decode("utf-8"), pairs=True)
         except UnicodeDecodeError as err:
@@ -72,10 +72,11 @@ def parse_header(where: str, header: bytes) -> list[Entry]:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a header's tree is built and read. Its objects (about ten per tensor)
-    are all alive until the header is parsed, so a collection finds nothing to free, yet each one walks every
-    object of the process: on Kimi-K2.6's 208 000 tensors these walks were half of reading the headers.
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a header's tree is built and read (and while a plan is made:
+    :func:`ckptconv.plan.conversion.make_plan`). Its objects (about ten per tensor) are all alive until the header
+    is parsed, so a collection finds nothing to free, yet each one walks every object of the process: on
+    Kimi-K2.6's 208 000 tensors these walks were half of reading the headers, a quarter of making the plan.
     Reference counting still frees as usual; the collector runs again when the header is parsed (a few ms later,
     for every thread). A call that finds it off (the host program's choice, or another thread's header) leaves
     it alone; the call that turned it off turns it back on, even if another thread's header is still parsing,
