@@ -124,16 +124,20 @@ def test_a_peak_without_vmhwm_is_sampled_and_says_so(monkeypatch):
     assert monitor.peak_source("Name: python\nVmRSS: 6 kB\n") == monitor.SAMPLED
     assert monitor.peak_source(None) == monitor.MAXRSS
     watch = monitor.PeakWatch(interval=0.005)
-    before = watch.sample()
-    block = np.ones(256 * MiB // 8)  # touched: resident while it lives
-    import time
-    time.sleep(0.1)
-    del block
-    assert watch.sample() >= before + 200 * MiB  # seen by the thread, and kept after the block was freed
-    monkeypatch.setattr(monitor, "_status", lambda: "Name: python\nVmRSS: 6 kB\n")
-    monkeypatch.setattr(monitor, "_WATCH", [watch])
-    peak, source = monitor.peak_rss()
-    assert source == monitor.SAMPLED and peak >= before + 200 * MiB
+    try:
+        before = watch.sample()
+        block = np.ones(256 * MiB // 8)  # touched: resident while it lives
+        import time
+        time.sleep(0.1)
+        del block
+        assert watch.sample() >= before + 200 * MiB  # seen by the thread, and kept after the block was freed
+        # module state, for the synchronous peak_rss() below only (no thread reads either; undone at the end)
+        monkeypatch.setattr(monitor, "_status", lambda: "Name: python\nVmRSS: 6 kB\n")
+        monkeypatch.setattr(monitor, "_WATCH", [watch])
+        peak, source = monitor.peak_rss()
+        assert source == monitor.SAMPLED and peak >= before + 200 * MiB
+    finally:
+        watch.stop()  # else its thread samples every 5 ms for the rest of this worker's tests
 
 
 CHILD = """
