@@ -3,8 +3,11 @@ in flight, the names of its stages and the statuses its reports and partitions s
 
 The memory prediction (:mod:`ckptconv.plan.estimate`) is computed from :data:`IN_FLIGHT`, and the
 runtime (the reader's tiling, the prefetch thread, the writer, the quantised decoders) takes its
-limits from the same object: the estimate and the run cannot disagree. Importing this module is
-cheap (no NumPy), so the CLI reads its defaults from here before any command starts.
+limits from the same object: the estimate and the run cannot disagree. A run's own options (data file
+size, layout, workers, memory budget, what the host has) are one :class:`RunOptions` value, built
+once from the command line and the host (:func:`ckptconv.host.run_options`) and passed down, never
+module state. Importing this module is cheap (no NumPy), so the CLI reads its defaults from here
+before any command starts.
 """
 
 from __future__ import annotations
