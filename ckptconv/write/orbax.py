@@ -484,7 +484,9 @@ class _Batch:
 async def _commit(txn: ts.Transaction | None) -> None:
     if txn is not None:
         await txn.commit_async()
-        trim()  # the data file's chunks, freed together: none of it resident beside the next one
+        # the data file's chunks, freed together: none of it resident beside the next one (in a thread: on gVisor
+        # returning pages is a dear system call, and the loop has tiles to hand out meanwhile)
+        await asyncio.to_thread(trim)
 
 
 class _StreamingHandler(jax_array_handlers.ArrayHandler):
