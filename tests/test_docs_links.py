@@ -122,7 +122,8 @@ def broken_links(page: Path, root: Path = ROOT) -> list[str]:
             problems.append(f"{where}:{number}: {target}: no such file")
             continue
         if anchor and file.suffix == ".md" and anchor not in anchors(file.read_text(encoding="utf-8")):
-            problems.append(f"{where}:{number}: {target}: no heading or id '{anchor}' in {file.relative_to(root.resolve())}")
+            shown = file.relative_to(root.resolve())
+            problems.append(f"{where}:{number}: {target}: no heading or id '{anchor}' in {shown}")
     return problems
 
 

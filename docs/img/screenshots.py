@@ -66,7 +66,8 @@ FIT = """(() => {
   const crumb = document.querySelector('.page-heading, header') || title;
   const column = title.parentElement.getBoundingClientRect();
   const top = crumb.getBoundingClientRect().y + window.scrollY - 8;
-  const bottom = (stop ? stop.getBoundingClientRect().top - 4 : table.getBoundingClientRect().bottom + 12) + window.scrollY;
+  const edge = stop ? stop.getBoundingClientRect().top - 4 : table.getBoundingClientRect().bottom + 12;
+  const bottom = edge + window.scrollY;
   return {x: column.x - 8, y: top, width: column.width + 16, height: bottom - top};
 })()"""
 
