@@ -79,16 +79,14 @@ def test_each_worker_more_is_predicted_to_hold_its_unit_and_its_work(wide_plan):
     assert all(b - a >= 2 * per_worker + heaviest.work - heaviest.read
                for a, b in zip(peaks, peaks[2:])), [p / MiB for p in peaks]
     # in the source's order more than one worker also gathers a data file while the last commits, and from four on
-    # two lanes commit at once: a data file more each in the writer's term; by device each lane's own data file, and
-    # a lone lane's next one
+    # two lanes commit at once: a data file more each in the writer's term; by device each lane's own data file
     def writer(workers: int, by_device: bool) -> int:
         options = settings.RunOptions(workers=workers, data_files_by_device_asked=by_device)
         return estimate.peak_terms(wide_plan, options=options)["writer"]
 
     size = settings.IN_FLIGHT.data_file_bytes
     assert writer(2, False) - writer(1, False) >= size and writer(4, False) - writer(2, False) >= size
-    assert writer(2, True) - writer(1, True) >= size  # a lone lane gathers the next device's file while one commits
-    assert writer(4, True) >= 2 * writer(1, True)  # two lanes: a data file each
+    assert writer(4, True) >= 2 * writer(1, True) and writer(2, True) >= writer(1, True)  # two lanes: a file each
 
 
 def test_the_workers_are_the_most_the_budget_fits(wide_plan):

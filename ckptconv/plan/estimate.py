@@ -131,8 +131,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     its commit their compressed copy (``options.data_file_bytes``; no more than the output), once per commit lane
     (``options.commit_lanes``, no more than the output's data files). In the source's order with overlapped commits
     (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
-    each lane gathers and commits its own (a lone lane gathers the next while one commits), reads parts back from
-    the spill ahead of them, and tiles wait for their spill writes."""
+    each lane gathers and then commits its own, reads parts back from the spill ahead of them, and tiles wait for
+    their spill writes."""
     options = options or settings.RunOptions()
     limit = options.data_file_bytes
     if limit <= 0:
@@ -145,7 +145,7 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     if options.spill_window_bytes(plan.devices, plan.output_bytes):
         ahead = READ_AHEAD * -(-max(tiles, default=0) // plan.devices) if options.overlaps_commits else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
-        return lanes * (committing + ahead) + spilling + (gathering if lanes == 1 else 0)
+        return lanes * (committing + ahead) + spilling
     return lanes * committing + gathering
 
 

@@ -363,11 +363,11 @@ class _SpilledWrites:
             self._lanes.let_go(n)  # complete, and all of it written
 
     async def _write_lane(self, lane: int, spill: DeviceSpill, groups: list) -> None:
-        """One lane's devices, one data file each; each part read back in a thread, the next ones read while this one
-        is copied into the data file. A lone lane gathers the next device's data file while the last commits (when
-        commits overlap); one of several commits each before gathering the next (its own RAM: one data file)."""
+        """One lane's devices, one data file each, committed before the next is gathered (a lane holds one data file:
+        gathering the next while one commits added a data file to every by-device prediction, and the memory examples
+        did not show a peak for it); each part read back in a thread, the next ones read while this one is copied
+        into the data file."""
         writer = self._lanes.writers[lane]
-        alone = len(self._lanes) == 1
         for group, parts in groups:
             ahead: collections.deque = collections.deque()
             for part in parts:
@@ -376,8 +376,7 @@ class _SpilledWrites:
                     await self._write_part(lane, *ahead.popleft())
             while ahead:
                 await self._write_part(lane, *ahead.popleft())
-            await (writer.commit() if alone else writer.finish())
-        await writer.finish()
+            await writer.finish()
 
     async def _write_part(self, lane: int, part, data) -> None:
         await self._lanes.writers[lane].write(await self._lanes.store(lane, part.leaf), part.region, await data, None)
