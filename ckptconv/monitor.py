@@ -232,6 +232,11 @@ class StageTimer:
                      for stage in STAGES if stage in self.spans}
         return {"rss": [[t, b] for t, b in rss], "spans": spans}
 
+    def close(self) -> None:
+        """Stop the RSS sampler, if any (idempotent: after :meth:`timeline` it is already stopped)."""
+        if self.sampler is not None:
+            self.sampler.stop()
+
     def as_dict(self) -> dict[str, float]:
         with self._lock:
             return {name: round(value, 3) for name, value in self.seconds.items()}

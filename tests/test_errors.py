@@ -99,3 +99,20 @@ def test_the_cli_maps_by_type_alone(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(cli.COMMANDS, "inspect", bug)
     with pytest.raises(ZeroDivisionError):
         cli.main(["inspect", str(tmp_path)])
+
+
+def test_a_conversion_that_fails_in_its_plan_leaves_no_sampler_thread(tmp_path):
+    """The RSS sampler starts before the plan; a plan that refuses the source still stops it (a library caller's
+    process, or a test worker, would otherwise keep a thread sampling for the rest of its life)."""
+    import threading
+
+    from ckptconv.commands.convert import ConvertRequest, convert
+    from ckptconv.errors import BadInputError
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text('{"model_type": "no-such-family"}')
+    before = {t.ident for t in threading.enumerate() if t.name == "ckptconv-rss"}
+    with pytest.raises(BadInputError):
+        convert(ConvertRequest(str(tmp_path / "src"), str(tmp_path / "dst")))
+    left = [t for t in threading.enumerate() if t.name == "ckptconv-rss" and t.ident not in before]
+    assert not left, left

@@ -106,6 +106,14 @@ def _convert(request: ConvertRequest) -> dict:
     if request.lora:
         _check_paths(request.lora, request.destination)
     timer = StageTimer(sample_rss=True)
+    try:
+        return _plan_and_run(request, timer)
+    finally:
+        timer.close()  # a run that failed before its report still stops its RSS sampler thread
+
+
+def _plan_and_run(request: ConvertRequest, timer: StageTimer) -> dict:
+    """Plan, choose the run's options, then hold the destination and write."""
     started = destination.now()
     source = open_source(request.source, hf_token_file=request.hf_token_file)
     with timer.stage("plan"):
