@@ -69,7 +69,7 @@ class InFlight:
     # Tiles the writer gathers into one transaction, committed as one OCDBT data file (uncompressed
     # bytes, held until the commit). Each tile committing alone made one data file per tile (<= 16 MiB;
     # 114 holding chunks for Qwen3-0.6B's shape on 16 devices), and a host restoring its shard from gs://
-    # makes one request per (leaf, data file) pair it reads (bench/RESTORE.md; a host reading every shard
+    # makes one request per (leaf, data file) pair it reads (docs/bench/RESTORE.md; a host reading every shard
     # more, as its reads fall in different coalescing windows). 64 MiB: 20-22 data files, conversion
     # peak 405 -> 425-464 MiB. 128 MiB would halve the files again (23; gs:// requests at MaxText's on 16
     # devices) but holds more than half of a 256 MiB leaf while writing it (tests/test_writer.py's bound).
@@ -92,7 +92,7 @@ IN_FLIGHT = InFlight()
 # first window to fill, and writes the last after the reads end), the same few seconds at any size: on 2 cores,
 # 16 devices, Llama-3-70B's widths with 6 layers (11.5 GiB) took 54-58 s against 47-51 s, OLMo 3 32B's block (5.7 GB)
 # 31-32 s against 22-24 s, while device 0's host reads fell from 161 to 15 (Qwen3-0.6B's shape, 1.1 GiB: 21 requests
-# against 7, bench/RESTORE.md). Within one window a host reads about 16 data files either way, and the peak is not
+# against 7, docs/bench/RESTORE.md). Within one window a host reads about 16 data files either way, and the peak is not
 # predicted tightly by device: the whole stream is spilled before anything is written, and the memory examples there
 # peaked at 0.66-0.89 of the prediction (lz4, fresh venv), at the tests' 1/1.5 bound, while in the source's order they
 # peak at 0.74-0.86. Over one window, by device, 0.75-0.89 (a fresh clone's memory phase, tests/test_memory.py;

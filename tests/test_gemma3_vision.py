@@ -1,7 +1,7 @@
 """Gemma 3's SigLIP vision tower and multimodal projector under ``--multimodal`` (MaxText's use_multimodal=true).
 
 With the flag every tower tensor becomes a leaf under ``vision_encoder/`` named and shaped as MaxText 0.2.5's
-converter writes it (bench/VISION.md: bit-identical to its output), in both layouts (the tower's
+converter writes it (docs/bench/VISION.md: bit-identical to its output), in both layouts (the tower's
 ``encoderblock_{i}`` are never scanned), and ``export`` gives the source back; without it, as MaxText by default,
 the tower is reported in ``not_converted`` and nothing of it is written. The sources are in the hub's form
 (``vision_tower.vision_model.*`` beside ``language_model.model.*``).

@@ -2,7 +2,7 @@
 cannot run is refused by name, before anything is written.
 
 Bit-equality with MaxText 0.2.5's own converter and MaxText's forward pass: bench/compare_families.py,
-bench/maxtext_logits.py (bench/GEMMA4.md).
+bench/maxtext_logits.py (docs/bench/GEMMA4.md).
 """
 
 import json

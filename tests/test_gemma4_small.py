@@ -1,7 +1,7 @@
 """Gemma 4 E2B / E4B (MaxText's gemma4_small): the releases' configs, what is refused, and the unscanned-only layout.
 
 Round trips, logits (E2B's 4 + 1 pattern with wide shared layers, E4B's 5 + 1), export and memory come from the
-family's own examples (``gemma4.SYNTHETIC``); bench/GEMMA4.md has the comparison with MaxText's converter.
+family's own examples (``gemma4.SYNTHETIC``); docs/bench/GEMMA4.md has the comparison with MaxText's converter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Gemma 4's vision tower and projector under ``--multimodal`` (MaxText's use_multimodal=true): 26B-A4B and 31B.
 
 With the flag every ``model.vision_tower.*`` / ``model.embed_vision.*`` tensor becomes a leaf under
-``vision_encoder/`` named and shaped as MaxText 0.2.5's converter writes it (bench/VISION.md: bit-identical to its
+``vision_encoder/`` named and shaped as MaxText 0.2.5's converter writes it (docs/bench/VISION.md: bit-identical to its
 output), in both layouts (the tower's ``layer_{i}`` are never scanned), and ``export`` gives the source back;
 without it the tower is reported and nothing of it is written. What MaxText's tower cannot hold (E2B / E4B, clipped
 linears, no standardisation) is one line, exit 2, nothing written.

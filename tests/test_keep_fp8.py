@@ -17,8 +17,8 @@ and only its ``qwen3.5-*-fp8`` models hold the block scales. So:
   written.
 
 Bit-for-bit equality with MaxText's own output is measured by ``bench/compare_families.py`` (the ``-keepfp8``
-cases in bench/FAMILIES.md); MaxText's own loader and forward pass on kept DeepSeek checkpoints by
-``bench/keep_fp8_deepseek.py`` (bench/KEEP-FP8-DEEPSEEK.md).
+cases in docs/bench/FAMILIES.md); MaxText's own loader and forward pass on kept DeepSeek checkpoints by
+``bench/keep_fp8_deepseek.py`` (docs/bench/KEEP-FP8-DEEPSEEK.md).
 """
 
 from __future__ import annotations

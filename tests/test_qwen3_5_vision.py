@@ -2,7 +2,7 @@
 
 Qwen3.5's tower is Qwen3-VL's without deepstack mergers; MaxText 0.2.5 names its modules
 ``Qwen3_5MoeVisionEncoder_0`` / ``Qwen3_5MoeVisionProjector_0`` and, with no deepstack injection, runs the vision
-path with the decoder scanned as well as unscanned (bench/VISION.md: both bit-identical to its converter). The
+path with the decoder scanned as well as unscanned (docs/bench/VISION.md: both bit-identical to its converter). The
 tower's blocks are ``blocks_{i}`` in both layouts. Without the flag the tower is reported, as the ``mtp.*`` layer
 always is.
 """

@@ -17,8 +17,8 @@ projections, ``mtp.*``, an index over several files). Each is converted with the
 - the full releases (Qwen3.5-397B-A17B: 512 experts a layer) plan under 1.5 GiB from header-only files.
 
 Bit-for-bit equality with MaxText's own converter is measured by ``bench/compare_families.py``
-(bench/FAMILIES.md), MaxText's own forward pass by ``bench/maxtext_hybrid.py`` (bench/HYBRID.md), the
-peak memory at the releases' widths by ``bench/hybrid_memory.py`` (bench/HYBRID-MEMORY.md).
+(docs/bench/FAMILIES.md), MaxText's own forward pass by ``bench/maxtext_hybrid.py`` (docs/bench/HYBRID.md), the
+peak memory at the releases' widths by ``bench/hybrid_memory.py`` (docs/bench/HYBRID-MEMORY.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 use_audio), unscanned only.
 
 With the flag every ``thinker.visual.*`` and ``thinker.audio_tower.*`` tensor becomes a leaf under
-``vision_encoder/`` and ``audio_encoder/`` named and shaped as MaxText 0.2.5's converter writes it (bench/VISION.md:
+``vision_encoder/`` and ``audio_encoder/`` named and shaped as MaxText 0.2.5's converter writes it (docs/bench/VISION.md:
 bit-identical to its output on a transformers-made checkpoint); ``export`` gives every tensor back bit for bit.
 MaxText runs the vision path unscanned only: the default layout is then unscanned, an explicit ``--scan-layers`` is
 one line saying why; without the flag both towers are reported, not written.

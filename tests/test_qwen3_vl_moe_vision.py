@@ -1,7 +1,7 @@
 """Qwen3-VL-MoE's vision tower under ``--multimodal``: Qwen3-VL's tower, the same rules and the same leaves.
 
 MaxText 0.2.5 converts ``qwen3-vl-30b-a3b``'s tower with Qwen3-VL's mapping and hooks, so the leaves under
-``vision_encoder/`` are named and shaped exactly as the dense model's (bench/VISION.md: bit-identical to MaxText's
+``vision_encoder/`` are named and shaped exactly as the dense model's (docs/bench/VISION.md: bit-identical to MaxText's
 output); beside them the MoE decoder, unscanned (MaxText runs the deepstack path unscanned only). Export joins the
 fused ``qkv`` and the experts back.
 """

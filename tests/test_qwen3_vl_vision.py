@@ -1,7 +1,7 @@
 """Qwen3-VL's vision tower under ``--multimodal`` (MaxText's use_multimodal=true), unscanned only.
 
 With the flag every ``model.visual.*`` tensor becomes a leaf under ``vision_encoder/`` named and shaped as MaxText
-0.2.5's converter writes it (bench/VISION.md: bit-identical to its output): the fused ``qkv`` cut into query, key
+0.2.5's converter writes it (docs/bench/VISION.md: bit-identical to its output): the fused ``qkv`` cut into query, key
 and value, the deepstack mergers beside the blocks. MaxText runs that path unscanned only: the default layout is
 then unscanned, an explicit ``--scan-layers`` is one line saying why; without the flag the tower is reported.
 """

@@ -274,7 +274,7 @@ def test_a_leaf_starts_a_data_file_unless_all_of_it_fits_in_the_one_being_filled
     """Data files of 4 MiB, tiles of 1 MiB, leaves of 3, 2, 0.5, 6 and 1 MiB written in that order: b does not fit
     after a (3 + 2 > 4) and starts a data file, c fits whole after it, d (over the limit) starts one and fills it,
     e fits whole after d's rest. Each leaf is in as few data files as it can be (a host restoring its shard makes a
-    request per (leaf, data file) pair it reads, bench/RESTORE.md); filling each file to the limit regardless of
+    request per (leaf, data file) pair it reads, docs/bench/RESTORE.md); filling each file to the limit regardless of
     leaves would have split b over two files and d over three. One device: with more, the files are by device
     (tests/test_spill.py). With workers (RunOptions.workers > 1) a data file commits while the next is gathered:
     the same files."""

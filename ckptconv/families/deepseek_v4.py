@@ -27,7 +27,7 @@ converter writes them in those collections (``items/params/MoEBiasVar/...``, ``i
 where its ``from_pretrained`` (which restores ``params/params`` only) leaves them deleted and the first forward pass
 crashes. Here both go under ``params/params`` (same shapes; see deepseek.py for DeepSeek-V3's bias), where every
 MaxText 0.2.5 loader finds them: its training loader looks a collection the checkpoint lacks up there
-(bench/LOADERS.md).
+(docs/bench/LOADERS.md).
 
 The release is FP8 (e4m3, one ue8m0 scale per 128x128 block, stored as ``<module>.scale``) for its linear layers
 and FP4 (e2m1, two per byte, one ue8m0 scale per 32 values of a row) for its routed experts: decoded per read

@@ -17,7 +17,7 @@ wrapper only moves it:
   ``kimi-k2.6-text`` scripts drop them too).
 
 MaxText's scripts write every leaf in float16; here the leaves are written in the dtype asked for, and
-``--dtype float32`` rounded to float16 is theirs (bench/GIANTS.md).
+``--dtype float32`` rounded to float16 is theirs (docs/bench/GIANTS.md).
 """
 
 from __future__ import annotations

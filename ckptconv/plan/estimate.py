@@ -45,13 +45,13 @@ BASELINE_BYTES = 320 * 1024**2
 # 0.19-0.21 GiB here; that kernel counts more of the mapped libraries. The same headroom above it as above ours.
 BASELINE_SANDBOX_BYTES = 640 * 1024**2
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
-# (bench/RESULTS.md: the Llama-3-8B shape; bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
+# (docs/bench/RESULTS.md: the Llama-3-8B shape; docs/bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
 # FP8's rate: its decoding costs less (1.8 s per GiB decoded against FP8's 4.6, side by side on a
 # 2048 x 7168 expert), and Kimi-K2-Thinking's widths with 32 experts converted at 15-17 s/GiB only
 # on a machine loaded 2.5x over its 2 cores, not a figure to plan with.
 # Kept FP8 (Qwen3.5's -FP8 releases) decodes nothing: 4.5-5.0 s/GiB at Qwen3.5-397B's widths
-# (bench/HYBRID-MEMORY.md), as bfloat16 sources.
+# (docs/bench/HYBRID-MEMORY.md), as bfloat16 sources.
 SECONDS_PER_GIB = {None: 4.4, FP8_BLOCK: 10.0, MXFP4_SCHEME: 10.0, INT4_SCHEME: 10.0, FP8_KEPT: 4.4}
 STARTUP_SECONDS = 4.0
 # The OCDBT node cache (settings.IN_FLIGHT.ocdbt_cache_bytes) fills as the b-tree grows, about

@@ -10,7 +10,7 @@ bit planes put the constant bits together, where lz4 finds them, without zstd's 
 here on bf16 weights (64 MiB, normal and row-scaled): 0.756 of raw against zstd's 0.78 (levels 1 and 3
 alike), written about 2x and decoded about 1.7x as fast as zstd. One host's read of device 0's shard of a
 Llama-3-8B-widths checkpoint (8 layers, 16 devices) took 0.38-0.43 s against 0.51-0.57 s with zstd (page
-cache), and its conversion 27.9 s against 33.9 s; see bench/RESTORE.md.
+cache), and its conversion 27.9 s against 33.9 s; see docs/bench/RESTORE.md.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ CODECS: dict[str, Callable[[np.dtype], dict[str, Any]] | None] = {
 # beyond what plan predicts. By device each device's data file is written apart and the difference did not show
 # (the memory examples over one window peaked at 0.75-0.89 of the prediction with lz4, tests/test_memory.py), and
 # there a host reads its shard faster: device 0's shard of Llama-3-8B's widths (8 layers, 16 devices) from gs://
-# with 20 ms per request in 0.77 s against 0.90 s with zstd (medians of 5; the same 11 requests), bench/RESTORE.md.
+# with 20 ms per request in 0.77 s against 0.90 s with zstd (medians of 5; the same 11 requests), docs/bench/RESTORE.md.
 SOURCE_ORDER = "zstd"
 BY_DEVICE = "lz4"
 DEFAULT = SOURCE_ORDER  # a writer called without a choice writes in the source's order

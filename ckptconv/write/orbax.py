@@ -442,7 +442,7 @@ class _Batch:
 
     Without a transaction every tile (at most one read unit's image, <= 16 MiB) commits on its own
     and becomes its own data file: Qwen3-0.6B's shape on 16 devices had 114 of them, and a restore makes
-    about one storage request per (leaf, data file) pair it reads (bench/RESTORE.md). A transaction holds its tiles (uncompressed) until its
+    about one storage request per (leaf, data file) pair it reads (docs/bench/RESTORE.md). A transaction holds its tiles (uncompressed) until its
     commit writes them, compressed, as one data file, so ``limit`` bytes of tiles are what a data file
     costs in RAM (settings.IN_FLIGHT.data_file_bytes; the memory estimate counts them). Tiles are
     whole chunks (the tile plan), so no chunk is split over two transactions. ``limit`` 0: no

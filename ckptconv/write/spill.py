@@ -5,7 +5,7 @@ windows, ``settings.RunOptions.data_files_by_device``).
 The tiles come in the source's order, each covering part of every device's shard. Committed as they come, every
 data file would hold a slice of every device's shard, and a TPU host restoring its shard would read every data
 file: one storage request per data file of the whole model (77 for a host of Llama-3-8B's widths with 8 layers,
-5.2 GiB, against 15 for MaxText's checkpoint; 13 now, bench/RESTORE.md). A data file is held in RAM until its
+5.2 GiB, against 15 for MaxText's checkpoint; 13 now, docs/bench/RESTORE.md). A data file is held in RAM until its
 commit, so it cannot grow with the model. Instead each tile's device parts are appended to one local file per
 device (a window of ``devices`` data files' worth), then written back device by device, one data file per device
 per window: a host reads about model bytes / (devices x data file size) data files, 16x fewer on 16 devices, for
