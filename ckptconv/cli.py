@@ -177,7 +177,8 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "output fills more than one spill window (devices x --data-file-size: 1 GiB on 16 devices)")
     command.add_argument("--workers", type=int, default=settings.WORKERS, metavar="N",
                          help="read units read and transformed at once (and, above 1, a data file gathered while the "
-                         "last commits); default: the cores this process may use, as many as fit --memory-budget")
+                         "last commits); default: one fewer than the cores this process may use (the writer takes one), "
+                         "as many as fit --memory-budget")
     command.add_argument("--memory-budget", default=settings.MEMORY_BUDGET, metavar="SIZE",
                          help="the peak RSS the run may plan on (plan predicts it): fewer workers when more would not "
                          f"fit; default: {settings.BUDGET_SHARE_OF_AVAILABLE * 100:.0f}%% of the memory available now")

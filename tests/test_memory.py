@@ -84,7 +84,8 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name, record_pro
 
 
 
-# Issue 38: more workers than this machine's cores, as a many-core host chooses (the default is one per core):
+# Issue 38: more workers than this machine's cores, as a many-core host chooses (the default is one per core but the writer's:
+# one on CI's 2 cores):
 # each worker's read units and each commit lane's data file are counted, and the bound still holds.
 MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6}
 

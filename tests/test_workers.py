@@ -94,10 +94,13 @@ def test_the_workers_are_the_most_the_budget_fits(wide_plan):
     between = (_peak(wide_plan, 3) + _peak(wide_plan, 4)) // 2
     fitted = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=between, budget_asked=True,
                                                                     **host_has))
-    assert fitted.workers == 3 and "3 of 8" in fitted.why and "--memory-budget" in fitted.why, fitted.why
+    assert fitted.workers == 3 and "3 of 7" in fitted.why and "--memory-budget" in fitted.why, fitted.why
     assert estimate.predicted_peak_bytes(wide_plan, options=fitted) <= between
     roomy = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=64 * GiB, **host_has))
-    assert roomy.workers == 8 and "8 cores" in roomy.why, roomy.why
+    assert roomy.workers == 7 and "of the 8 this process may use but the writer's" in roomy.why, roomy.why
+    for cores, workers in ((1, 1), (2, 1), (3, 2), (13, 12)):  # a core is the writer's
+        chosen = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=64 * GiB, host_cores=cores))
+        assert chosen.workers == workers, (cores, chosen.why)
     asked = estimate.choose_workers(wide_plan, settings.RunOptions(workers_asked=2, budget_bytes=64 * GiB, **host_has))
     assert asked.workers == 2 and "asked" in asked.why
     tight = estimate.choose_workers(wide_plan, settings.RunOptions(budget_bytes=MiB, budget_asked=True, **host_has))
