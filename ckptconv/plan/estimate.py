@@ -243,8 +243,9 @@ def choose_workers(plan: ConversionPlan, options: settings.RunOptions) -> settin
 def default_workers(cores: int) -> int:
     """Workers for a host of ``cores``: all but one, which the writer takes (its loop gathers every tile, and a
     commit compresses a data file on about one core); one at least. On 2 cores one worker is today's single stream,
-    whose peaks the memory tests hold to the prediction; a second worker there converted the Qwen3 memory example of
-    196 MiB 20% faster but peaked at 401-415 MiB against 615 predicted (1.48-1.53x, past the prediction's 1.5x)."""
+    whose peaks the memory tests hold to the prediction. A second worker there converted Qwen3's 720 MiB memory example
+    in 2.9 s against 3.7, but its 196 MiB one peaked at 401-415 MiB against 615 predicted (1.48-1.53x: past the 1.5x
+    the memory tests hold a prediction to), where one worker peaked at 383 against 535."""
     return max(1, cores - 1)
 
 
