@@ -87,7 +87,7 @@ def test_each_data_file_holds_one_device_chunks_and_a_host_reads_only_its_own(tm
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(spill_root.iterdir()) == []  # the spill is gone
     items = dst / "0" / "items"
-    assert len(list(items.glob("ocdbt.process_*"))) == workers // 2 or 1  # one writer, or two side by side
+    assert len(list(items.glob("ocdbt.process_*"))) == (workers // 2 or 1)  # one writer, or two side by side
     leaves = {".".join(leaf.path): leaf for leaf in read_items_metadata(str(items)) if leaf.chunk_shape is not None}
     owners: dict[str, set] = defaultdict(set)
     chunks, _, _ = stored_chunks(str(items))
