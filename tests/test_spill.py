@@ -127,18 +127,21 @@ def tiles():
         yield 0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
 try:
     write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, (64, 1, 1024))], tiles,
-                     devices=4, custom_metadata={}, options=settings.RunOptions(data_files_by_device_asked=True))
+                     devices=4, custom_metadata={}, options=settings.RunOptions(data_files_by_device_asked=True,
+                                                                                workers=int(os.environ["WORKERS"])))
 except ValueError as err:
     print(json.dumps({"error": str(err), "spill": os.listdir(os.environ["SPILL"])}))
 """
 
 
-def test_a_failed_write_leaves_no_spill(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", (1, 4))  # 4: two commit lanes, spill writes beside the stream
+def test_a_failed_write_leaves_no_spill(tmp_path, monkeypatch, workers):
     from tests.test_writer import last_json, run_child
 
     spill_root = tmp_path / "tmp"
     spill_root.mkdir()
     monkeypatch.setenv("SPILL", str(spill_root))
+    monkeypatch.setenv("WORKERS", str(workers))  # the child's environment (run_child copies this process's)
     assert last_json(run_child(FAILING, 4, tmp_path / "ckpt")) == {"error": "source went away", "spill": []}
 
 

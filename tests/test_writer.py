@@ -418,3 +418,28 @@ def test_saves_open_ocdbt_with_the_settings_node_cache():
     with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes):
         assert cache_limit() == settings.IN_FLIGHT.ocdbt_cache_bytes < before
     assert cache_limit() == before
+
+
+LATE_TILE = """
+from ckptconv import settings
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
+shape = (64, 4, 256)
+def tiles():
+    for l in range(shape[1]):
+        yield 0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
+    yield 0, np.s_[:, 0:1, :], values((shape[0], 1, shape[2]), BF16, 0)  # the leaf again, once complete
+try:
+    write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, (16, 1, 256))], tiles,
+                     devices=4, custom_metadata={},
+                     options=settings.RunOptions(data_files_by_device_asked=os.environ["BY_DEVICE"] == "1"))
+except ValueError as err:
+    print(json.dumps({"error": str(err)}))
+"""
+
+
+@pytest.mark.parametrize("by_device", (False, True))
+def test_a_tile_after_its_leaf_is_complete_is_refused(tmp_path, monkeypatch, by_device):
+    """A stream that hands a complete leaf another tile is a bug upstream: refused by name, never written again."""
+    monkeypatch.setenv("BY_DEVICE", "1" if by_device else "0")  # the child's environment (run_child copies it)
+    error = last_json(run_child(LATE_TILE, 4, tmp_path / "ckpt"))["error"]
+    assert error.startswith("params/params/w: tile") and error.endswith("after the leaf was complete"), error

@@ -253,10 +253,10 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             if n is None:
                 raise ValueError(f"tile for leaf {index}, which this checkpoint does not hold")
             value = values[n]
+            if written[n] >= math.prod(value.shape):  # its store let go: a late tile would open the leaf anew
+                raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
             starts = n not in started
             if starts:
-                if written[n]:
-                    raise ValueError(f"{'/'.join(value.leaf.path)}: tile {region} after the leaf was complete")
                 started.add(n)
                 await lanes.store(lane, n)  # its metadata, whichever lane writes it
             region = _region(value, region, data, tuple(lanes.metadatas[n].chunk_shape))
@@ -337,6 +337,8 @@ class _SpilledWrites:
     async def close(self) -> None:
         if self._flush is not None and not self._flush.done():
             self._flush.cancel()  # the write failed: nothing more of it is needed
+        if self._flush is not None:  # no read of the spill left running when its files close (its lanes wait theirs)
+            await asyncio.gather(self._flush, return_exceptions=True)
         await asyncio.gather(*self._adding, return_exceptions=True)  # no write left to a closed file
         for spill in self._spills:
             spill.close()
@@ -357,7 +359,14 @@ class _SpilledWrites:
     async def _write(self, spill: DeviceSpill, done: list[int]) -> None:
         groups = list(spill.groups())
         count = len(self._lanes)
-        await asyncio.gather(*(self._write_lane(lane, spill, groups[lane::count]) for lane in range(count)))
+        # A task group, not gather: a lane that fails cancels the others, and the group ends only once every lane
+        # has (each waits for its own reads of the spill), so nothing reads the spill after this fails.
+        try:
+            async with asyncio.TaskGroup() as lanes:
+                for lane in range(count):
+                    lanes.create_task(self._write_lane(lane, spill, groups[lane::count]))
+        except BaseExceptionGroup as failed:  # the first lane's error, as one write raises it (its message, its exit)
+            raise failed.exceptions[0] from None
         spill.clear()
         for n in done:
             self._lanes.let_go(n)  # complete, and all of it written
@@ -368,15 +377,18 @@ class _SpilledWrites:
         did not show a peak for it); each part read back in a thread, the next ones read while this one is copied
         into the data file."""
         writer = self._lanes.writers[lane]
-        for group, parts in groups:
-            ahead: collections.deque = collections.deque()
-            for part in parts:
-                ahead.append((part, asyncio.ensure_future(asyncio.to_thread(spill.read, group, part))))
-                if len(ahead) > self._read_ahead:
+        ahead: collections.deque = collections.deque()
+        try:
+            for group, parts in groups:
+                for part in parts:
+                    ahead.append((part, asyncio.ensure_future(asyncio.to_thread(spill.read, group, part))))
+                    if len(ahead) > self._read_ahead:
+                        await self._write_part(lane, *ahead.popleft())
+                while ahead:
                     await self._write_part(lane, *ahead.popleft())
-            while ahead:
-                await self._write_part(lane, *ahead.popleft())
-            await writer.finish()
+                await writer.finish()
+        finally:  # failed or cancelled: the reads already started finish before the spill may close
+            await asyncio.gather(*(read for _, read in ahead), return_exceptions=True)
 
     async def _write_part(self, lane: int, part, data) -> None:
         await self._lanes.writers[lane].write(await self._lanes.store(lane, part.leaf), part.region, await data, None)
