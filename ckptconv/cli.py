@@ -410,7 +410,13 @@ def _verify(args: argparse.Namespace) -> int:
     result = read_back(args.destination, lambda: verify(args.source, args.destination,
                                                        hf_token_file=args.hf_token_file,
                                                        progress=args.progress))
-    if args.json:
+    return _print_checked(result, args.json)
+
+
+def _print_checked(result, as_json: bool) -> int:
+    """A check's result (``verify SRC DST``, ``restore-check``): JSON, or its first mismatches and its summary line;
+    exit status 0 when every leaf matched, 1 otherwise."""
+    if as_json:
         print(json.dumps(result.to_json(), indent=2, allow_nan=False))
     else:
         for mismatch in result.mismatches[:20]:
@@ -468,13 +474,7 @@ def _restore_check(args: argparse.Namespace) -> int:
 
     with storage_failures.translated():
         result = restore_check(args.destination, source=args.source, hf_token_file=args.hf_token_file)
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2, allow_nan=False))
-    else:
-        for mismatch in result.mismatches[:20]:
-            print(f"  {mismatch}")
-        print(result.summary())
-    return 0 if result.ok else 1
+    return _print_checked(result, args.json)
 
 
 COMMANDS = {"convert": _convert, "export": _export, "inspect": _inspect, "verify": _verify, "plan": _plan,

@@ -39,6 +39,11 @@ def documents(root: Path = ROOT) -> list[Path]:
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
     """(line number, line) outside fenced code blocks, with inline code spans blanked out."""
+    return [(number, CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)) for number, line in outside_fences(text)]
+
+
+def outside_fences(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the lines outside fenced code blocks."""
     lines, fence = [], None
     for number, line in enumerate(text.splitlines(), 1):
         opened = FENCE.match(line)
@@ -49,7 +54,7 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
         if opened:
             fence = opened.group(1)
             continue
-        lines.append((number, CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)))
+        lines.append((number, line))
     return lines
 
 
@@ -66,16 +71,7 @@ def anchors(text: str) -> set[str]:
     """Every anchor a Markdown page offers: its headings' slugs (numbered when repeated) and explicit ids."""
     found: set[str] = set()
     seen: dict[str, int] = {}
-    fence = None
-    for line in text.splitlines():
-        opened = FENCE.match(line)
-        if fence is not None:
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
-                fence = None
-            continue
-        if opened:
-            fence = opened.group(1)
-            continue
+    for _, line in outside_fences(text):
         found.update(HTML_ANCHOR.findall(line))
         heading = HEADING.match(line)
         if heading:
