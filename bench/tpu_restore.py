@@ -51,13 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batched", action="store_true", help="also time the batched restore (Orbax into host NumPy "
                         "a batch of leaves at a time, one device_put per batch while the next is read)")
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false", help="skip the breakdown runs")
+    parser.add_argument("--no-check", dest="check", action="store_false", help="restore only; no round checks "
+                        "every shard against the stored data")
+    parser.add_argument("--diagnose", action="store_true", help="also, once per checkpoint: Orbax's device path timed "
+                        "in its parts, and with one part changed at a time (see diagnose())")
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # the child's plan (JSON)
     args = parser.parse_args(argv)
     if args.measure:
         return _measure(json.loads(Path(args.measure).read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"cases": [], "rounds": args.rounds, "out": str(out), "batched": args.batched, "breakdown": args.breakdown}
+    plan = {"cases": [], "rounds": args.rounds, "out": str(out), "batched": args.batched, "breakdown": args.breakdown,
+            "diagnose": args.diagnose, "check": args.check}
     layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
     for shape in args.shapes.split(","):
         plan["cases"].append(prepare(shape, args.layers_8b, Path(args.work), layouts))
@@ -114,7 +119,8 @@ def _measure(plan: dict) -> int:
     started = time.perf_counter()
     devices = open_backends()
     results = {"open_seconds": round(time.perf_counter() - started, 2), "devices": [str(d) for d in devices],
-               "versions": {"jax": jax.__version__}, "runs": [], "breakdown": []}
+               "versions": {"jax": jax.__version__}, "runs": [], "breakdown": [],
+               "env": {k: v for k, v in os.environ.items() if k.startswith(("TPU_", "LIBTPU", "XLA_"))}}
     for case in plan["cases"]:
         _read_all(Path(case["source"]))  # the page cache warm for everyone, as for every round after
         for dst in case["checkpoints"].values():
@@ -122,7 +128,8 @@ def _measure(plan: dict) -> int:
     for round_ in range(plan["rounds"]):
         for case in plan["cases"]:
             for layout, dst in case["checkpoints"].items():
-                check = restore_check(dst, check=round_ == 0).to_json()
+                checked = round_ == 0 and plan.get("check", True)
+                check = restore_check(dst, check=checked).to_json()
                 results["runs"].append({"shape": case["shape"], "case": layout, "round": round_, **{
                     k: check[k] for k in ("ok", "restore_seconds", "metadata_seconds", "gib_per_s", "bytes",
                                           "check_seconds", "leaves_checked", "leaves", "device_bytes_in_use",
@@ -131,7 +138,7 @@ def _measure(plan: dict) -> int:
                 _write(out, results)
                 if plan.get("batched"):
                     results["runs"].append({"shape": case["shape"], "case": f"{layout}, batched", "round": round_,
-                                            **batched(dst, devices, check=round_ == 0)})
+                                            **batched(dst, devices, check=checked)})
                     _write(out, results)
             results["runs"].append({"shape": case["shape"], "case": "floor: safetensors read + device_put",
                                     "round": round_, **floor(Path(case["source"]), devices[0])})
@@ -139,6 +146,12 @@ def _measure(plan: dict) -> int:
     for case in plan["cases"] if plan.get("breakdown", True) else []:
         for layout, dst in case["checkpoints"].items():
             results["breakdown"].append({"shape": case["shape"], "case": layout, **breakdown(dst, devices)})
+            _write(out, results)
+    for case in plan["cases"] if plan.get("diagnose") else []:
+        for layout, dst in case["checkpoints"].items():
+            entry = {"shape": case["shape"], "case": layout}
+            results.setdefault("diagnosis", []).append(entry)
+            diagnose(dst, devices, entry, lambda: _write(out, results))
             _write(out, results)
     return 0
 
@@ -290,6 +303,168 @@ def breakdown(dst: str, devices: list) -> dict:
             "tensorstore_reads_seconds": round(reads, 3), "bytes": nbytes}
 
 
+# Orbax's restore, one part of its device path changed at a time: (read with tensorstore's own ``read()`` instead of
+# np.zeros + a copy into it, device_put from a thread instead of the event loop, the read into a 4096-byte aligned
+# buffer instead of np.zeros'). Every variant is timed in its parts (see _instrumented).
+VARIANTS = {
+    "orbax as is": dict(direct=False, threaded=False, aligned=False),
+    "read(): no np.zeros + copy": dict(direct=True, threaded=False, aligned=False),
+    "device_put off the event loop": dict(direct=False, threaded=True, aligned=False),
+    "read() and device_put off the loop": dict(direct=True, threaded=True, aligned=False),
+    "np.zeros -> 4096-aligned buffer": dict(direct=False, threaded=False, aligned=True),
+}
+
+
+def diagnose(dst: str, devices: list, entry: dict, save, reps: int = 2) -> None:
+    """Where Orbax's restore onto the devices spends what the reads and one batched ``device_put`` do not (issue 39).
+
+    Fills ``entry`` (``save()`` after each run): ``orbax``, per variant (VARIANTS, and Orbax's own
+    ``restore_concurrent_gb`` at 1 and 4 GB), each rep's wall and its parts: ``setup_s`` (restore call to the first
+    shard's read: metadata, opening, shardings), ``reads_span_s``, ``read_sum_s``, ``put_sum_s`` (time inside
+    ``device_put`` calls), ``after_last_put_s`` (to the last byte on device); ``device_put``: the checkpoint's leaves
+    in host memory put onto the devices in one call, one call per leaf, or from 8 threads, for tensorstore's own
+    arrays, malloc'd copies (np.empty) and 4096-byte aligned copies."""
+    from ckptconv import layout
+    from ckptconv.commands.restore_check import host_target
+    from ckptconv.read.stored import read_metadata
+
+    items = layout.items_path(dst).as_posix()
+    stored, _ = read_metadata(dst)
+    target = host_target(stored, devices, [])
+    entry["orbax"] = {}
+    for _ in range(reps):
+        for name, variant in VARIANTS.items():
+            entry["orbax"].setdefault(name, []).append(_timed_orbax(items, target, variant))
+            save()
+        for gb in (1, 4):
+            entry["orbax"].setdefault(f"restore_concurrent_gb={gb}", []).append(
+                _timed_orbax(items, target, None, concurrent_gb=gb))
+            save()
+    entry["device_put"] = _puts(items, target, reps)
+    save()
+
+
+def _timed_orbax(items: str, target: dict, variant: dict | None, concurrent_gb: int | None = None) -> dict:
+    """One Orbax restore of ``target`` (as restore_check.restore does it, with the handler's ``concurrent_gb``),
+    with ``variant``'s read-and-put in place of Orbax's own (None: Orbax's own, untimed in its parts)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint._src.serialization import serialization as ser
+
+    log: list[tuple] = []
+    original = ser._read_array_index_and_device_put  # noqa: SLF001
+    if variant is not None:
+        ser._read_array_index_and_device_put = _instrumented(log, **variant)  # noqa: SLF001
+    try:
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(restore_concurrent_gb=concurrent_gb))
+        started = time.perf_counter()
+        tree = checkpointer.restore(items, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+        jax.block_until_ready(tree)
+        ended = time.perf_counter()
+    finally:
+        ser._read_array_index_and_device_put = original  # noqa: SLF001
+    for array in jax.tree.leaves(tree):
+        array.delete()
+    run = {"seconds": round(ended - started, 3)}
+    if log:
+        run.update({"shards": len(log), "setup_s": round(min(r[0] for r in log) - started, 3),
+                    "reads_span_s": round(max(r[1] for r in log) - min(r[0] for r in log), 3),
+                    "read_sum_s": round(sum(r[1] - r[0] for r in log), 3),
+                    "put_sum_s": round(sum(r[2] - r[1] for r in log), 3),
+                    "after_last_put_s": round(ended - max(r[2] for r in log), 3),
+                    "misaligned_4096": sum(1 for r in log if r[4])})
+    return run
+
+
+def _instrumented(log: list, direct: bool, threaded: bool, aligned: bool):
+    """Orbax 0.12.8's ``serialization._read_array_index_and_device_put`` (its strict path), each shard's read start,
+    read end and device_put end logged, with one part changed per flag."""
+    import asyncio
+
+    import jax
+    import numpy as np
+    import tensorstore as ts
+    from orbax.checkpoint._src.serialization import limits
+    from orbax.checkpoint._src.serialization import serialization as ser
+
+    async def read_and_put(devices, index, t, *, global_shape, new_shard_shape, dtype, byte_limiter, strict, dll,
+                           memory_kind):
+        if tuple(t.shape) != tuple(global_shape):
+            raise ValueError(f"diagnose: stored shape {t.shape} is not the target's {global_shape}")
+        domain = ts.IndexDomain(shape=global_shape)[ts.d[:][index]]
+        requested = ser.estimate_read_memory_footprint(t, domain)
+        result = []
+        async with limits.reserved_bytes(byte_limiter, requested):
+            started = time.perf_counter()
+            if direct:
+                shard = await t[domain].read()
+            else:
+                dtype_ = t.dtype.numpy_dtype
+                if aligned:
+                    size = int(np.prod(new_shard_shape, dtype=np.int64)) * dtype_.itemsize
+                    raw = np.empty(size + 4096, np.uint8)
+                    skip = -raw.ctypes.data % 4096
+                    shard = raw[skip:skip + size].view(dtype_).reshape(new_shard_shape)
+                else:
+                    shard = np.zeros(new_shard_shape, dtype=dtype_)
+                await ts.array(shard)[ts.d[:].translate_to[domain.origin]][domain].write(t[domain])
+            if dtype is not None:
+                shard = shard.astype(dtype, copy=False)
+            read = time.perf_counter()
+            for device in devices:
+                format_ = ser.Format(dll, ser.make_single_device_sharding(device, memory_kind=memory_kind))
+                if threaded:
+                    result.append(await asyncio.to_thread(jax.device_put, shard, format_))
+                else:
+                    result.append(jax.device_put(shard, format_))
+            log.append((started, read, time.perf_counter(), shard.nbytes, shard.ctypes.data % 4096))
+        return result, requested
+
+    return read_and_put
+
+
+def _puts(items: str, target: dict, reps: int) -> dict:
+    """The checkpoint's leaves, read into host memory by Orbax, put onto the devices three ways (one call, a call per
+    leaf, a call per leaf from 8 threads), from three kinds of host buffer; seconds per rep, to the last byte."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    host_args = jax.tree.map(lambda t: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    host = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=host_args, partial_restore=True))
+    leaves = [np.asarray(a) for a in jax.tree.leaves(host)]
+    shardings = [t.sharding for t in jax.tree.leaves(target)]
+
+    def aligned(a: np.ndarray) -> np.ndarray:
+        raw = np.empty(a.nbytes + 4096, np.uint8)
+        skip = -raw.ctypes.data % 4096
+        out = raw[skip:skip + a.nbytes].view(a.dtype).reshape(a.shape)
+        out[...] = a
+        return out
+
+    kinds = {"tensorstore's arrays": leaves, "np.empty copies": [a.copy() for a in leaves],
+             "4096-aligned copies": [aligned(a) for a in leaves]}
+    ways = {"one call": lambda xs: jax.device_put(xs, shardings),
+            "a call per leaf": lambda xs: [jax.device_put(x, s) for x, s in zip(xs, shardings)]}
+    out: dict = {"alignment_mod_4096": {k: sorted({int(a.ctypes.data % 4096) for a in xs}) for k, xs in kinds.items()}}
+    with ThreadPoolExecutor(8) as pool:
+        ways["8 threads"] = lambda xs: list(pool.map(jax.device_put, xs, shardings))
+        for _ in range(reps):
+            for kind, xs in kinds.items():
+                for way, put in ways.items():
+                    started = time.perf_counter()
+                    placed = jax.block_until_ready(put(xs))
+                    out.setdefault(f"{kind}, {way}", []).append(round(time.perf_counter() - started, 3))
+                    for array in placed:
+                        array.delete()
+    return out
+
+
 def _read_all(directory: Path) -> float:
     started = time.perf_counter()
     for path in directory.rglob("*"):
@@ -326,6 +501,20 @@ def table(results: dict) -> str:
         lines += ["", "| shape | case | Orbax to host NumPy s | device_put s | tensorstore reads s |", "|---|---|---|---|---|"]
         lines += [f"| {b['shape']} | {b['case']} | {b['orbax_to_host_seconds']} | {b['device_put_seconds']} | "
                   f"{b['tensorstore_reads_seconds']} |" for b in results["breakdown"]]
+    for d in results.get("diagnosis", []):
+        lines += ["", f"{d['shape']}, {d['case']}: Orbax's restore with one part changed (best of its reps; parts of "
+                  "that rep)", "", "| variant | s | setup s | reads span s | read sum s | device_put sum s | "
+                  "after last put s | shards not 4096-aligned |", "|---|---|---|---|---|---|---|---|"]
+        for name, runs in d.get("orbax", {}).items():
+            r = min(runs, key=lambda run: run["seconds"])
+            lines.append(f"| {name} | {', '.join(str(run['seconds']) for run in runs)} | " + " | ".join(
+                str(r.get(k, "-")) for k in ("setup_s", "reads_span_s", "read_sum_s", "put_sum_s",
+                                             "after_last_put_s", "misaligned_4096")) + " |")
+        puts = {k: v for k, v in d.get("device_put", {}).items() if k != "alignment_mod_4096"}
+        if puts:
+            lines += ["", "| host leaves put onto the devices | s (each rep) |", "|---|---|"]
+            lines += [f"| {k} | {', '.join(map(str, v))} |" for k, v in puts.items()]
+            lines.append(f"\nalignment (address mod 4096): {d['device_put'].get('alignment_mod_4096')}")
     return "\n".join(lines) + "\n"
 
 
