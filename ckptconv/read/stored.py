@@ -15,6 +15,8 @@ import numpy as np
 
 from ckptconv import layout, storage_failures
 from ckptconv.errors import BadInputError, CkptConvError, DamagedCheckpointError
+from ckptconv.read import pytree_metadata
+from ckptconv.read.pytree_metadata import absolute, kvstore_url  # noqa: F401 - the readers' names for them
 
 T = TypeVar("T")
 
@@ -54,19 +56,54 @@ def read_metadata(dst: str) -> tuple[list[StoredLeaf], dict]:
 
 
 def read_items_metadata(items: str) -> list[StoredLeaf]:
-    """Leaves (sorted by name) of the Orbax PyTree at ``items`` (``DST/0/items``), from its metadata alone."""
+    """Leaves (sorted by name) of the Orbax PyTree at ``items`` (``DST/0/items``), from its metadata alone: read
+    with tensorstore (:mod:`ckptconv.read.pytree_metadata`), or by Orbax for a layout that module leaves to it."""
+    try:
+        list_keys(items)  # a damaged database fails here, in one call, before the concurrent metadata reads
+    except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
+        raise DamagedCheckpointError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
+    try:
+        tree = pytree_metadata.tree_leaves(items)
+    except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
+        raise _unreadable(items, "_METADATA", err) from None
+    if tree is None:
+        return _orbax_items_metadata(items)
+    try:
+        recorded = pytree_metadata.shardings(items)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise _unreadable(items, "_sharding", err) from None
+    names = [".".join(path) for path, _ in tree]
+    opening = [pytree_metadata.open_leaf(items, name) for name in names]  # all at once, as Orbax does
+    leaves = []
+    for (path, kind), name, future in zip(tree, names, opening):
+        try:
+            store = future.result()
+        except ValueError as err:
+            raise DamagedCheckpointError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata "
+                                         f"of another checkpoint): {_first_line(err, 300)}") from None
+        scalar = kind == "scalar"
+        mesh, axes, spec = pytree_metadata.sharding_fields(None if kind != "jax.Array" else recorded.get(name))
+        leaves.append(StoredLeaf(
+            path=path, shape=() if scalar else tuple(int(d) for d in store.shape), dtype=store.dtype.name,
+            mesh_shape=mesh, axis_names=axes, partition_spec=spec,
+            chunk_shape=None if scalar else tuple(int(d) for d in store.chunk_layout.read_chunk_template.shape)))
+    return sorted(leaves, key=lambda leaf: leaf.name)
+
+
+def _unreadable(items: str, file: str, err: BaseException) -> DamagedCheckpointError:
+    return DamagedCheckpointError(f"{items}/{file}: not readable as this checkpoint's metadata (damaged, or another "
+                                  f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}")
+
+
+def _orbax_items_metadata(items: str) -> list[StoredLeaf]:
+    """Orbax's own reading of the metadata: for a layout :mod:`ckptconv.read.pytree_metadata` does not cover."""
     import jax
     import orbax.checkpoint as ocp
 
     try:
-        list_keys(items)  # a damaged database fails here, in one call, before Orbax's concurrent reads
-    except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
-        raise DamagedCheckpointError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
-    try:
         tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(absolute(items)))
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
-        raise DamagedCheckpointError(f"{items}/_METADATA: not readable as this checkpoint's metadata (damaged, or another "
-                            f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}") from None
+        raise _unreadable(items, "_METADATA", err) from None
     tree = getattr(tree, "tree", tree)
     leaves = []
     for key_path, meta in jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_meta)[0]:
@@ -84,19 +121,6 @@ def list_keys(items: str) -> set[str]:
     listing finds that damage first.
     """
     return {key.decode() for key in open_database(items).list().result()}
-
-
-def absolute(location: str) -> str:
-    """A URL as it is, a local path made absolute: Orbax refuses a relative checkpoint path, and after ``file://`` a
-    relative one names a host (``file://out/0/items``), where the CLI takes paths relative to where it runs."""
-    location = str(location)
-    return location if "://" in location else os.path.abspath(location)
-
-
-def kvstore_url(location: str) -> str:
-    """``location`` as a tensorstore kvstore URL (a local path as an absolute ``file://`` one)."""
-    location = absolute(location)
-    return location if "://" in location else "file://" + location
 
 
 def open_database(items: str):
@@ -141,14 +165,8 @@ def open_leaf(dst: str, path: tuple[str, ...]):
 
 
 def open_items_leaf(items: str, path: tuple[str, ...]):
-    """A tensorstore handle on one leaf of the Orbax PyTree at ``items``."""
-    import tensorstore as ts
-    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-
-    kvstore = ts_utils.build_kvstore_tspec(absolute(items), name=".".join(path), use_ocdbt=True)
-    spec = {"driver": "zarr3", "kvstore": kvstore, "recheck_cached_data": False, "recheck_cached_metadata": False}
-    context = ts_utils.get_ts_context(use_ocdbt=True)
-    return ts.open(spec, open=True, read=True, context=context).result()
+    """A tensorstore handle on one leaf of the Orbax PyTree at ``items`` (the spec Orbax reads it with)."""
+    return pytree_metadata.open_leaf(absolute(items), ".".join(path)).result()
 
 
 def read_region(store, index: tuple[slice, ...]) -> np.ndarray:
@@ -208,11 +226,12 @@ def read_back(checkpoint: str, action: Callable[[], T]) -> T:
     """Run ``action()``, which reads the checkpoint at ``checkpoint``: a storage refusal is a
     :class:`StorageError`, anything else Orbax, tensorstore or JSON raise on a damaged file is one
     line naming the checkpoint (``CKPTCONV_TRACEBACK=1`` keeps the traceback, for a bug report)."""
-    from ckptconv.accelerator import open_backends
-
     try:
         with storage_failures.translated():
-            open_backends()  # a backend that cannot start (the chip held elsewhere) is said so, not called damage
+            if _backends_may_fail():  # a backend that cannot start (the chip held elsewhere) is said so, not damage
+                from ckptconv.accelerator import open_backends
+
+                open_backends()
             return action()
     except CkptConvError:
         raise
@@ -222,3 +241,15 @@ def read_back(checkpoint: str, action: Callable[[], T]) -> T:
         first = (str(err).strip().splitlines() or [""])[0][:300]
         raise DamagedCheckpointError(f"{checkpoint}: cannot read the checkpoint (damaged or not a MaxText "
                                      f"checkpoint): {type(err).__name__}: {first}") from None
+
+
+def _backends_may_fail() -> bool:
+    """Whether JAX's backends are worth opening before a read: not where this process is pinned to the CPU before
+    JAX loaded (the CLI's file commands, :func:`ckptconv.accelerator.use_cpu_only`), whose CPU backend cannot be
+    held elsewhere, and whose reads (:mod:`ckptconv.read.pytree_metadata`) need no JAX: importing it alone took
+    0.6-1.0 s of a 1.1 s ``inspect``. A library caller that chose its own devices still has them opened first."""
+    import sys
+
+    from ckptconv.accelerator import PLATFORMS_ENV
+
+    return os.environ.get(PLATFORMS_ENV) != "cpu" or "jax" in sys.modules
