@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(every chunk decoded, its crc32c checked: finds bit rot, not a wrong conversion)")
     verify.add_argument("destination", help="the convert destination: directory or gs://BUCKET/DIR")
     verify.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    _workers_flags(verify, "with SRC: source read units read and transformed at once, and stored regions read and "
+                   "decoded ahead")
     _progress_flag(verify)
     _hf_token_flag(verify)
 
@@ -175,9 +177,14 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
                          "files only (about 16x fewer reads on 16 devices), for a few more seconds of conversion; "
                          "--no-data-files-by-device writes them in the source's order; default: by device when the "
                          "output fills more than one spill window (devices x --data-file-size: 1 GiB on 16 devices)")
+    _workers_flags(command, "read units read and transformed at once (and, above 1, a data file gathered while the "
+                   "last commits)")
+
+
+def _workers_flags(command: argparse.ArgumentParser, what: str) -> None:
+    """How many threads a run's work takes at once, and the memory that bounds them (convert, plan, verify, export)."""
     command.add_argument("--workers", type=int, default=settings.WORKERS, metavar="N",
-                         help="read units read and transformed at once (and, above 1, a data file gathered while the "
-                         "last commits); default: one fewer than the cores this process may use (the writer takes one), "
+                         help=f"{what}; default: one fewer than the cores this process may use (the writer takes one), "
                          "as many as fit --memory-budget")
     command.add_argument("--memory-budget", default=settings.MEMORY_BUDGET, metavar="SIZE",
                          help="the peak RSS the run may plan on (plan predicts it): fewer workers when more would not "
@@ -185,13 +192,15 @@ def _data_file_flag(command: argparse.ArgumentParser) -> None:
 
 
 def _run_options(args: argparse.Namespace) -> settings.RunOptions:
-    """The run's options, built once from these flags and this host (ckptconv.host.run_options)."""
+    """The run's options, built once from these flags and this host (ckptconv.host.run_options); a command without
+    the data file flags (verify, export) takes their defaults."""
     from ckptconv import host
 
     budget = None if args.memory_budget is None else parse_size(args.memory_budget, "--memory-budget")
-    return host.run_options(data_file_bytes=parse_size(args.data_file_size, "--data-file-size", zero=True),
-                            data_files_by_device=args.data_files_by_device, workers=args.workers,
-                            budget_bytes=budget)
+    data_file_size = getattr(args, "data_file_size", settings.DATA_FILE_SIZE)
+    return host.run_options(data_file_bytes=parse_size(data_file_size, "--data-file-size", zero=True),
+                            data_files_by_device=getattr(args, "data_files_by_device", settings.DATA_FILES_BY_DEVICE),
+                            workers=args.workers, budget_bytes=budget)
 
 
 def _progress_flag(command: argparse.ArgumentParser) -> None:
@@ -407,9 +416,10 @@ def _verify(args: argparse.Namespace) -> int:
     if args.source is None:
         return _verify_integrity(args)
 
+    options = _run_options(args)
     result = read_back(args.destination, lambda: verify(args.source, args.destination,
                                                        hf_token_file=args.hf_token_file,
-                                                       progress=args.progress))
+                                                       progress=args.progress, options=options))
     return _print_checked(result, args.json)
 
 

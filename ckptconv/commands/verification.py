@@ -11,6 +11,7 @@ checkpoint itself, so ``verify SRC DST`` needs no flags.
 
 from __future__ import annotations
 
+import collections
 import json
 import struct
 import time
@@ -26,8 +27,8 @@ from ckptconv.progress import Progress
 from ckptconv.read import open_source
 from ckptconv.read.safetensors_io import TensorInfo
 from ckptconv.read.sources import Source
-from ckptconv.read.stored import open_leaf, read_metadata, read_region
-from ckptconv.write.produce import job_tiles
+from ckptconv.read.stored import open_leaf, read_metadata
+from ckptconv.write.produce import produce_tiles
 
 # Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).
 EXTRA_LEAVES = {(key,) for key, value in MAXTEXT_EXTRA_ITEMS.items() if value != {}}
@@ -40,6 +41,8 @@ class VerifyResult:
     bytes_checked: int = 0
     mismatches: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    workers: int = 1  # source read units read and transformed at once (settings.RunOptions.workers)
+    why: str = ""  # why that many (estimate.choose_workers)
 
     @property
     def ok(self) -> bool:
@@ -52,12 +55,23 @@ class VerifyResult:
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "leaves": self.leaves_checked, "tensors": self.tensors_checked,
-                "bytes": self.bytes_checked, "mismatches": self.mismatches, "seconds": round(self.seconds, 3)}
+                "bytes": self.bytes_checked, "mismatches": self.mismatches, "seconds": round(self.seconds, 3),
+                "workers": self.workers, "workers_why": self.why}
 
 
-def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progress: str = "none") -> VerifyResult:
+def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progress: str = "none",
+           options: settings.RunOptions | None = None) -> VerifyResult:
     """Compare every leaf of ``dst`` with the transform of ``source_uri``; ``progress`` as ``convert``'s
-    (``bar``, ``jsonl`` or ``none``, on stderr), counting the bytes compared."""
+    (``bar``, ``jsonl`` or ``none``, on stderr), counting the bytes compared.
+
+    The expected tiles come from the conversion's own producer (:func:`ckptconv.write.produce.produce_tiles`): with
+    ``options.workers`` > 1 that many threads read and transform the source at once, under the same memory budget
+    rule as ``convert`` (``estimate.choose_workers`` on this plan, whose prediction counts a writer verify does not
+    have), while tensorstore reads and decodes the stored tiles on its own threads, ``workers`` of them in flight.
+    Tiles are compared in the plan's order whatever the workers: the result is the same, mismatch for mismatch."""
+    from ckptconv import host
+    from ckptconv.plan import estimate
+
     start = time.perf_counter()
     dst = layout.absolute(dst)
     stored, custom = read_metadata(dst)
@@ -66,16 +80,16 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
     source = open_source(source_uri, hf_token_file=hf_token_file)
     plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1,
                      multimodal=bool(custom.get("multimodal", False)))
-    result = VerifyResult()
+    options = estimate.choose_workers(plan, options or host.run_options())
+    result = VerifyResult(workers=options.workers, why=options.why)
     result.mismatches += check_source_layout(source, plan.tensors.values())
     planned = {leaf.path for leaf in plan.leaves}
     result.mismatches += [f"{'/'.join(p)}: missing from the checkpoint" for p in sorted(planned - set(by_path))]
     result.mismatches += [f"{'/'.join(p)}: not expected from the source"
                           for p in sorted(set(by_path) - planned - EXTRA_LEAVES)]
-    timer = StageTimer()
     shown = Progress(plan.tensor_count, plan.output_bytes, progress, desc="verify")
-    for job in plan.jobs:
-        counted = 0  # bytes of this job's leaves shown so far; the rest are shown when the job ends
+    checked = []  # the jobs whose leaves are stored as planned: their tiles are compared
+    for index, job in enumerate(plan.jobs):
         present = [by_path.get(leaf.path) for leaf in job.leaves]
         bad = [leaf for leaf, meta in zip(job.leaves, present)
                if meta is not None and (meta.shape != leaf.shape or np.dtype(meta.dtype) != leaf.dtype)]
@@ -85,28 +99,67 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
                                      f"expected {leaf.dtype}{list(leaf.shape)}")
         if bad or any(meta is None for meta in present):
             shown.advance(len(job.pieces), sum(leaf.nbytes for leaf in job.leaves))
-            continue
-        stores = [open_leaf(dst, leaf.path) for leaf in job.leaves]
-        failed: set[int] = set()
-        for k, index, expected in job_tiles(job, plan.spec, source, timer):
-            if k in failed:
-                continue
-            got = read_region(stores[k], index)
-            if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
-                diff = np.argwhere(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
-                result.mismatches.append(f"{job.leaves[k].name}: region {_fmt(index)} differs "
-                                         f"(first byte {int(diff[0][0])})")
-                failed.add(k)
-                continue
-            result.bytes_checked += expected.nbytes
-            shown.advance(0, expected.nbytes)
-            counted += expected.nbytes
-        shown.advance(len(job.pieces), max(sum(leaf.nbytes for leaf in job.leaves) - counted, 0))
-        result.leaves_checked += len(job.leaves)
-        result.tensors_checked += len(job.pieces)
+        else:
+            checked.append(index)
+    _compare(plan, source, dst, checked, options, result, shown)
     shown.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _compare(plan, source: Source, dst: str, checked: list[int], options: settings.RunOptions,
+             result: VerifyResult, shown: Progress) -> None:
+    """Every tile of the ``checked`` jobs against the stored region it was written to, in the plan's order: the
+    expected tiles from the producer, the stored ones read ahead, ``options.workers`` of them in flight (their
+    reads and decodes run on tensorstore's threads). A leaf's first differing region is its one mismatch."""
+    job_of = [index for index, job in enumerate(plan.jobs) for _ in job.leaves]  # leaf index -> job index
+    stores: dict[int, object] = {}
+    failed: set[int] = set()
+    counted = collections.Counter()  # bytes shown so far per job; the rest are shown when the job ends
+    pending: collections.deque = collections.deque()
+    finished = iter(checked)
+    ending = [next(finished, None)]  # the next checked job not yet finished
+
+    def finish_jobs(before: int | None) -> None:
+        """Count (and show) every checked job before ``before`` (None: all): its tiles have all been compared."""
+        while ending[0] is not None and (before is None or ending[0] < before):
+            job = plan.jobs[ending[0]]
+            shown.advance(len(job.pieces), max(sum(leaf.nbytes for leaf in job.leaves) - counted[ending[0]], 0))
+            result.leaves_checked += len(job.leaves)
+            result.tensors_checked += len(job.pieces)
+            ending[0] = next(finished, None)
+
+    def settle() -> None:
+        k, index, expected, reading = pending.popleft()
+        got = np.asarray(reading.result())
+        finish_jobs(job_of[k])
+        if k in failed:
+            return
+        leaf = plan.leaves[k]
+        if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
+            diff = np.argwhere(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
+            result.mismatches.append(f"{leaf.name}: region {_fmt(index)} differs (first byte {int(diff[0][0])})")
+            failed.add(k)
+            return
+        result.bytes_checked += expected.nbytes
+        shown.advance(0, expected.nbytes)
+        counted[job_of[k]] += expected.nbytes
+
+    tiles = produce_tiles(plan, source, StageTimer(), options, jobs=frozenset(checked))
+    try:
+        for k, index, expected in tiles:
+            if k in failed:
+                continue
+            if k not in stores:
+                stores[k] = open_leaf(dst, plan.leaves[k].path)
+            pending.append((k, index, expected, stores[k][index].read()))
+            while len(pending) > options.workers:
+                settle()
+        while pending:
+            settle()
+        finish_jobs(None)
+    finally:
+        tiles.close()
 
 
 def check_source_layout(source: Source, tensors: Iterable[TensorInfo]) -> list[str]:
