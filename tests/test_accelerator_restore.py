@@ -105,3 +105,38 @@ def test_a_shard_on_the_wrong_device_is_named(model):
     compare(str(dst), stored, restored, result)
     assert result.leaves_checked == len(stored) - 1
     assert len(result.mismatches) == 1 and result.mismatches[0].startswith(f"{LEAF}: on device {devices[0].id}")
+
+
+def _new_live_arrays(before: set[int]) -> list:
+    import jax
+
+    return [a for a in jax.live_arrays() if id(a) not in before]
+
+
+def test_a_check_that_raises_part_way_leaves_nothing_on_the_devices(model, monkeypatch):
+    """A library caller whose check stops part-way (here the second shard's comparison raises, as a stored chunk that
+    cannot be read or an interrupt would) gets the error and its devices back: no restored leaf stays alive."""
+    import gc
+
+    import jax
+
+    from ckptconv.commands import restore_check as module
+
+    dst = _convert(model / "src", model / "d16", "--devices", "16") if not (model / "d16").exists() else model / "d16"
+    real, calls = module._compare_shard, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("the stored data went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_compare_shard", failing)
+    gc.collect()
+    before = {id(a) for a in jax.live_arrays()}
+    with pytest.raises(OSError, match="went away") as caught:
+        module.restore_check(str(dst))
+    assert len(calls) == 2  # it raised part-way: one shard compared, the rest of the model on the devices
+    # while the caller still holds the error (handles it, logs it, retries): its traceback holds restore_check's frame
+    assert caught.value and _new_live_arrays(before) == []
+

@@ -19,6 +19,7 @@ the chip is closed in one command. A chunk that does not decode is found by the 
 from __future__ import annotations
 
 import collections
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -122,15 +123,16 @@ def restore_check(dst: str, *, source: str | None = None, hf_token_file: str | N
     target = host_target(stored, devices, result.replicated_not_divisible)
     restored = restore(dst, stored, target, result)
     if restored is not None:
-        result.rss_bytes["restored"] = monitor.current_rss_bytes()
-        _device_memory(devices, restored, result)
-        if check:
-            started = time.perf_counter()
-            compare(dst, stored, restored, result)
-            result.check_seconds = time.perf_counter() - started
-            result.rss_bytes["checked"] = monitor.current_rss_bytes()
-        for array in restored.values():
-            array.delete()
+        try:
+            result.rss_bytes["restored"] = monitor.current_rss_bytes()
+            _device_memory(devices, restored, result)
+            if check:
+                started = time.perf_counter()
+                compare(dst, stored, restored, result)
+                result.check_seconds = time.perf_counter() - started
+                result.rss_bytes["checked"] = monitor.current_rss_bytes()
+        finally:  # however the check ends (a stored chunk that fails, an interrupt): the devices are the caller's
+            free(restored)
     result.peak_rss_bytes = monitor.peak_rss_bytes()
     return result
 
@@ -177,25 +179,53 @@ def restore(dst: str, stored: list[StoredLeaf], target: dict, result: RestoreChe
     items = layout.items_path(dst).as_posix()
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     started = time.perf_counter()
+    tree, too_big, damaged = None, False, []
     try:
         # partial: the stored tree may hold empty nodes (MaxText's opt_state {}), which hold no leaf to restore
         tree = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
         jax.block_until_ready(tree)
-    except jax.errors.JaxRuntimeError as err:
-        if "RESOURCE_EXHAUSTED" not in str(err):
+    except BaseException as err:
+        if tree is not None:  # restored, then a transfer failed: these leaves are nobody else's to free
+            free_tree(tree)
+        if isinstance(err, jax.errors.JaxRuntimeError):
+            if "RESOURCE_EXHAUSTED" not in str(err):
+                raise
+            too_big = True
+        elif isinstance(err, Exception):  # Orbax wraps tensorstore's DATA_LOSS (a digest mismatch) in a bare one
+            damaged = decode_problems(items, stored)  # read one chunk at a time: which leaf holds the damage
+            if not damaged:
+                raise
+        else:  # an interrupt
             raise
-        raise RuntimeSetupError(f"{dst}: {result.bytes / GIB:.2f} GiB do not fit the memory of {result.devices} "
-                                f"{result.platform} device(s) as stored sharded; run on a host with more devices "
-                                "(the checkpoint was not found at fault)") from None
-    except Exception:  # noqa: BLE001 - Orbax wraps tensorstore's DATA_LOSS (a digest mismatch) in a bare Exception
-        problems = decode_problems(items, stored)  # read one chunk at a time: which leaf holds the damage
-        if not problems:
-            raise
-        result.mismatches += problems
+    if too_big or damaged:
+        # out here the failure is gone: the leaves the restore had placed before it failed, held in its coroutines'
+        # frames (reference cycles), go back to the devices now, not whenever the collector next runs. (Orbax leaves
+        # the tasks still reading on its closed loop: what they hold goes once tensorstore drops them.)
+        gc.collect()
+        if too_big:
+            raise RuntimeSetupError(f"{dst}: {result.bytes / GIB:.2f} GiB do not fit the memory of {result.devices} "
+                                    f"{result.platform} device(s) as stored sharded; run on a host with more devices "
+                                    "(the checkpoint was not found at fault)")
+        result.mismatches += damaged
         return None
     result.restore_seconds = time.perf_counter() - started
     return {leaf.path: _at(tree, leaf.path) for leaf in stored}
+
+
+def free(restored: dict) -> None:
+    """Delete every restored leaf from its devices (one already deleted by the check is passed over): a library
+    caller whose check raised must not be left holding the model's device memory until garbage collection."""
+    free_tree(list(restored.values()))
+
+
+def free_tree(tree) -> None:
+    """Delete every array of ``tree`` (a pytree) from its devices, those not deleted already."""
+    import jax
+
+    for array in jax.tree.leaves(tree):
+        if isinstance(array, jax.Array) and not array.is_deleted():
+            array.delete()
 
 
 def compare(dst: str, stored: list[StoredLeaf], restored: dict, result: RestoreCheck) -> None:
