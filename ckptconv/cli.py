@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                              "wrote): the alpha for adapter_config.json")
     export.add_argument("--report", help="also write the JSON report here (always: DST/ckptconv-report.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an HF model already at DST")
+    _workers_flags(export, "stored regions read and turned back into HF tensors at once (written in order)")
     _progress_flag(export)
     _hf_token_flag(export)
 
@@ -383,7 +384,7 @@ def _export(args: argparse.Namespace) -> int:
     report = export(ExportRequest(
         checkpoint=args.checkpoint, destination=args.destination, like=args.like, dtype=args.dtype,
         shard_size=args.shard_size, report=args.report, overwrite=args.overwrite, progress=args.progress,
-        hf_token_file=args.hf_token_file, lora_alpha=args.lora_alpha,
+        hf_token_file=args.hf_token_file, lora_alpha=args.lora_alpha, options=_run_options(args),
     ))
     hub = report.get("hub")
     if report.get("skipped"):

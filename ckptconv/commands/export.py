@@ -17,25 +17,27 @@ complete export and, after a crash, keeps every shard already whole.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ckptconv import __version__, layout, settings, storage_failures
-from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError
+from ckptconv import __version__, host, layout, settings, storage_failures
+from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import lora
-from ckptconv.plan.export import ExportPlan, check_recorded_model, make_export_plan
+from ckptconv.plan.export import ExportPlan, check_recorded_model, choose_workers, make_export_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
@@ -46,6 +48,7 @@ from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metad
 from ckptconv.settings import Status
 from ckptconv.write import destination, lock
 from ckptconv.write.destination import STAGING, Destination
+from ckptconv.write.produce import _in_order as in_order  # noqa: PLC2701 - convert's ordered pool, reused
 from ckptconv.write.produce import prefetch
 from ckptconv.write.safetensors import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
@@ -76,6 +79,7 @@ class ExportRequest:
     progress: str = settings.PROGRESS
     hf_token_file: str | None = None
     lora_alpha: float | None = None  # a LoRA adapter checkpoint that does not record its alpha
+    options: settings.RunOptions | None = None  # --workers, --memory-budget and the host (None: this host's defaults)
 
 
 def items_dir(checkpoint: str) -> str:
@@ -247,8 +251,9 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     places = {pending} if replacing else {pending, dst}
     done = {file_layout.name for file_layout in layouts if any(finished(place, file_layout) for place in places)}
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
+    options = choose_workers(plan, request.options or host.run_options())
     with waits.watched_writes(dst, endpoint) as tick:
-        _write_shards(plan, items, layouts, done, pending, timer, progress, tick)
+        _write_shards(plan, items, layouts, done, pending, timer, progress, tick, options)
         with timer.stage("commit"):
             _write_small_files(plan, copied, pending, layouts)
             if replacing:
@@ -256,7 +261,8 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
             elif pending != dst:  # gs://: written in place
                 target.move_in(pending)
     progress.close()
-    report = _report(plan, request, items, layouts, timer, started, print_)
+    report = {**_report(plan, request, items, layouts, timer, started, print_), "workers": options.workers,
+              "workers_why": options.why}
     target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
@@ -396,14 +402,22 @@ def _config_text(plan: ExportPlan) -> str:
 # --- streaming -----------------------------------------------------------------------------
 
 def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...], done: set[str], pending: str,
-                  timer: StageTimer, progress: Progress, tick=lambda: None) -> None:
-    """Stream every HF tensor into its file; files already whole (a resumed run) are not read again."""
+                  timer: StageTimer, progress: Progress, tick=lambda: None,
+                  options: settings.RunOptions | None = None) -> None:
+    """Stream every HF tensor into its file; files already whole (a resumed run) are not read again. With
+    ``options.workers`` > 1 that many reads are read and transformed at once (the conversion producer's
+    :func:`~ckptconv.write.produce.in_order`), their tensors still written in the plan's order: the same files."""
     file_of = {entry.name: file_layout for file_layout in layouts for entry in file_layout.tensors}
     skip = {entry.name for file_layout in layouts if file_layout.name in done for entry in file_layout.tensors}
+    workers = options.workers if options else 1
+    if workers <= 1:
+        chunks = prefetch(lambda: export_chunks(plan, items, timer, skip))
+    else:
+        chunks = in_order(export_reads(plan, items, timer, skip), workers, workers + options.in_flight.prefetch)
     current: StreamedFile | None = None
     last = [None]
     try:
-        for name, data in prefetch(lambda: export_chunks(plan, items, timer, skip)):
+        for name, data in chunks:
             file_layout = file_of[name]
             if file_layout.name in done:
                 continue
@@ -422,39 +436,56 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
                 current.close()
                 current = None
     finally:
+        chunks.close()
         if current is not None:
             current.abandon()
 
 
 def export_chunks(plan: ExportPlan, items: str, timer: StageTimer, skip: set[str] = frozenset()) -> Iterator[Chunk]:
-    """Every HF tensor's bytes in writing order, job by job, read unit by read unit."""
+    """Every HF tensor's bytes in writing order, job by job, read by read."""
+    for read in export_reads(plan, items, timer, skip):
+        yield from read()
+
+
+def export_reads(plan: ExportPlan, items: str, timer: StageTimer,
+                 skip: set[str] = frozenset()) -> Iterator[Callable[[], list[Chunk]]]:
+    """One maker per read of the stored leaves (a read unit of the conversion's tile plan), in writing order: each
+    reads its regions and returns the HF tensors' bytes made of them. Independent of each other, so that several
+    threads can run them (``_write_shards``); a leaf is opened by the first read of it."""
     for job in plan.jobs:
         stores = [_Lazy(lambda leaf=leaf: open_leaf_checked(items, leaf.path)) for leaf in job.leaves]
         if isinstance(job.pieces[0], Joined):
-            yield from _joined_chunks(plan, job, items, stores, timer, skip)
+            yield from _joined_reads(plan, job, items, stores, timer, skip)
             continue
         if isinstance(job.pieces[0], StackedExperts):
-            yield from _expert_chunks(plan, job, items, stores, timer, skip)
+            yield from _expert_reads(plan, job, items, stores, timer, skip)
             continue
         names = [plan.hf_names[piece.name] for piece in job.pieces]
         if all(name in skip for name in names):
             continue
-        shapes = job.shapes
         for members, box in source_reads(job.tiling, job.source_shape, job.positions):
             if all(names[i] in skip for i in members):
                 continue
-            where = [job.positions[i] for i in members]
-            with timer.stage("read"):
-                regions = _leaf_regions(plan, job, items, stores, where, box)
-            for n, index in enumerate(members):
-                with timer.stage("transform"):
-                    out = np.empty(box_shape(box), job.pieces[index].dtype)
-                    for leaf, shape, region in zip(job.leaves, shapes, regions):
-                        piece = region[_member(shape.stack_axes, len(region.shape), n)]
-                        apply_inverse(piece, leaf.steps, plan.spec,
-                                      inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
-                yield names[index], out
-            del regions
+            yield functools.partial(_read_members, plan, job, items, stores, timer, names, members, box)
+
+
+def _read_members(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, names: list[str],
+                  members, box) -> list[Chunk]:
+    """The HF tensors ``members`` (of a job's pieces) hold in ``box``, from one read of every leaf of the job."""
+    stop_if_terminated()
+    where = [job.positions[i] for i in members]
+    with timer.stage("read"):
+        regions = _leaf_regions(plan, job, items, stores, where, box)
+    chunks = []
+    for n, index in enumerate(members):
+        with timer.stage("transform"):
+            out = np.empty(box_shape(box), job.pieces[index].dtype)
+            for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+                piece = region[_member(shape.stack_axes, len(region.shape), n)]
+                apply_inverse(piece, leaf.steps, plan.spec,
+                              inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+        chunks.append((names[index], out))
+    return chunks
 
 
 def _leaf_regions(plan: ExportPlan, job, items: str, stores: list, where: list, box) -> list[np.ndarray]:
@@ -470,10 +501,10 @@ def _leaf_regions(plan: ExportPlan, job, items: str, stores: list, where: list, 
     return regions
 
 
-def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
-                   skip: set[str]) -> Iterator[Chunk]:
+def _joined_reads(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                  skip: set[str]) -> Iterator[Callable[[], list[Chunk]]]:
     """A fused leaf (Qwen3.5's in_proj_qkvz) written back as the parts the hub stores: each part in
-    its own row order, one group's share of one section (a run of fused rows) at a time."""
+    its own row order, one group's share of one section (a run of fused rows) a read."""
     rest = tuple((0, dim) for dim in job.source_shape[1:])
     for index, piece in enumerate(job.pieces):
         runs = piece.runs()
@@ -483,39 +514,50 @@ def _joined_chunks(plan: ExportPlan, job, items: str, stores: list, timer: Stage
                 continue
             for _, _, fused, rows in sorted((r for r in runs if r[0] == k), key=lambda r: r[1]):
                 box = ((fused, fused + rows), *rest)
-                with timer.stage("read"):
-                    regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
-                with timer.stage("transform"):
-                    out = np.empty(box_shape(box), part.dtype)
-                    for leaf, shape, region in zip(job.leaves, job.shapes, regions):
-                        apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
-                                      inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
-                yield name, out
+                yield functools.partial(_read_joined, plan, job, items, stores, timer, index, part, name, box)
 
 
-def _expert_chunks(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
-                   skip: set[str]) -> Iterator[Chunk]:
+def _read_joined(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, index: int, part, name: str,
+                 box) -> list[Chunk]:
+    stop_if_terminated()
+    with timer.stage("read"):
+        regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+    with timer.stage("transform"):
+        out = np.empty(box_shape(box), part.dtype)
+        for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+            apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                          inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+    return [(name, out)]
+
+
+def _expert_reads(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
+                  skip: set[str]) -> Iterator[Callable[[], list[Chunk]]]:
     """A layer's fused experts (Qwen3.5's gate_up_proj) written back as an FP8 release stores them: one
-    expert at a time, its parts (gate, then up) one after the other."""
+    expert a read, its parts (gate, then up) one after the other."""
     rest = tuple((0, dim) for dim in job.source_shape[1:])
     for index, piece in enumerate(job.pieces):
-        rows = piece.parts[0].shape[0]
         for e in range(piece.shape[0]):
             parts = piece.parts[e * piece.per_expert:(e + 1) * piece.per_expert]
             names = [plan.hf_names[part.name] for part in parts]
             if all(name in skip for name in names):
                 continue
-            box = ((e, e + 1), *rest)
-            with timer.stage("read"):
-                regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
-            with timer.stage("transform"):
-                out = np.empty(box_shape(box), parts[0].dtype)
-                for leaf, shape, region in zip(job.leaves, job.shapes, regions):
-                    apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
-                                  inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
-            for k, name in enumerate(names):
-                if name not in skip:
-                    yield name, np.ascontiguousarray(out[0, k * rows:(k + 1) * rows])
+            yield functools.partial(_read_expert, plan, job, items, stores, timer, index, piece, parts, names,
+                                    ((e, e + 1), *rest), skip)
+
+
+def _read_expert(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, index: int, piece, parts,
+                 names: list[str], box, skip: set[str]) -> list[Chunk]:
+    stop_if_terminated()
+    rows = piece.parts[0].shape[0]
+    with timer.stage("read"):
+        regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
+    with timer.stage("transform"):
+        out = np.empty(box_shape(box), parts[0].dtype)
+        for leaf, shape, region in zip(job.leaves, job.shapes, regions):
+            apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
+                          inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+    return [(name, np.ascontiguousarray(out[0, k * rows:(k + 1) * rows])) for k, name in enumerate(names)
+            if name not in skip]
 
 
 def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:
@@ -529,15 +571,16 @@ def _member(stack_axes: tuple[int, ...], ndim: int, n: int) -> tuple:
 
 
 class _Lazy:
-    """A leaf handle opened at its first read (a resumed run skips most leaves)."""
+    """A leaf handle opened at its first read (a resumed run skips most leaves), by whichever worker reads it first."""
 
     def __init__(self, open_: Callable[[], object]) -> None:
-        self._open, self._value = open_, None
+        self._open, self._value, self._lock = open_, None, threading.Lock()
 
     def get(self):
-        if self._value is None:
-            self._value = self._open()
-        return self._value
+        with self._lock:
+            if self._value is None:
+                self._value = self._open()
+            return self._value
 
 
 # --- report --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/la
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -283,3 +284,55 @@ def _not_exported(family: Family, spec: ModelSpec, jobs: tuple[Job, ...]) -> tup
         notes.append({"what": f"quantised release ({spec.values['quantization']}): exported dequantised; "
                               "config.json without quantization_config", "tensors": []})
     return tuple(notes)
+
+
+# --- parallelism -----------------------------------------------------------------------------
+
+def read_held_bytes(job: Job) -> int:
+    """What one export read of ``job`` holds at most: each leaf's region of it (in the leaf's dtype), the HF
+    tensors made from it (every member, in the written dtype) and, where a step computes, the two float32 copies a
+    step chain holds (as the conversion's ``estimate.work_bytes``). A read is one of the conversion's read units,
+    ``job.tiling.unit_bytes`` of HF bytes."""
+    itemsize = max(np.dtype(part.dtype).itemsize for piece in job.pieces for part in written(piece))
+    elements = job.tiling.unit_bytes // itemsize
+    computing = not all(step.exact for leaf in job.leaves for step in leaf.steps)
+    per_element = sum(leaf.dtype.itemsize for leaf in job.leaves) + itemsize + (8 if computing else 0)
+    return elements * per_element
+
+
+def predicted_peak_bytes(plan: ExportPlan, workers: int, options: settings.RunOptions) -> int:
+    """An export's peak with ``workers``: the runtime's baseline and, for ``workers`` reads being made plus those
+    made and queued for the writer (``prefetch``), the largest read's holdings (:func:`read_held_bytes`)."""
+    from ckptconv.plan import estimate
+
+    baseline = estimate.BASELINE_SANDBOX_BYTES if options.sandboxed else estimate.BASELINE_BYTES
+    held = max((read_held_bytes(job) for job in plan.jobs), default=0)
+    return baseline + (workers + options.in_flight.prefetch) * held
+
+
+def choose_workers(plan: ExportPlan, options: settings.RunOptions) -> settings.RunOptions:
+    """``options`` with the workers an export uses, and why, by convert's rule (``estimate.choose_workers``): as many
+    as asked (``--workers``), else one fewer than the cores (the writer's loop takes one), but no more than
+    :func:`predicted_peak_bytes` lets fit in the budget; one at least."""
+    from ckptconv.plan import estimate
+
+    most = options.workers_asked or estimate.default_workers(options.host_cores)
+    source = "asked (--workers)" if options.workers_asked else \
+        f"one per core of the {options.host_cores} this process may use but the writer's"
+    budget = options.budget_bytes
+    whose = "--memory-budget" if options.budget_asked else "the budget (a share of the memory available)"
+    workers = next(w for w in range(most, 0, -1)
+                   if budget is None or w == 1 or predicted_peak_bytes(plan, w, options) <= budget)
+    peak = predicted_peak_bytes(plan, workers, options)
+    gib = 1024**3
+    if budget is None:
+        why = f"{workers}: {source}; no memory budget known"
+    elif peak > budget:
+        why = f"1: the least a run takes, and its predicted peak {peak / gib:.2f} GiB is over {whose}, " \
+              f"{budget / gib:.2f} GiB"
+    elif workers < most:
+        why = f"{workers} of {most} ({source}): the most whose predicted peak ({peak / gib:.2f} GiB) fits " \
+              f"{whose}, {budget / gib:.2f} GiB"
+    else:
+        why = f"{workers}: {source}; predicted peak {peak / gib:.2f} GiB within {whose}, {budget / gib:.2f} GiB"
+    return dataclasses.replace(options, workers=workers, why=why)
