@@ -405,7 +405,8 @@ def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.commands.inspection import inspect_checkpoint, render_table
     from ckptconv.read.stored import read_back
 
-    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep))
+    ahead = _reads_ahead(args) if args.deep else 1
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep, ahead=ahead))
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
     return 0 if result["complete"] else 1
 
@@ -436,13 +437,23 @@ def _print_checked(result, as_json: bool) -> int:
     return 0 if result.ok else 1
 
 
+def _reads_ahead(args: argparse.Namespace) -> int:
+    """Stored chunks a deep check (``inspect --deep``, ``verify DST``) reads and decodes at once: ``--workers`` where
+    the command takes it, else as many as convert's default workers (one fewer than the cores)."""
+    from ckptconv import host
+    from ckptconv.plan.estimate import default_workers
+
+    return getattr(args, "workers", None) or default_workers(host.cores())
+
+
 def _verify_integrity(args: argparse.Namespace) -> int:
     """``verify DST``: with no source to compare against, decode every stored chunk (each carries a crc32c)."""
     from ckptconv.commands.inspection import inspect_checkpoint
     from ckptconv.read.stored import read_back
 
     started = time.monotonic()
-    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=True))
+    ahead = _reads_ahead(args)
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=True, ahead=ahead))
     ok = result["complete"]
     summary = (f"verify: {'OK' if ok else 'FAILED'}: {len(result['leaves'])} leaves, every stored chunk "
                f"{'decoded and matched its checksum' if ok else 'read'} in {time.monotonic() - started:.1f} s "

@@ -78,3 +78,23 @@ def test_an_intact_checkpoint_passes_a_deep_inspect(converted):
     _, dst = converted
     deep = run_cli("inspect", str(dst), "--deep", "--json")
     assert deep.returncode == 0 and json.loads(deep.stdout)["complete"] and json.loads(deep.stdout)["problems"] == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_deep_check_reading_ahead_finds_what_one_read_at_a_time_finds(converted, damage):
+    """``verify DST`` reads and decodes several chunks at once (``--workers``, default: one fewer than the cores): the
+    same problems, in the same order, as one chunk at a time."""
+    _, dst = converted
+    for file in _data_files(dst):
+        data = bytearray(file.read_bytes())
+        if damage == "truncated":
+            data = data[: len(data) * 2 // 3]
+        else:
+            for at in range(len(data) // 7, len(data), max(1, len(data) // 5)):
+                data[at] ^= 0x5A
+        file.write_bytes(bytes(data))
+    results = [run_cli("verify", str(dst), "--json", "--workers", workers) for workers in ("1", "4")]
+    one, four = (json.loads(result.stdout) for result in results)
+    assert [r.returncode for r in results] == [1, 1] and one["mismatches"], one
+    assert one == four
+    _no_traceback(*results)

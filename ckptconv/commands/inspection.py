@@ -16,11 +16,13 @@ import math
 
 from ckptconv import layout
 from ckptconv.errors import BadInputError
-from ckptconv.read.stored import StoredLeaf, decode_problems, list_keys, open_database, read_metadata
+from ckptconv.read.stored import StoredLeaf, decode_problems, list_keys, open_database, read_ahead, read_metadata
 from ckptconv.write import destination
 
 
-def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
+def inspect_checkpoint(dst: str, deep: bool = False, ahead: int = 1) -> dict:
+    """What the checkpoint at ``dst`` holds and whether it is complete; ``deep``: every stored chunk read and decoded
+    too, ``ahead`` reads in flight (tensorstore's threads read and decode them; the result is the same)."""
     dst = layout.absolute(dst)
     state = destination.inspect_state(dst)
     if state.empty:  # "INCOMPLETE" would suggest a conversion that stopped half way
@@ -32,12 +34,12 @@ def inspect_checkpoint(dst: str, deep: bool = False) -> dict:
         leaves, custom = read_metadata(dst)
         result["custom_metadata"] = custom
         result["leaves"] = [leaf.to_json() for leaf in leaves]
-        result["problems"] = storage_problems(dst, leaves, deep)
+        result["problems"] = storage_problems(dst, leaves, deep, ahead)
         result["complete"] = state.complete and not result["problems"]
     return result
 
 
-def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str]:
+def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool, ahead: int = 1) -> list[str]:
     """One line per thing the metadata promises that the storage does not hold."""
     items = layout.items_path(dst)
     problems = []
@@ -64,13 +66,13 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool) -> list[str
     if deep:
         kvstore = open_database(items.as_posix())
         unreadable = set()
-        for key in sorted(keys):
+        for key, reading in read_ahead(((key, kvstore.read(key)) for key in sorted(keys)), ahead):
             try:
-                kvstore.read(key).result()
+                reading.result()
             except ValueError as err:
                 problems.append(f"{key}: unreadable ({str(err).splitlines()[0][:200]})")
                 unreadable.add(key.split("/", 1)[0])
-        problems += decode_problems(items.as_posix(), leaves, frozenset(unreadable))  # deep means decoded
+        problems += decode_problems(items.as_posix(), leaves, frozenset(unreadable), ahead)  # deep means decoded
     return problems
 
 

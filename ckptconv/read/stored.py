@@ -7,9 +7,10 @@ layer of memory, not 2-3x the model as an Orbax restore would.
 
 from __future__ import annotations
 
+import collections
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
@@ -191,31 +192,52 @@ def open_leaf_checked(items: str, path: tuple[str, ...]):
                             f"another checkpoint): {_first_line(err, 300)}") from None
 
 
-def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] = frozenset()) -> list[str]:
-    """One line per leaf with a stored chunk that does not decode (read one chunk at a time).
+def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] = frozenset(),
+                    ahead: int = 1) -> list[str]:
+    """One line per leaf with a stored chunk that does not decode (read one chunk at a time, ``ahead`` of them in
+    flight: tensorstore decodes those on its own threads; the lines are the same, in the same order, whatever it is).
 
     Reading a chunk's raw bytes proves little: a flipped byte in a zstd frame, or in the shard
     index whose crc32c Orbax writes, reads fine and fails only when decoded, as an export or a
     restore decodes it. ``skip``: array names already reported unreadable.
     """
-    problems = []
-    for leaf in leaves:
-        name = ".".join(leaf.path)
-        if name in skip or leaf.chunk_shape is None or not leaf.shape:
-            continue
-        try:
-            store = open_items_leaf(items, leaf.path)
+    problems: dict[int, str] = {}  # by leaf, its first problem
+
+    def reads():
+        for n, leaf in enumerate(leaves):
+            name = ".".join(leaf.path)
+            if name in skip or leaf.chunk_shape is None or not leaf.shape:
+                continue
+            try:
+                store = open_items_leaf(items, leaf.path)
+            except Exception as err:  # noqa: BLE001 - its array metadata is damaged
+                problems[n] = f"{leaf.name}: cannot open ({_first_line(err)})"
+                continue
             chunk = tuple(store.chunk_layout.read_chunk.shape or leaf.chunk_shape)
             for corner in np.ndindex(*(-(-d // c) for d, c in zip(leaf.shape, chunk))):
-                box = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(corner, chunk, leaf.shape))
-                try:
-                    store[box].read().result()
-                except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
-                    problems.append(f"{leaf.name}: chunk {list(corner)} does not decode ({_first_line(err)})")
+                if n in problems:
                     break  # one line per leaf: the rest of it is suspect anyway
-        except Exception as err:  # noqa: BLE001 - its array metadata is damaged
-            problems.append(f"{leaf.name}: cannot open ({_first_line(err)})")
-    return problems
+                box = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(corner, chunk, leaf.shape))
+                yield n, corner, store[box].read()
+
+    for n, corner, reading in read_ahead(reads(), ahead):
+        try:
+            reading.result()
+        except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
+            problems.setdefault(n, f"{leaves[n].name}: chunk {list(corner)} does not decode ({_first_line(err)})")
+    return [problems[n] for n in sorted(problems)]
+
+
+def read_ahead(started: Iterable[tuple], ahead: int) -> Iterator[tuple]:
+    """Tuples whose last member is a started read (a tensorstore future), in their order, up to ``ahead`` of them
+    started and not yet handed over: the reads overlap, their results come in order."""
+    window: collections.deque = collections.deque()
+    for item in started:
+        window.append(item)
+        if len(window) >= max(1, ahead):
+            yield window.popleft()
+    while window:
+        yield window.popleft()
 
 
 def _first_line(err: BaseException, limit: int = 200) -> str:
