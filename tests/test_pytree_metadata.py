@@ -115,3 +115,19 @@ def test_an_exported_model_is_the_same_bits_either_reader(converted, tmp_path):
     assert report["tensors"] == 24
     verified = run_cli("verify", str(tmp_path / "hf"), str(converted / "dst4"), "--progress", "none")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_checkpoint_rewritten_in_place_reads_as_rewritten(converted, tmp_path):
+    """Each reader opens its own tensorstore context, as Orbax does: a context kept for the process served the old
+    OCDBT nodes after ``--overwrite`` (an in-process export of a reconverted checkpoint read past its files' ends)."""
+    from ckptconv.read.stored import open_items_leaf, read_region
+
+    dst = tmp_path / "dst"
+    items = str(dst / "0" / "items")
+    for layout in (("--devices", "4"), ("--devices", "1", "--no-scan-layers", "--overwrite")):
+        done = run_cli("convert", str(converted / "src"), str(dst), "--progress", "none", *layout)
+        assert done.returncode == 0, done.stderr
+        leaves = read_items_metadata(items)
+        assert leaves == _orbax_items_metadata(items)
+        for leaf in leaves:
+            read_region(open_items_leaf(items, leaf.path), tuple(slice(None) for _ in leaf.shape))

@@ -14,7 +14,6 @@ returns None, and the caller falls back to Orbax.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 from typing import Any
@@ -83,9 +82,10 @@ def kvstore_url(location: str) -> str:
     return location if "://" in location else "file://" + location
 
 
-@functools.cache
 def context():
-    """One tensorstore context for the process's reads: the OCDBT manifest and b-tree nodes are cached once."""
+    """A tensorstore context for one reader's opens, as Orbax makes one per call: the OCDBT manifest and b-tree nodes
+    it caches are never re-checked, so a process-wide one would read a checkpoint rewritten since (``--overwrite``
+    in the same process) through the old one's nodes."""
     import tensorstore as ts
 
     return ts.Context(CONTEXT)
@@ -99,8 +99,9 @@ def leaf_spec(items: str, name: str) -> dict:
     return {"driver": "zarr3", "kvstore": kvstore, "recheck_cached_data": False, "recheck_cached_metadata": False}
 
 
-def open_leaf(items: str, name: str):
-    """A future of the tensorstore handle on the array ``name`` (opened for reading, its metadata read)."""
+def open_leaf(items: str, name: str, shared=None):
+    """A future of the tensorstore handle on the array ``name`` (opened for reading, its metadata read), in the
+    context ``shared`` (else a new one)."""
     import tensorstore as ts
 
-    return ts.open(leaf_spec(items, name), open=True, read=True, context=context())
+    return ts.open(leaf_spec(items, name), open=True, read=True, context=shared or context())

@@ -74,7 +74,8 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     except (ValueError, TypeError, AttributeError) as err:
         raise _unreadable(items, "_sharding", err) from None
     names = [".".join(path) for path, _ in tree]
-    opening = [pytree_metadata.open_leaf(items, name) for name in names]  # all at once, as Orbax does
+    shared = pytree_metadata.context()
+    opening = [pytree_metadata.open_leaf(items, name, shared) for name in names]  # all at once, as Orbax does
     leaves = []
     for (path, kind), name, future in zip(tree, names, opening):
         try:
