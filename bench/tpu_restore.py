@@ -37,6 +37,10 @@ LAYOUTS = {  # name -> convert flags
     "16-by-device": ["--devices", "16", "--data-files-by-device"],  # 16 devices, data files by device (the default)
     "16-source-order": ["--devices", "16", "--no-data-files-by-device"],  # 16 devices, in the source's order
     "1-device": ["--devices", "1"],
+    # the chunks' codec (the default above: blosc lz4 over bit planes) against Orbax's restore path (issue 39)
+    "16-by-device-uncompressed": ["--devices", "16", "--data-files-by-device", "--compression", "none"],
+    "1-device-uncompressed": ["--devices", "1", "--compression", "none"],
+    "16-by-device-zstd": ["--devices", "16", "--data-files-by-device", "--compression", "zstd"],
 }
 
 
@@ -47,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/tpu-restore", help="where checkpoints are written (kept, reused)")
     parser.add_argument("--out", default=".", help="where results.json and table.md go")
-    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated, of: " + ", ".join(LAYOUTS))
+    parser.add_argument("--layouts", default="16-by-device,16-source-order,1-device", help="comma-separated, of: " + ", ".join(LAYOUTS))
     parser.add_argument("--batched", action="store_true", help="also time the batched restore (Orbax into host NumPy "
                         "a batch of leaves at a time, one device_put per batch while the next is read)")
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false", help="skip the breakdown runs")
+    parser.add_argument("--diagnose-reps", type=int, default=2, help="runs of each diagnosis variant")
     parser.add_argument("--no-check", dest="check", action="store_false", help="restore only; no round checks "
                         "every shard against the stored data")
     parser.add_argument("--diagnose", action="store_true", help="also, once per checkpoint: Orbax's device path timed "
@@ -62,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = {"cases": [], "rounds": args.rounds, "out": str(out), "batched": args.batched, "breakdown": args.breakdown,
-            "diagnose": args.diagnose, "check": args.check}
+            "diagnose": args.diagnose, "check": args.check,
+            "diagnose_reps": args.diagnose_reps}
     layouts = {name: LAYOUTS[name] for name in args.layouts.split(",")}
     for shape in args.shapes.split(","):
         plan["cases"].append(prepare(shape, args.layers_8b, Path(args.work), layouts))
@@ -151,7 +157,7 @@ def _measure(plan: dict) -> int:
         for layout, dst in case["checkpoints"].items():
             entry = {"shape": case["shape"], "case": layout}
             results.setdefault("diagnosis", []).append(entry)
-            diagnose(dst, devices, entry, lambda: _write(out, results))
+            diagnose(dst, devices, entry, lambda: _write(out, results), reps=plan.get("diagnose_reps", 2))
             _write(out, results)
     return 0
 
