@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--no-cp", action="store_true", help="skip the cp floor (ratios then left out)")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run each conversion under bench/threadprof.py, its thread profile in DIR/LABEL-N.json "
+                             "(CPU by thread group, what each Python thread waits in)")
     return parser
 
 
@@ -63,15 +66,19 @@ def _env(tree: str) -> dict[str, str]:
     return env
 
 
-def _timed(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> tuple[float, float, int, str]:
-    """(wall, child CPU seconds, exit status, its last output lines) of one command started from here."""
+def _timed(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> tuple[float, dict, int, str]:
+    """(wall, the child's rusage figures, exit status, its last output lines) of one command started from here."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = proc.stdout.read().decode(errors="replace")
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_utime + usage.ru_stime, proc.returncode, "\n".join(output.splitlines()[-5:])
+    figures = {"cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "user_seconds": round(usage.ru_utime, 1),
+               "system_seconds": round(usage.ru_stime, 1), "minor_faults": usage.ru_minflt,
+               "major_faults": usage.ru_majflt, "voluntary_switches": usage.ru_nvcsw,
+               "involuntary_switches": usage.ru_nivcsw}
+    return wall, figures, proc.returncode, "\n".join(output.splitlines()[-5:])
 
 
 def cp_floor(src: str, work: str) -> float:
@@ -85,12 +92,15 @@ def cp_floor(src: str, work: str) -> float:
     return wall
 
 
-def convert(python: str, tree: str, src: str, dst: str, flags: list[str]) -> dict:
-    """One conversion in a fresh process; its row (from the report it writes and the child's rusage)."""
+def convert(python: str, tree: str, src: str, dst: str, flags: list[str], profile: str | None = None) -> dict:
+    """One conversion in a fresh process; its row (from the report it writes and the child's rusage). ``profile``:
+    a file for its thread profile (``bench/threadprof.py``)."""
     shutil.rmtree(dst, ignore_errors=True)
     subprocess.run(["sync"], check=True)
-    wall, cpu, code, out = _timed([python, "-m", "ckptconv", "convert", src, dst, "--progress", "none", *flags],
-                                  tree, _env(tree))
+    runner = ["-m", "ckptconv"] if profile is None else [os.path.join(ROOT, "bench", "threadprof.py"), profile]
+    wall, usage, code, out = _timed([python, *runner, "convert", src, dst, "--progress", "none", *flags],
+                                    tree, _env(tree))
+    cpu = usage["cpu_seconds"]
     if code:
         return {"error": out, "wall_seconds": round(wall, 2)}
     with open(os.path.join(dst, "ckptconv-report.json")) as f:
@@ -99,12 +109,13 @@ def convert(python: str, tree: str, src: str, dst: str, flags: list[str]) -> dic
     output = report["output_bytes"]
     return {"wall_seconds": round(wall, 2), "report_wall_seconds": report["wall_seconds"],
             "gib_per_s": round(output / GIB / wall, 3), "cpu_seconds": round(cpu, 1),
-            "cores_used": round(cpu / wall, 2), "peak_rss_bytes": report["peak_rss_bytes"],
+            "cores_used": round(cpu / wall, 2), **usage, "peak_rss_bytes": report["peak_rss_bytes"],
             "peak_rss_source": report.get("peak_rss_source", "VmHWM (older ckptconv)"),
             "predicted_peak_rss_bytes": report.get("predicted_peak_rss_bytes"),
             "workers": (report.get("run") or {}).get("workers"), "why": (report.get("run") or {}).get("why"),
             "data_files_by_device": report.get("data_files_by_device"), "compression": report.get("compression"),
-            "output_bytes": output, "stage_seconds": report["stage_seconds"]}
+            "output_bytes": output, "stage_seconds": report["stage_seconds"],
+            "commit_lanes": (report.get("run") or {}).get("commit_lanes")}
 
 
 def table(rows: list[dict], cp: float | None) -> str:
@@ -134,11 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.model} with {args.layers} layers at {src}; {host['cores']} cores; cp -r && sync: "
           f"{'-' if cp is None else f'{cp:.1f} s'}", flush=True)
     rows = []
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     for spec in args.run or DEFAULT_RUNS:
         label, _, flags = spec.partition("=")
-        for _ in range(args.repeat):
+        for round_ in range(args.repeat):
+            profile = None if not args.profile else os.path.join(args.profile, f"{label}-{round_}.json")
             row = {"label": label, "flags": flags, **convert(args.python, args.tree, src,
-                                                              os.path.join(args.work, "out"), shlex.split(flags))}
+                                                              os.path.join(args.work, "out"), shlex.split(flags),
+                                                              profile)}
             rows.append(row)
             print(table([row], cp).splitlines()[-1], flush=True)
     print(table(rows, cp))

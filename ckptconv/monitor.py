@@ -242,14 +242,16 @@ class StageTimer:
             return {name: round(value, 3) for name, value in self.seconds.items()}
 
 
-def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
+def tune_malloc(mmap_threshold: int | None = None, arenas: int = 2) -> None:
     """Make freed tile buffers go back to the OS, so RSS tracks what is alive.
 
     glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MiB),
     after which tile-sized buffers come from the heap and stay resident when freed; and each
     tensorstore thread may get its own arena. Fixing the threshold and capping arenas (what
     ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_ARENA_MAX`` do, but settable after start) keeps the
-    peak at the live data. A no-op where glibc's ``mallopt`` is missing.
+    peak at the live data. A no-op where glibc's ``mallopt`` is missing. ``mmap_threshold`` None: 1 MiB, or
+    ``settings.SANDBOX_MMAP_THRESHOLD`` on a kernel without ``VmHWM`` (gVisor), where each page fault of a fresh
+    mapping costs several times more (issue 38; the estimate counts what the heap then keeps).
 
     The arena cap binds only if set before threads have made their arenas: arenas are never freed,
     and once a thread has found more than 8 glibc fixes its limit at 8 per core and never reads
@@ -261,6 +263,8 @@ def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
     import ctypes.util
 
     global _LIBC
+    if mmap_threshold is None:
+        mmap_threshold = default_mmap_threshold(_status())
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         m_mmap_threshold, m_arena_max = -3, -8
@@ -269,6 +273,14 @@ def tune_malloc(mmap_threshold: int = 1 << 20, arenas: int = 2) -> None:
         _LIBC = libc if hasattr(libc, "malloc_trim") else None
     except (OSError, AttributeError):
         pass
+
+
+def default_mmap_threshold(status: str | None) -> int:
+    """glibc's mmap threshold for a process whose ``/proc/self/status`` reads ``status``: 1 MiB (freed tiles leave
+    RSS at once), or ``settings.SANDBOX_MMAP_THRESHOLD`` where the kernel keeps no ``VmHWM`` (gVisor's page faults)."""
+    from ckptconv import settings
+
+    return settings.SANDBOX_MMAP_THRESHOLD if peak_source(status) == SAMPLED else 1 << 20
 
 
 _LIBC = None

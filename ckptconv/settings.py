@@ -103,9 +103,17 @@ AUTO_SPILL_WINDOWS = 1
 # process may run on and the memory available to it (ckptconv.host); plan.estimate.choose_workers then takes the most
 # workers whose predicted peak fits the budget.
 WORKERS: int | None = None
-# At most this many data files commit at once (RunOptions.commit_lanes): each holds its data file in RAM while it
-# commits, and beyond a few the disk, not the compression, bounds the writes.
-COMMIT_LANES = 4
+# At most this many data files commit at once (RunOptions.commit_lanes), one lane for every WORKERS_PER_LANE workers:
+# each holds its data file in RAM while it commits. On the 13-core TPU host (12 workers) 6 lanes converted
+# Llama-3-8B's widths with 8 layers by device in 37.4 s against 41.1 with 4 (docs/speed.md).
+COMMIT_LANES = 8
+WORKERS_PER_LANE = 2
+# glibc's mmap threshold on a kernel without VmHWM (gVisor: ckptconv.monitor.tune_malloc; 1 MiB elsewhere). There each
+# page fault of a fresh mapping is dear, and every tile, read and transform buffer above the threshold is one: with
+# 64 MiB instead of 1 MiB the 13-core TPU host converted the case above in 30.4 s against 41.1 by device (CPU 117 s
+# against 202) and 21.5 against 25.7 in the source's order (docs/speed.md). The heap then keeps freed buffers
+# resident between trims: the estimate counts them there (plan.estimate.SANDBOX_HEAP_SHARE).
+SANDBOX_MMAP_THRESHOLD = 64 * 1024 * 1024
 MEMORY_BUDGET: str | None = None
 # Without --memory-budget a run may plan on this share of the memory available when it starts: the rest is left to
 # the page cache (its spill and the source's reads go through it) and to whatever else runs beside it.
@@ -162,7 +170,7 @@ class RunOptions:
         compresses its data file's chunks on about one core (a zarr3 shard is encoded as one value), so one at a time
         bounds a run at one core's compression, whatever the host has. A lane for every two workers: the other
         half make the tiles (on 2 cores one lane, its commit overlapping the next data file's gathering)."""
-        return max(1, min(self.workers // 2, COMMIT_LANES)) if self.overlaps_commits else 1
+        return max(1, min(self.workers // WORKERS_PER_LANE, COMMIT_LANES)) if self.overlaps_commits else 1
 
     def planned(self, output_bytes: int) -> "RunOptions":
         """These options for a conversion planned to write ``output_bytes``."""

@@ -1,0 +1,148 @@
+"""Where a ckptconv command's wall time goes, thread by thread (issue 38; py-spy is not on the TPU host).
+
+``python bench/threadprof.py OUT.json ARGS...`` runs ``ckptconv ARGS...`` in this process with a sampler thread
+that every ``INTERVAL`` seconds records each Python thread's innermost frame (what it is doing or waiting in) and
+every ``CPU_INTERVAL`` seconds each thread's CPU seconds from ``/proc/self/task/*/stat`` (user and system apart;
+threads no Python code names keep their kernel name: tensorstore's pools, XLA's). At exit it writes ``OUT.json``:
+per thread group CPU seconds, the most seen frames of each Python thread, and a timeline of CPU by group.
+The sampler is a thread of its own: it costs a few ms of CPU a second and starts before the CLI tunes malloc (one
+arena more), so peaks measured under it are not the figures to quote; walls and CPU are.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import runpy
+import sys
+import threading
+import time
+
+INTERVAL = 0.05
+CPU_INTERVAL = 0.5
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tasks() -> dict[int, tuple[str, float, float]]:
+    """tid -> (kernel name, user s, system s) of every thread of this process."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()
+        out[int(tid)] = (comm, int(fields[11]) / TICK, int(fields[12]) / TICK)
+    return out
+
+
+def _group(name: str) -> str:
+    """A thread's group: its name without the numbers that tell pool threads apart."""
+    return re.sub(r"[_\-]?\d+(_\d+)?$", "", name) or name
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self.frames: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.ours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.names: dict[int, str] = {}  # native tid -> Python thread name
+        self.last: dict[int, tuple[str, float, float]] = {}
+        self.timeline: list[dict] = []
+        self.start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="threadprof", daemon=True)
+
+    def _run(self) -> None:
+        next_cpu = 0.0
+        while not self._stop.wait(INTERVAL):
+            frames = sys._current_frames()  # noqa: SLF001 - the profiler's one source
+            for thread in threading.enumerate():
+                if thread is self._thread or thread.native_id is None:
+                    continue
+                self.names[thread.native_id] = thread.name
+                frame = frames.get(thread.ident)
+                if frame is not None:
+                    code = frame.f_code
+                    where = f"{os.path.basename(code.co_filename)}:{code.co_name}:{frame.f_lineno}"
+                    caller = frame.f_back
+                    if caller is not None:
+                        where += f" <- {os.path.basename(caller.f_code.co_filename)}:{caller.f_code.co_name}"
+                    self.frames[_group(thread.name)][where] += 1
+                    ours = frame
+                    while ours is not None and f"{os.sep}ckptconv{os.sep}" not in ours.f_code.co_filename:
+                        ours = ours.f_back
+                    if ours is not None and ours is not frame:
+                        self.ours[_group(thread.name)][
+                            f"{os.path.basename(ours.f_code.co_filename)}:{ours.f_code.co_name}:{ours.f_lineno}"] += 1
+            now = time.perf_counter() - self.start
+            if now >= next_cpu:
+                next_cpu = now + CPU_INTERVAL
+                self.last.update(_tasks())
+                self.timeline.append({"t": round(now, 2), "cpu": self._by_group()})
+
+    def _by_group(self) -> dict[str, list[float]]:
+        groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+        for tid, (comm, user, system) in self.last.items():
+            entry = groups[_group(self.names.get(tid, comm))]
+            entry[0] += user
+            entry[1] += system
+            entry[2] += 1
+        return {k: [round(v[0], 2), round(v[1], 2), v[2]] for k, v in groups.items()}
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(_tasks())
+
+    def result(self) -> dict:
+        wall = time.perf_counter() - self.start
+        return {"wall_seconds": round(wall, 2), "cpu_by_group_user_sys_threads": self._by_group(),
+                "frames": {group: counter.most_common(12) for group, counter in self.frames.items()},
+                "ckptconv_frames": {group: counter.most_common(12) for group, counter in self.ours.items()},
+                "samples_per_second": 1 / INTERVAL, "timeline": self.timeline}
+
+
+def _patch(spec: str) -> None:
+    """``THREADPROF_PATCH="module:attr=literal;..."``: set module attributes before the run (an experiment's knob,
+    e.g. ``ckptconv.settings:COMMIT_LANES=8``); ``THREADPROF_MMAP_THRESHOLD`` the CLI's malloc threshold."""
+    import ast
+    import importlib
+
+    for item in filter(None, spec.split(";")):
+        target, _, literal = item.partition("=")
+        module, _, attr = target.partition(":")
+        setattr(importlib.import_module(module), attr, ast.literal_eval(literal))
+    threshold = os.environ.get("THREADPROF_MMAP_THRESHOLD")
+    if threshold:
+        from ckptconv import monitor
+
+        monitor.tune_malloc.__defaults__ = (int(threshold),) + monitor.tune_malloc.__defaults__[1:]
+
+
+def main(out: str, args: list[str]) -> int:
+    """Run ``ckptconv ARGS`` under the sampler; write what it saw to ``out`` (the CLI's own failure exits skip it)."""
+    _patch(os.environ.get("THREADPROF_PATCH", ""))
+    sampler = Sampler()
+    code = 0
+    sys.argv = ["ckptconv", *args]
+    try:
+        with sampler:
+            runpy.run_module("ckptconv", run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    finally:
+        with open(out, "w") as f:
+            json.dump(sampler.result(), f, indent=1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2:]))
