@@ -56,9 +56,14 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 2
 
-# Each phase prints its wall time on its last line (`== ... phase: N s`), where CI's log shows where the minutes went.
+# Each phase prints its wall time on its last line (`== ... phase: N s`), where CI's log shows where the minutes went,
+# and the CPU time of its processes (the shell's `times`: user and system of the children it waited for, pytest's
+# workers and the CLI processes they ran): on 2 cores a phase is CPU-bound when CPU is about twice its wall time,
+# else waits (servers, deadlines, the disk) hold it up. Each test's own CPU seconds are in the JUnit files
+# (tests/conftest.py, property cpu_seconds).
 PHASE_START := start=$$(date +%s)
-phase_end = status=$$?; echo "== $(1) phase: $$(( $$(date +%s) - start )) s"; exit $$status
+phase_end = status=$$?; t=$${TMPDIR:-/tmp}/ckptconv-times.$$$$; times > $$t; \
+	echo "== $(1) phase: $$(( $$(date +%s) - start )) s, CPU (user system) $$(tail -n 1 $$t)"; rm -f $$t; exit $$status
 MEMORY_PYTEST := $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory --junitxml=$(MEMORY_RESULTS)
 
 test: setup

@@ -8,6 +8,7 @@ device counts run the CLI in a fresh process, as production does.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,31 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that have been waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """Each test's CPU seconds (setup to teardown, with the CLI processes it ran) as the JUnit property
+    ``cpu_seconds``: on a shared or oversubscribed machine wall time says little about a test's cost, CPU time
+    does (the figure the suite's schedule and its cuts are measured by). A server a module fixture started counts
+    where it is reaped."""
+    if call.when == "teardown" and _CPU_START in item.stash:
+        item.user_properties.append(("cpu_seconds", f"{_cpu_seconds() - item.stash[_CPU_START]:.1f}"))
+    return (yield)
+
+
+_CPU_START = pytest.StashKey[float]()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
