@@ -1,7 +1,7 @@
 """``restore-check``: restore a checkpoint onto this host's accelerators as a training job does, then prove every
 leaf landed there bit for bit.
 
-The restore is Orbax's own (``PyTreeCheckpointer.restore`` with a sharded target, what MaxText's
+The restore is Orbax's own (``PyTreeCheckpointHandler`` as MaxText builds it, a sharded target: what MaxText's
 ``load_parameters_path`` does): each leaf's stored sharding is mapped onto a 1-D mesh of the host's devices under
 the stored axis names, so a 16-device layout lands on 1, 4 or 8 chips, whatever the host has. A dimension the host's
 device count does not divide is replicated instead (the report counts them); a leaf stored unsharded (a 1-device
@@ -36,6 +36,10 @@ from ckptconv.read.stored import (
 GIB = 1024**3
 PIECE_BYTES = 64 * 1024**2  # stored bytes read and compared at a time (per shard: rows along its first axis)
 READS_AHEAD = 3  # pieces in flight: tensorstore reads and decodes the next while one is compared
+# The handler MaxText's load_params_from_path restores with: its checkpoint_storage_concurrent_gb (96 by default; older
+# MaxText's bare PyTreeCheckpointer() has the same default), zarr3 and OCDBT (a restore follows the stored format).
+# On the TPU v5e host 1 or 4 GB in flight restored no faster than 96 (docs/tpu.md): nothing there to tune.
+MAXTEXT_HANDLER = {"restore_concurrent_gb": 96, "use_ocdbt": True, "use_zarr3": True}
 
 
 @dataclass
@@ -182,8 +186,8 @@ def restore(dst: str, stored: list[StoredLeaf], target: dict, result: RestoreChe
     tree, too_big, damaged = None, False, []
     try:
         # partial: the stored tree may hold empty nodes (MaxText's opt_state {}), which hold no leaf to restore
-        tree = ocp.PyTreeCheckpointer().restore(items, args=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
+        tree = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**MAXTEXT_HANDLER)).restore(
+            items, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True))
         jax.block_until_ready(tree)
     except BaseException as err:
         if tree is not None:  # restored, then a transfer failed: these leaves are nobody else's to free
