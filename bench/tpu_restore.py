@@ -8,13 +8,16 @@ On the TPU host (docs/tpu.md says how to install ckptconv there), in one command
    (``ckptconv.commands.synth``, ``fast``: random bf16 cut from one pool, as incompressible as fresh values);
 2. converts each three ways, side by side, each in its own ``python -m ckptconv convert`` (JAX on the CPU):
    16 devices with data files by device (the default at these sizes), 16 devices in the source's order
-   (``--no-data-files-by-device``), and 1 device;
+   (``--no-data-files-by-device``), and 1 device (``--layouts`` picks from LAYOUTS, which also holds the
+   chunks uncompressed or zstd);
 3. in ONE child that opens the chip once (opening it costs ~15 s), for each round: every checkpoint restored
    with ``ckptconv.commands.restore_check`` (Orbax's restore, the stored shardings mapped onto the host's
    devices; the first round also checks every shard against the stored data), and the no-conversion floor:
    each safetensors tensor of the source read (``pread``) and ``jax.device_put`` onto the chip, no transform,
    timed to the last byte on device. Once per checkpoint, where the restore's time goes: Orbax's restore into
-   host NumPy alone, ``jax.device_put`` of those arrays alone, and tensorstore's reads of every leaf alone;
+   host NumPy alone, ``jax.device_put`` of those arrays alone, and tensorstore's reads of every leaf alone.
+   ``--batched``: also, each round, the bounded batched restore (``batched()``); ``--diagnose``: once per
+   checkpoint, Orbax's device path timed in its parts and with one part changed at a time (``diagnose()``);
 4. writes ``results.json`` (every run) and ``table.md`` (min-max per case) to ``--out``, after every step, so
    a command cut off by its time limit still returns what it measured, and prints the table at the end.
 
