@@ -412,11 +412,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.source is None:  # before the planner's imports, which only a comparison with SRC needs
+        return _verify_integrity(args)
     from ckptconv.commands.verification import verify
     from ckptconv.read.stored import read_back
-
-    if args.source is None:
-        return _verify_integrity(args)
 
     options = _run_options(args)
     result = read_back(args.destination, lambda: verify(args.source, args.destination,
