@@ -45,6 +45,34 @@ def synth_dir(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def shared_synth(tmp_path_factory):
+    """Factory like ``synth_dir``, for sources that are only read: one directory per model and options for the whole
+    session, shared by the xdist workers (made once, under a lock): test_memory's cases with more workers convert
+    the very sources of its peak cases (Llama-3-70B's widths: 5 GB, 20-25 s of the memory phase to write again)."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    from ckptconv.commands import synth
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's is popen-gwN in the session's
+
+    def make(model, name: str = "src", **kwargs) -> Path:
+        key = hashlib.sha256(repr((model, sorted(kwargs.items()))).encode()).hexdigest()[:16]
+        directory = root / f"shared-{name}-{key}"
+        with open(root / f"shared-{name}-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making it: wait for it
+            if not (directory / ".complete").exists():
+                shutil.rmtree(directory, ignore_errors=True)  # a run cut short left part of it
+                synth.write_checkpoint(model, str(directory), **kwargs)
+                (directory / ".complete").touch()
+        return directory
+
+    return make
+
+
 # The longest modules first, in the order of their measured seconds (`--durations`, a whole `make test` on 2 cores,
 # tests/test_prefect_e2e.py 416 s down to tests/test_llama4.py 80 s, loaded): `make test` hands whole modules to its
 # workers in collection order, longest first, so that what is left for the end is short modules that fill the gaps

@@ -61,7 +61,7 @@ EXAMPLES = {example.name: (family, example) for family in FAMILIES for example i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name, record_property):
+def test_peak_rss_is_bounded_and_predicted(synth_dir, shared_synth, tmp_path, name, record_property):
     """The family's memory example on each of its device counts: predicted >= measured >= predicted / 1.5;
     no higher than the same widths with fewer layers or experts (``fewer``), and under ``bound``. That the whole
     release (``full``) is predicted no higher needs no conversion: tests/test_families.py plans it with the rest."""
@@ -71,8 +71,8 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, tmp_path, name, record_pro
         fewer = synth_dir(synth.for_family(family, example.fewer), name=f"{name}-fewer", fast=True)
         fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0],
                                                   record=record_property)
-    src = synth_dir(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
-                    fast=True)
+    src = shared_synth(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
+                       fast=True)
     for devices in example.devices:
         measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices,
                                                          record=record_property)
@@ -97,10 +97,10 @@ NOT_YET_TIGHT = {"mistral-7b-widths"}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MORE_WORKERS)
-def test_more_workers_stay_predicted(synth_dir, tmp_path, name, record_property):
+def test_more_workers_stay_predicted(shared_synth, tmp_path, name, record_property):
     family, example = EXAMPLES[name]
-    src = synth_dir(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
-                    fast=True)
+    src = shared_synth(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
+                       fast=True)  # the very source its peak case converts, made once
     devices = max(example.devices)
     convert_peak(src, tmp_path / f"{name}-workers", devices, "--workers", str(MORE_WORKERS[name]),
                  record=record_property, tight=name not in NOT_YET_TIGHT)
