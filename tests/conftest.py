@@ -117,9 +117,55 @@ def pytest_xdist_make_scheduler(config, log):
     return SpreadScheduling(config, log)
 
 
+# The memory phase (`make test`'s second, tests marked ``memory``, two at a time with xdist's load scheduling) runs
+# its tests longest first, so that its last ones are short: each worker holds a test and the next, and an OLMo 3
+# block (2 min) handed out last would run alone at the end. Seconds of each in a clean clone's memory phase on
+# 2 cores (6 Dec, before synth's FP8 pools and shared_synth: the FP8 cases and the ones with more workers are given
+# as that less the synthesis they no longer do, measured alone); a test not listed runs first (it may be long).
+MEMORY_SECONDS = {
+    "test_peak_rss_is_bounded_and_predicted[olmo3-32b-block]": 139,
+    "test_peak_rss_is_bounded_and_predicted[qwen3.5-397b-period]": 133,
+    "test_kept_peak_is_predicted": 118,
+    "test_peak_rss_is_bounded_and_predicted[llama-70b-widths]": 87,
+    "test_peak_rss_is_bounded_and_predicted[llama4-scout-widths]": 81,
+    "test_peak_rss_is_bounded_and_predicted[llama4-maverick-fp8-widths]": 79,
+    "test_kept_deepseek_peak_is_predicted": 73,
+    "test_peak_rss_is_bounded_and_predicted[deepseek-v4-flash]": 66,
+    "test_peak_rss_is_bounded_and_predicted[kimi-k2.6-int4]": 60,
+    "test_peak_rss_is_bounded_and_predicted[qwen3-next-80b-period]": 55,
+    "test_peak_rss_is_bounded_and_predicted[deepseek-v3.2-fp8]": 50,
+    "test_peak_rss_is_bounded_and_predicted[deepseek-v2-lite]": 46,
+    "test_more_workers_stay_predicted[llama-70b-widths]": 39,
+    "test_peak_rss_is_bounded_and_predicted[gemma4-e4b-widths]": 32,
+    "test_peak_rss_is_bounded_and_predicted[fp8-experts]": 30,
+    "test_peak_rss_is_bounded_and_predicted[qwen3_vl_moe-experts]": 29,
+    "test_peak_rss_is_bounded_and_predicted[qwen3_omni_moe-experts]": 27,
+    "test_peak_rss_is_bounded_and_predicted[gpt-oss-20b-widths]": 26,
+    "test_peak_rss_is_bounded_and_predicted[experts]": 25,
+    "test_peak_rss_is_bounded_and_predicted[gemma4-26b-a4b-widths]": 23,
+    "test_peak_rss_is_bounded_and_predicted[int4-experts]": 21,
+    "test_peak_rss_is_bounded_and_predicted[gemma3-4b-widths]": 19,
+    "test_peak_rss_is_bounded_and_predicted[gemma2-2b-widths]": 18,
+    "test_peak_rss_is_bounded_and_predicted[mistral-7b-widths]": 16,
+    "test_peak_rss_is_bounded_and_predicted[mixtral-8x7b-widths]": 15,
+    "test_more_workers_stay_predicted[mistral-7b-widths]": 14,
+    "test_peak_rss_is_bounded_and_predicted[qwen3_vl-layers]": 13,
+    "test_peak_rss_is_bounded_and_predicted[layers]": 12,
+    "test_merge_streams_the_base": 10,
+    "test_more_workers_stay_predicted[layers]": 5,
+    "test_peak_rss_is_bounded_and_predicted[qwen2.5-1.5b-widths]": 5,
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+    def order(item: pytest.Item) -> tuple:
+        if item.get_closest_marker("memory") is not None:
+            return 0, -MEMORY_SECONDS.get(item.name, float("inf"))
+        return 1, rank.get(item.path.stem, len(rank))
+
+    items.sort(key=order)  # stable: the rest keep their order
 
 
 def _cpu_seconds() -> float:
