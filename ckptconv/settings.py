@@ -105,7 +105,8 @@ AUTO_SPILL_WINDOWS = 1
 WORKERS: int | None = None
 # At most this many data files commit at once (RunOptions.commit_lanes), one lane for every WORKERS_PER_LANE workers:
 # each holds its data file in RAM while it commits. On the 13-core TPU host (12 workers) 6 lanes converted
-# Llama-3-8B's widths with 8 layers by device in 37.4 s against 41.1 with 4 (docs/speed.md).
+# Llama-3-8B's widths with 8 layers by device in 37.4 s against 41.1 with 4 (1 MiB mmap threshold); with the 64 MiB
+# one below, 6, 8 and 12 lanes took the same 28.6-29.8 s: lanes no longer bound it there (docs/speed.md).
 COMMIT_LANES = 8
 WORKERS_PER_LANE = 2
 # glibc's mmap threshold on a kernel without VmHWM (gVisor: ckptconv.monitor.tune_malloc; 1 MiB elsewhere). There each

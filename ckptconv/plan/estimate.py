@@ -45,10 +45,12 @@ BASELINE_BYTES = 320 * 1024**2
 # 0.19-0.21 GiB here; that kernel counts more of the mapped libraries. The same headroom above it as above ours.
 BASELINE_SANDBOX_BYTES = 640 * 1024**2
 # There glibc's mmap threshold is 64 MiB (settings.SANDBOX_MMAP_THRESHOLD): freed tile, read and transform buffers
-# stay in its heap, reused instead of faulted in anew, and resident until the next trim. Measured on the 13-core TPU
-# host (12 workers, Llama-3-8B's widths with 8 layers, whose producer term is 832 MiB): the peak rose by 323 MiB by
-# device and 124 MiB in the source's order against the 1 MiB threshold. Counted as this share of the producer's term.
-SANDBOX_HEAP_SHARE = 0.5
+# stay in its heap, reused instead of faulted in anew, and resident until the next trim. Counted as this share of the
+# producer's term (832 MiB with 12 workers for Llama-3-8B's widths). On the 13-core TPU host (d296427, 12 workers,
+# 8 layers) the defaults peaked at 1.56-1.63 GiB by device (6 lanes) and 1.34 in the source's order, against 1.95 and
+# 1.97 without this term; under bench/threadprof.py (a sampler thread started before the arena cap) the same runs
+# peaked higher, up to 2.26 GiB with 8 lanes against 2.30 without it: the share keeps those under the prediction too.
+SANDBOX_HEAP_SHARE = 0.25
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (docs/bench/RESULTS.md: the Llama-3-8B shape; docs/bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
