@@ -12,6 +12,7 @@ checkpoint itself, so ``verify SRC DST`` needs no flags.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import struct
 import time
@@ -113,7 +114,8 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
     expected tiles from the producer, the stored ones read ahead, ``options.workers`` of them in flight (their
     reads and decodes run on tensorstore's threads). A leaf's first differing region is its one mismatch."""
     job_of = [index for index, job in enumerate(plan.jobs) for _ in job.leaves]  # leaf index -> job index
-    stores: dict[int, object] = {}
+    first = list(itertools.accumulate((len(job.leaves) for job in plan.jobs), initial=0))  # a job's first leaf
+    stores: dict[int, object] = {}  # the open leaves (by leaf index) of the jobs not yet finished
     failed: set[int] = set()
     counted = collections.Counter()  # bytes shown so far per job; the rest are shown when the job ends
     pending: collections.deque = collections.deque()
@@ -127,6 +129,8 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
             shown.advance(len(job.pieces), max(sum(leaf.nbytes for leaf in job.leaves) - counted[ending[0]], 0))
             result.leaves_checked += len(job.leaves)
             result.tensors_checked += len(job.pieces)
+            for k in range(first[ending[0]], first[ending[0] + 1]):
+                stores.pop(k, None)  # let its leaves' handles (and their OCDBT caches) go, as each job did
             ending[0] = next(finished, None)
 
     def settle() -> None:
