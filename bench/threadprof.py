@@ -1,7 +1,8 @@
 """Where a ckptconv command's wall time goes, thread by thread (issue 38; py-spy is not on the TPU host).
 
 ``python bench/threadprof.py OUT.json ARGS...`` runs ``ckptconv ARGS...`` in this process with a sampler thread
-that every ``INTERVAL`` seconds records each Python thread's innermost frame (what it is doing or waiting in) and
+that every ``INTERVAL`` seconds records each Python thread's innermost frame (what it is doing or waiting in), each
+pending asyncio task's innermost coroutine frame and what it awaits, and
 every ``CPU_INTERVAL`` seconds each thread's CPU seconds from ``/proc/self/task/*/stat`` (user and system apart;
 threads no Python code names keep their kernel name: tensorstore's pools, XLA's). At exit it writes ``OUT.json``:
 per thread group CPU seconds, the most seen frames of each Python thread, and a timeline of CPU by group.
@@ -49,6 +50,7 @@ class Sampler:
     def __init__(self) -> None:
         self.frames: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.ours: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.awaits: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.names: dict[int, str] = {}  # native tid -> Python thread name
         self.last: dict[int, tuple[str, float, float]] = {}
         self.timeline: list[dict] = []
@@ -78,11 +80,38 @@ class Sampler:
                     if ours is not None and ours is not frame:
                         self.ours[_group(thread.name)][
                             f"{os.path.basename(ours.f_code.co_filename)}:{ours.f_code.co_name}:{ours.f_lineno}"] += 1
+            self._sample_tasks()
             now = time.perf_counter() - self.start
             if now >= next_cpu:
                 next_cpu = now + CPU_INTERVAL
                 self.last.update(_tasks())
                 self.timeline.append({"t": round(now, 2), "cpu": self._by_group()})
+
+    def _sample_tasks(self) -> None:
+        """Each pending asyncio task (any loop: the writer's runs in Orbax's thread), by its outermost coroutine: the
+        innermost coroutine frame it is suspended in and what that awaits (a loop idle in ``select`` is waiting on
+        one of these)."""
+        import asyncio
+
+        try:
+            tasks = list(asyncio.tasks._all_tasks)  # noqa: SLF001 - every loop's tasks
+        except RuntimeError:  # changed while copied: skip this sample
+            return
+        for task in tasks:
+            if task.done():
+                continue
+            coro = task.get_coro()
+            outer = getattr(coro, "__qualname__", type(coro).__name__)
+            chain, awaited = [], None
+            while coro is not None:
+                frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                if frame is not None:
+                    chain.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}:{frame.f_lineno}")
+                awaited = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+                if awaited is None or not (hasattr(awaited, "cr_frame") or hasattr(awaited, "gi_frame")):
+                    break
+                coro = awaited
+            self.awaits[outer][" > ".join(chain[-3:]) + f" awaits {type(awaited).__name__}"] += 1
 
     def _by_group(self) -> dict[str, list[float]]:
         groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
@@ -107,6 +136,7 @@ class Sampler:
         return {"wall_seconds": round(wall, 2), "cpu_by_group_user_sys_threads": self._by_group(),
                 "frames": {group: counter.most_common(12) for group, counter in self.frames.items()},
                 "ckptconv_frames": {group: counter.most_common(12) for group, counter in self.ours.items()},
+                "task_awaits": {outer: counter.most_common(12) for outer, counter in self.awaits.items()},
                 "samples_per_second": 1 / INTERVAL, "timeline": self.timeline}
 
 
