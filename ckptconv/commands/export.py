@@ -37,7 +37,9 @@ from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
 from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
 from ckptconv.plan import lora
-from ckptconv.plan.export import ExportPlan, check_recorded_model, choose_workers, make_export_plan
+from ckptconv.plan.export import (
+    ExportPlan, check_recorded_model, choose_workers, make_export_plan, predicted_peak_bytes,
+)
 from ckptconv.progress import Progress
 from ckptconv.read import waits
 from ckptconv.read import open_source
@@ -262,7 +264,8 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
                 target.move_in(pending)
     progress.close()
     report = {**_report(plan, request, items, layouts, timer, started, print_), "workers": options.workers,
-              "workers_why": options.why}
+              "workers_why": options.why,
+              "predicted_peak_rss_bytes": predicted_peak_bytes(plan, options.workers, options)}
     target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
