@@ -46,7 +46,8 @@ def _verify(src, dst, workers: int) -> tuple[int, dict]:
     done = run_cli("verify", str(src), str(dst), "--json", "--progress", "none", "--workers", str(workers))
     result = json.loads(done.stdout)
     assert result.pop("workers") == workers, result
-    for varying in ("seconds", "workers_why"):
+    assert 0 < result["peak_rss_bytes"] <= result["predicted_peak_rss_bytes"], result  # convert's prediction bounds it
+    for varying in ("seconds", "workers_why", "peak_rss_bytes", "predicted_peak_rss_bytes"):
         result.pop(varying)
     return done.returncode, result
 

@@ -22,7 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from ckptconv import dtypes, layout, settings
-from ckptconv.monitor import StageTimer
+from ckptconv.monitor import StageTimer, peak_rss_bytes
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import open_source
@@ -44,6 +44,8 @@ class VerifyResult:
     seconds: float = 0.0
     workers: int = 1  # source read units read and transformed at once (settings.RunOptions.workers)
     why: str = ""  # why that many (estimate.choose_workers)
+    peak_rss_bytes: int = 0  # this process's peak when the comparison ended
+    predicted_peak_rss_bytes: int = 0  # convert's prediction for the same plan and workers: verify's upper bound
 
     @property
     def ok(self) -> bool:
@@ -57,7 +59,8 @@ class VerifyResult:
     def to_json(self) -> dict:
         return {"ok": self.ok, "leaves": self.leaves_checked, "tensors": self.tensors_checked,
                 "bytes": self.bytes_checked, "mismatches": self.mismatches, "seconds": round(self.seconds, 3),
-                "workers": self.workers, "workers_why": self.why}
+                "workers": self.workers, "workers_why": self.why, "peak_rss_bytes": self.peak_rss_bytes,
+                "predicted_peak_rss_bytes": self.predicted_peak_rss_bytes}
 
 
 def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progress: str = "none",
@@ -82,7 +85,8 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
     plan = make_plan(source, dtype=dtype, scan_layers=bool(custom.get("scan_layers", True)), devices=1,
                      multimodal=bool(custom.get("multimodal", False)))
     options = estimate.choose_workers(plan, options or host.run_options())
-    result = VerifyResult(workers=options.workers, why=options.why)
+    result = VerifyResult(workers=options.workers, why=options.why,
+                          predicted_peak_rss_bytes=estimate.predicted_peak_bytes(plan, options=options))
     result.mismatches += check_source_layout(source, plan.tensors.values())
     planned = {leaf.path for leaf in plan.leaves}
     result.mismatches += [f"{'/'.join(p)}: missing from the checkpoint" for p in sorted(planned - set(by_path))]
@@ -105,6 +109,7 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
     _compare(plan, source, dst, checked, options, result, shown)
     shown.close()
     result.seconds = time.perf_counter() - start
+    result.peak_rss_bytes = peak_rss_bytes()
     return result
 
 
