@@ -49,7 +49,8 @@ def _maxtext_like_tree() -> dict:
     rng = np.random.default_rng(0)
     sharded = jax.device_put(rng.standard_normal((8, 6, 4), dtype=np.float32).astype(jax.numpy.bfloat16),
                              NamedSharding(mesh, PartitionSpec(("data", "model"), None)))
-    by_model = jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8), NamedSharding(mesh, PartitionSpec(None, "model")))
+    by_model = jax.device_put(np.arange(32, dtype=np.float32).reshape(4, 8),
+                              NamedSharding(mesh, PartitionSpec(None, "model")))
     return {"params": {"params": {"wi": sharded, "scale": by_model, "host": np.ones((3, 5), np.int32)}},
             "step": 7, "opt_state": {}}
 

@@ -29,10 +29,6 @@ REMOTE_COALESCING = {"experimental_read_coalescing_threshold_bytes": 1_000_000,
                      "experimental_read_coalescing_interval": "1ms"}
 
 
-class Unknown(Exception):
-    """A checkpoint layout this reader does not cover: Orbax reads it instead."""
-
-
 def tree_leaves(items: str) -> list[tuple[tuple[str, ...], str]] | None:
     """``(key path, value type)`` of every stored array of the PyTree at ``items``, from ``_METADATA``; None for a
     layout left to Orbax. Raises ValueError (or KeyError, TypeError) for a file that is not such metadata."""
