@@ -60,9 +60,10 @@ def shared_synth(tmp_path_factory):
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's is popen-gwN in the session's
 
     def make(model, name: str = "src", **kwargs) -> Path:
-        key = hashlib.sha256(repr((model, sorted(kwargs.items()))).encode()).hexdigest()[:16]
-        directory = root / f"shared-{name}-{key}"
-        with open(root / f"shared-{name}-{key}.lock", "w") as lock:
+        key = hashlib.sha256(repr((name, model, sorted(kwargs.items()))).encode()).hexdigest()[:16]
+        directory = root / f"shared-{key}" / name  # named ``name``, as synth_dir's: test_memory records it
+        directory.parent.mkdir(exist_ok=True)
+        with open(root / f"shared-{key}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making it: wait for it
             if not (directory / ".complete").exists():
                 shutil.rmtree(directory, ignore_errors=True)  # a run cut short left part of it
