@@ -68,7 +68,8 @@ MEMORY_MODULES := $(shell grep -l 'mark\.memory' tests/test_*.py)
 PHASE_START := start=$$(date +%s)
 phase_end = status=$$?; t=$${TMPDIR:-/tmp}/ckptconv-times.$$$$; times > $$t; \
 	echo "== $(1) phase: $$(( $$(date +%s) - start )) s, CPU (user system) $$(tail -n 1 $$t)"; rm -f $$t; exit $$status
-MEMORY_PYTEST := $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory --junitxml=$(MEMORY_RESULTS) $(MEMORY_MODULES)
+MEMORY_PYTEST := $(PY) -m pytest -q $(if $(filter-out 1,$(MEMORY_WORKERS)),-n $(MEMORY_WORKERS)) -m memory \
+	--junitxml=$(MEMORY_RESULTS) $(MEMORY_MODULES)
 
 test: setup
 	@$(PHASE_START); $(PYTEST) -m "not memory"; $(call phase_end,parallel)
