@@ -132,3 +132,16 @@ def test_a_checkpoint_rewritten_in_place_reads_as_rewritten(converted, tmp_path)
         assert leaves == _orbax_items_metadata(items)
         for leaf in leaves:
             read_region(open_items_leaf(items, leaf.path), tuple(slice(None) for _ in leaf.shape))
+
+
+def test_a_jax_array_saved_from_one_device_reads_as_unsharded_either_way(tmp_path):
+    """A jax.Array on one device records a SingleDeviceSharding (a device string, no mesh): read here, and in a tree
+    left to Orbax (a list), it is a leaf without a mesh; Orbax's reading of it raised AttributeError ('shape')."""
+    import jax
+
+    one = jax.device_put(np.arange(12, dtype=np.float32).reshape(4, 3), jax.devices()[0])
+    for name, tree in (("dict", {"a": one}), ("list", {"layers": [one, np.ones((3,), np.float32)]})):
+        items = _orbax_saved(tmp_path / name, tree)
+        ours, theirs = read_items_metadata(items), _orbax_items_metadata(items)
+        assert ours == theirs and (pytree_metadata.tree_leaves(items) is None) == (name == "list")
+        assert ours[0].shape == (4, 3) and ours[0].mesh_shape is None and ours[0].partition_spec is None

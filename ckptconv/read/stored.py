@@ -137,7 +137,11 @@ def _is_meta(node: Any) -> bool:
 
 
 def _stored_leaf(path: tuple[str, ...], meta: Any) -> StoredLeaf:
+    """A leaf of Orbax's metadata tree: a mesh and partition only for a NamedSharding's metadata (a single device's,
+    a jax.Array saved from one device, records neither, as :func:`pytree_metadata.sharding_fields` reads it)."""
     sharding = getattr(meta, "sharding", None)
+    if not hasattr(sharding, "axis_names"):  # SingleDeviceShardingMetadata: a device string, no mesh
+        sharding = None
     storage = getattr(meta, "storage", None)
     spec = getattr(sharding, "partition_spec", None)
     return StoredLeaf(
