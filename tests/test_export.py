@@ -340,3 +340,23 @@ def test_several_workers_export_stacked_experts_as_one(tmp_path):
                        "--workers", workers)
         assert done.returncode == 0, done.stderr
     assert _files(tmp_path / "1") == _files(tmp_path / "3")
+
+
+def test_a_sandboxed_export_counts_the_heap_it_keeps(tmp_path):
+    """On a kernel without VmHWM (gVisor) export sets glibc's 64 MiB mmap threshold as convert does (``tune_malloc``):
+    the freed read buffers its heap keeps resident are in the prediction, as convert's estimate counts them."""
+    from ckptconv import settings
+    from ckptconv.plan import estimate
+    from ckptconv.plan.export import make_export_plan, predicted_peak_bytes
+    from ckptconv.read import open_source
+    from ckptconv.read.stored import read_metadata
+
+    synth.write_checkpoint(synth.SynthModel(), str(tmp_path / "src"))
+    done = run_cli("convert", str(tmp_path / "src"), str(tmp_path / "mt"), "--progress", "none")
+    assert done.returncode == 0, done.stderr
+    plan = make_export_plan(open_source(str(tmp_path / "src")), read_metadata(str(tmp_path / "mt"))[0])
+    for workers in (1, 3):
+        reads = predicted_peak_bytes(plan, workers, settings.RunOptions()) - estimate.BASELINE_BYTES
+        sandboxed = predicted_peak_bytes(plan, workers, settings.RunOptions(sandboxed=True))
+        assert reads > 0 and sandboxed - estimate.BASELINE_SANDBOX_BYTES == reads + int(
+            reads * estimate.SANDBOX_HEAP_SHARE), (workers, reads, sandboxed)

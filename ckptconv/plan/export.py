@@ -302,12 +302,16 @@ def read_held_bytes(job: Job) -> int:
 
 def predicted_peak_bytes(plan: ExportPlan, workers: int, options: settings.RunOptions) -> int:
     """An export's peak with ``workers``: the runtime's baseline and, for ``workers`` reads being made plus those
-    made and queued for the writer (``prefetch``), the largest read's holdings (:func:`read_held_bytes`)."""
+    made and queued for the writer (``prefetch``), the largest read's holdings (:func:`read_held_bytes`); on a
+    sandboxed kernel also the freed buffers glibc's heap keeps there, counted as convert's estimate counts them
+    (``estimate.SANDBOX_HEAP_SHARE`` of that term: export sets the same 64 MiB mmap threshold, ``tune_malloc``)."""
     from ckptconv.plan import estimate
 
     baseline = estimate.BASELINE_SANDBOX_BYTES if options.sandboxed else estimate.BASELINE_BYTES
     held = max((read_held_bytes(job) for job in plan.jobs), default=0)
-    return baseline + (workers + options.in_flight.prefetch) * held
+    reads = (workers + options.in_flight.prefetch) * held
+    heap = int(reads * estimate.SANDBOX_HEAP_SHARE) if options.sandboxed else 0
+    return baseline + reads + heap
 
 
 def choose_workers(plan: ExportPlan, options: settings.RunOptions) -> settings.RunOptions:
