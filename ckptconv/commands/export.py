@@ -408,8 +408,8 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
                   timer: StageTimer, progress: Progress, tick=lambda: None,
                   options: settings.RunOptions | None = None) -> None:
     """Stream every HF tensor into its file; files already whole (a resumed run) are not read again. With
-    ``options.workers`` > 1 that many reads are read and transformed at once (the conversion producer's
-    :func:`~ckptconv.write.produce.in_order`), their tensors still written in the plan's order: the same files."""
+    ``options.workers`` > 1 that many reads are read and transformed at once (the conversion producer's ordered pool,
+    ``ckptconv.write.produce._in_order``), their tensors still written in the plan's order: the same files."""
     file_of = {entry.name: file_layout for file_layout in layouts for entry in file_layout.tensors}
     skip = {entry.name for file_layout in layouts if file_layout.name in done for entry in file_layout.tensors}
     workers = options.workers if options else 1
