@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ckptconv.errors import CkptConvError, RemoteError, stop_if_terminated
 from ckptconv.read.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
@@ -47,7 +49,7 @@ class RetryPolicy:
 
 def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int, Sink], None],
                 is_transient: Callable[[BaseException], bool], policy: RetryPolicy, deadlines: Deadlines,
-                endpoint: str) -> bytearray:
+                endpoint: str) -> memoryview:
     """``length`` bytes from ``offset``: ``fetch(start, count, sink)`` streams them into ``sink``.
 
     A failed or short attempt is retried for the bytes still missing, so a dropped
@@ -55,8 +57,7 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
     while it waits; the read gives up after ``policy.attempts`` failures in a row or
     ``deadlines.total_seconds`` without a byte, in one line naming the endpoint.
     """
-    buffer = bytearray(length)
-    view = memoryview(buffer)
+    view = memoryview(np.empty(length, np.uint8))  # not bytearray(length): it zeroes what the read overwrites
     done = 0
 
     def sink(chunk: bytes) -> None:
@@ -74,7 +75,7 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
             with announced(f"{where} (bytes {offset + done}-{offset + length - 1} from {endpoint})", deadlines):
                 fetch(offset + done, length - done, sink)
             if done == length:
-                return buffer
+                return view
             error: BaseException = _ShortRead(f"body ended after {done - before} of {length - before} bytes")
         except CkptConvError:
             raise
