@@ -54,38 +54,51 @@ class Sampler:
         self.names: dict[int, str] = {}  # native tid -> Python thread name
         self.last: dict[int, tuple[str, float, float]] = {}
         self.timeline: list[dict] = []
+        self.errors: collections.Counter = collections.Counter()  # a failed sample's message -> how often
         self.start = time.perf_counter()
+        self._next_cpu = 0.0  # seconds since start of the next CPU sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="threadprof", daemon=True)
 
     def _run(self) -> None:
-        next_cpu = 0.0
+        """Sample until stopped; a part of a sample that raises is counted in ``errors`` (by its message) and the rest
+        go on: a sampler thread that died on its first error left a profile that looked merely quiet."""
         while not self._stop.wait(INTERVAL):
-            frames = sys._current_frames()  # noqa: SLF001 - the profiler's one source
-            for thread in threading.enumerate():
-                if thread is self._thread or thread.native_id is None:
-                    continue
-                self.names[thread.native_id] = thread.name
-                frame = frames.get(thread.ident)
-                if frame is not None:
-                    code = frame.f_code
-                    where = f"{os.path.basename(code.co_filename)}:{code.co_name}:{frame.f_lineno}"
-                    caller = frame.f_back
-                    if caller is not None:
-                        where += f" <- {os.path.basename(caller.f_code.co_filename)}:{caller.f_code.co_name}"
-                    self.frames[_group(thread.name)][where] += 1
-                    ours = frame
-                    while ours is not None and f"{os.sep}ckptconv{os.sep}" not in ours.f_code.co_filename:
-                        ours = ours.f_back
-                    if ours is not None and ours is not frame:
-                        self.ours[_group(thread.name)][
-                            f"{os.path.basename(ours.f_code.co_filename)}:{ours.f_code.co_name}:{ours.f_lineno}"] += 1
-            self._sample_tasks()
-            now = time.perf_counter() - self.start
-            if now >= next_cpu:
-                next_cpu = now + CPU_INTERVAL
-                self.last.update(_tasks())
-                self.timeline.append({"t": round(now, 2), "cpu": self._by_group()})
+            for part in (self._sample_frames, self._sample_tasks, self._sample_cpu):  # one failing spares the rest
+                try:
+                    part()
+                except Exception as err:  # noqa: BLE001 - reported in the result, sampling goes on
+                    self.errors[f"{part.__name__}: {type(err).__name__}: {err}"[:300]] += 1
+
+    def _sample_frames(self) -> None:
+        """Each Python thread's innermost frame (and its caller), and its innermost ckptconv frame."""
+        frames = sys._current_frames()  # noqa: SLF001 - the profiler's one source
+        for thread in threading.enumerate():
+            if thread is self._thread or thread.native_id is None:
+                continue
+            self.names[thread.native_id] = thread.name
+            frame = frames.get(thread.ident)
+            if frame is not None:
+                code = frame.f_code
+                where = f"{os.path.basename(code.co_filename)}:{code.co_name}:{frame.f_lineno}"
+                caller = frame.f_back
+                if caller is not None:
+                    where += f" <- {os.path.basename(caller.f_code.co_filename)}:{caller.f_code.co_name}"
+                self.frames[_group(thread.name)][where] += 1
+                ours = frame
+                while ours is not None and f"{os.sep}ckptconv{os.sep}" not in ours.f_code.co_filename:
+                    ours = ours.f_back
+                if ours is not None and ours is not frame:
+                    self.ours[_group(thread.name)][
+                        f"{os.path.basename(ours.f_code.co_filename)}:{ours.f_code.co_name}:{ours.f_lineno}"] += 1
+
+    def _sample_cpu(self) -> None:
+        """Every CPU_INTERVAL: each thread's CPU seconds so far, into the timeline by group."""
+        now = time.perf_counter() - self.start
+        if now >= self._next_cpu:
+            self._next_cpu = now + CPU_INTERVAL
+            self.last.update(_tasks())
+            self.timeline.append({"t": round(now, 2), "cpu": self._by_group()})
 
     def _sample_tasks(self) -> None:
         """Each pending asyncio task (any loop: the writer's runs in Orbax's thread), by its outermost coroutine: the
@@ -93,8 +106,11 @@ class Sampler:
         one of these)."""
         import asyncio
 
+        registry = getattr(asyncio.tasks, "_all_tasks", None)  # Python 3.11; 3.12 keeps them as _scheduled_tasks
+        if registry is None:
+            registry = getattr(asyncio.tasks, "_scheduled_tasks", ())
         try:
-            tasks = list(asyncio.tasks._all_tasks)  # noqa: SLF001 - every loop's tasks
+            tasks = list(registry)  # noqa: SLF001 - every loop's tasks
         except RuntimeError:  # changed while copied: skip this sample
             return
         for task in tasks:
@@ -137,7 +153,8 @@ class Sampler:
                 "frames": {group: counter.most_common(12) for group, counter in self.frames.items()},
                 "ckptconv_frames": {group: counter.most_common(12) for group, counter in self.ours.items()},
                 "task_awaits": {outer: counter.most_common(12) for outer, counter in self.awaits.items()},
-                "samples_per_second": 1 / INTERVAL, "timeline": self.timeline}
+                "samples_per_second": 1 / INTERVAL, "sampler_errors": self.errors.most_common(12),
+                "timeline": self.timeline}
 
 
 def _patch(spec: str) -> None:

@@ -1,0 +1,31 @@
+"""bench/threadprof.py, the profiler issue 38's figures came from: a sample that raises (an asyncio internal it reads
+that a Python version renamed) is counted in the result and sampling goes on, rather than the sampler thread dying
+on its first sample and leaving a profile that looks merely quiet."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bench import threadprof
+
+
+def test_a_sample_that_raises_is_reported_and_sampling_goes_on(monkeypatch):
+    def broken(self) -> None:
+        raise AttributeError("module 'asyncio.tasks' has no attribute '_all_tasks'")
+
+    monkeypatch.setattr(threadprof.Sampler, "_sample_tasks", broken)
+    done = threading.Event()
+    busy = threading.Thread(target=lambda: done.wait(5), name="ckptconv-produce_0")
+    busy.start()
+    try:
+        with threadprof.Sampler() as sampler:
+            time.sleep(20 * threadprof.INTERVAL)
+    finally:
+        done.set()
+        busy.join()
+    result = sampler.result()
+    (message, count), = result["sampler_errors"]
+    assert "_all_tasks" in message and count >= 5, result["sampler_errors"]
+    assert sum(n for _, n in result["frames"]["ckptconv-produce"]) >= 5  # every sample's frames, not just the first's
+    assert result["timeline"] and "ckptconv-produce" in result["cpu_by_group_user_sys_threads"]
