@@ -354,11 +354,14 @@ def diagnose(dst: str, devices: list, entry: dict, save, reps: int = 2) -> None:
 
 
 def _timed_orbax(items: str, target: dict, variant: dict | None, concurrent_gb: int | None = None) -> dict:
-    """One Orbax restore of ``target`` (as restore_check.restore does it, with the handler's ``concurrent_gb``),
-    with ``variant``'s read-and-put in place of Orbax's own (None: Orbax's own, untimed in its parts)."""
+    """One Orbax restore of ``target`` as restore_check.restore does it (MaxText's handler, ``concurrent_gb`` in place
+    of its restore_concurrent_gb when given), with ``variant``'s read-and-put in place of Orbax's own (None: Orbax's
+    own, untimed in its parts)."""
     import jax
     import orbax.checkpoint as ocp
     from orbax.checkpoint._src.serialization import serialization as ser
+
+    from ckptconv.commands.restore_check import MAXTEXT_HANDLER
 
     log: list[tuple] = []
     original = ser._read_array_index_and_device_put  # noqa: SLF001
@@ -366,7 +369,8 @@ def _timed_orbax(items: str, target: dict, variant: dict | None, concurrent_gb: 
         ser._read_array_index_and_device_put = _instrumented(log, **variant)  # noqa: SLF001
     try:
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(restore_concurrent_gb=concurrent_gb))
+        handler = {**MAXTEXT_HANDLER, **({} if concurrent_gb is None else {"restore_concurrent_gb": concurrent_gb})}
+        checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler(**handler))
         started = time.perf_counter()
         tree = checkpointer.restore(items, args=ocp.args.PyTreeRestore(
             item=target, restore_args=restore_args, partial_restore=True))
