@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from typing import Any
 
 from ckptconv import layout
@@ -65,16 +64,11 @@ def sharding_fields(sharding: dict | None) -> tuple[Any, Any, Any]:
     return tuple(int(d) for d in sharding["shape"]), tuple(str(a) for a in sharding["axis_names"]), spec
 
 
-def absolute(location: str) -> str:
-    """A URL as it is, a local path made absolute: Orbax refuses a relative checkpoint path, and after ``file://`` a
-    relative one names a host (``file://out/0/items``), where the CLI takes paths relative to where it runs."""
-    location = str(location)
-    return location if "://" in location else os.path.abspath(location)
-
-
 def kvstore_url(location: str) -> str:
-    """``location`` as a tensorstore kvstore URL (a local path as an absolute ``file://`` one)."""
-    location = absolute(location)
+    """``location`` as a tensorstore kvstore URL: a URL as it is, a local path as an absolute ``file://`` one (after
+    ``file://`` a relative path names a host, ``file://out/0/items``, where the CLI takes paths relative to where it
+    runs)."""
+    location = layout.absolute(str(location))
     return location if "://" in location else "file://" + location
 
 

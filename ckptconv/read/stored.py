@@ -17,7 +17,7 @@ import numpy as np
 from ckptconv import layout, storage_failures
 from ckptconv.errors import BadInputError, CkptConvError, DamagedCheckpointError
 from ckptconv.read import pytree_metadata
-from ckptconv.read.pytree_metadata import absolute, kvstore_url  # noqa: F401 - the readers' names for them
+from ckptconv.read.pytree_metadata import kvstore_url  # noqa: F401 - the readers' name for it
 
 T = TypeVar("T")
 
@@ -103,7 +103,7 @@ def _orbax_items_metadata(items: str) -> list[StoredLeaf]:
     import orbax.checkpoint as ocp
 
     try:
-        tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(absolute(items)))
+        tree = ocp.PyTreeCheckpointHandler().metadata(layout.path(layout.absolute(str(items))))
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
         raise _unreadable(items, "_METADATA", err) from None
     tree = getattr(tree, "tree", tree)
@@ -172,7 +172,7 @@ def open_leaf(dst: str, path: tuple[str, ...]):
 
 def open_items_leaf(items: str, path: tuple[str, ...]):
     """A tensorstore handle on one leaf of the Orbax PyTree at ``items`` (the spec Orbax reads it with)."""
-    return pytree_metadata.open_leaf(absolute(items), ".".join(path)).result()
+    return pytree_metadata.open_leaf(layout.absolute(str(items)), ".".join(path)).result()
 
 
 def read_region(store, index: tuple[slice, ...]) -> np.ndarray:
