@@ -5,10 +5,11 @@ JAX's CPU backend its metadata call starts) was most of their time on a small mo
 on 2 cores. What Orbax 0.12's ``PyTreeCheckpointHandler.metadata`` reads is three plain files (Orbax's own
 layout, which MaxText's checkpoints share): ``_METADATA`` (the tree: each leaf's key path and value type),
 ``_sharding`` (a JSON object, the base64 of each array's name to its sharding) and each array's ``zarr.json``
-inside the OCDBT database (shape, dtype, chunk grid). This module reads the same files into the same
-:class:`~ckptconv.read.stored.StoredLeaf` values (``tests/test_pytree_metadata.py`` compares the two readers).
-A layout it does not know (a value type other than arrays and scalars, a list in the tree, no OCDBT, zarr v2)
-returns None, and the caller falls back to Orbax.
+inside the OCDBT database (shape, dtype, chunk grid). This module reads the same files, and
+:func:`ckptconv.read.stored.read_items_metadata` makes the same :class:`~ckptconv.read.stored.StoredLeaf` values of
+them (``tests/test_pytree_metadata.py`` compares the two readers). For a layout it does not know (a value type other
+than arrays and scalars, a list in the tree, no OCDBT, zarr v2) :func:`tree_leaves` returns None, and that caller
+falls back to Orbax.
 """
 
 from __future__ import annotations
