@@ -98,3 +98,19 @@ def test_a_deep_check_reading_ahead_finds_what_one_read_at_a_time_finds(converte
     assert [r.returncode for r in results] == [1, 1] and one["mismatches"], one
     assert one == four
     _no_traceback(*results)
+
+
+def test_a_sharding_entry_without_its_fields_names_the_file(converted):
+    """``_sharding`` that is JSON but whose NamedSharding entry lacks its mesh shape: the line names that file (it
+    said only "cannot read the checkpoint: KeyError: 'shape'")."""
+    src, dst = converted
+    file = dst / "0" / "items" / "_sharding"
+    recorded = json.loads(file.read_text())
+    name, value = next((k, json.loads(v)) for k, v in recorded.items() if v and "shape" in json.loads(v))
+    del value["shape"]
+    file.write_text(json.dumps({**recorded, name: json.dumps(value)}))
+    results = run_cli("inspect", str(dst)), run_cli("verify", str(src), str(dst))
+    for result in results:
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert "_sharding: not readable as this checkpoint's metadata" in result.stderr, result.stderr
+    _no_traceback(*results)

@@ -69,9 +69,10 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
         raise _unreadable(items, "_METADATA", err) from None
     if tree is None:
         return _orbax_items_metadata(items)
-    try:
-        recorded = pytree_metadata.shardings(items)
-    except (ValueError, TypeError, AttributeError) as err:
+    try:  # each recorded sharding's fields too: an entry without them is this file's damage, named as such
+        recorded = {name: pytree_metadata.sharding_fields(sharding)
+                    for name, sharding in pytree_metadata.shardings(items).items()}
+    except (ValueError, TypeError, AttributeError, KeyError) as err:
         raise _unreadable(items, "_sharding", err) from None
     names = [".".join(path) for path, _ in tree]
     shared = pytree_metadata.context()
@@ -84,7 +85,7 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
             raise DamagedCheckpointError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata "
                                          f"of another checkpoint): {_first_line(err, 300)}") from None
         scalar = kind == "scalar"
-        mesh, axes, spec = pytree_metadata.sharding_fields(None if kind != "jax.Array" else recorded.get(name))
+        mesh, axes, spec = recorded.get(name, (None, None, None)) if kind == "jax.Array" else (None, None, None)
         leaves.append(StoredLeaf(
             path=path, shape=() if scalar else tuple(int(d) for d in store.shape), dtype=store.dtype.name,
             mesh_shape=mesh, axis_names=axes, partition_spec=spec,
