@@ -85,3 +85,25 @@ def test_the_workers_are_chosen_under_the_memory_budget(converted):
                    "--workers", "4", "--memory-budget", "1MiB")
     result = json.loads(done.stdout)
     assert done.returncode == 0 and result["workers"] == 1 and "over --memory-budget" in result["workers_why"], result
+
+
+def test_mismatches_are_listed_job_by_job_in_the_plan_s_order(tmp_path):
+    """Leaves stored with another shape and leaves whose bytes differ are listed in the plan's order, whichever check
+    found them (the shapes before any tile is read, the bytes after), as one job at a time listed them: here the
+    final norm's bytes (job 1) between the embedding's and the output head's shapes (jobs 0 and 2); 1 and 3 workers."""
+    from ckptconv.plan.conversion import make_plan
+    from ckptconv.read import open_source
+
+    untied = dict(tie_word_embeddings=False, num_layers=2)
+    synth.write_checkpoint(synth.SynthModel(**untied), str(tmp_path / "a"))
+    done = run_cli("convert", str(tmp_path / "a"), str(tmp_path / "dst"), "--devices", "4", "--progress", "none")
+    assert done.returncode == 0, done.stderr
+    synth.write_checkpoint(synth.SynthModel(vocab_size=640, **untied), str(tmp_path / "b"))  # a wider vocabulary
+    _flip_bytes(tmp_path / "b", ("model.norm.weight",))
+    lists = {workers: _verify(tmp_path / "b", tmp_path / "dst", workers)[1]["mismatches"] for workers in (1, 3)}
+    assert lists[1] == lists[3], lists
+    order = {leaf.name: n for n, leaf in enumerate(make_plan(open_source(str(tmp_path / "b")), devices=1).leaves)}
+    where = [order[line.split(": ", 1)[0]] for line in lists[1]]
+    assert where == sorted(where), lists[1]
+    kinds = ["shape" if ": stored " in line else "bytes" for line in lists[1]]
+    assert kinds[0] == "shape" and "shape" in kinds[kinds.index("bytes"):], lists[1]  # not every shape line first

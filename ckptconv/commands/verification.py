@@ -94,19 +94,21 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
                           for p in sorted(set(by_path) - planned - EXTRA_LEAVES)]
     shown = Progress(plan.tensor_count, plan.output_bytes, progress, desc="verify")
     checked = []  # the jobs whose leaves are stored as planned: their tiles are compared
+    by_job: list[list[str]] = [[] for _ in plan.jobs]  # each job's mismatches, listed in the plan's order at the end
     for index, job in enumerate(plan.jobs):
         present = [by_path.get(leaf.path) for leaf in job.leaves]
         bad = [leaf for leaf, meta in zip(job.leaves, present)
                if meta is not None and (meta.shape != leaf.shape or np.dtype(meta.dtype) != leaf.dtype)]
         for leaf in bad:
             meta = by_path[leaf.path]
-            result.mismatches.append(f"{leaf.name}: stored {meta.dtype}{list(meta.shape)}, "
-                                     f"expected {leaf.dtype}{list(leaf.shape)}")
+            by_job[index].append(f"{leaf.name}: stored {meta.dtype}{list(meta.shape)}, "
+                                 f"expected {leaf.dtype}{list(leaf.shape)}")
         if bad or any(meta is None for meta in present):
             shown.advance(len(job.pieces), sum(leaf.nbytes for leaf in job.leaves))
         else:
             checked.append(index)
-    _compare(plan, source, dst, checked, options, result, shown)
+    _compare(plan, source, dst, checked, options, result, shown, by_job)
+    result.mismatches += [line for lines in by_job for line in lines]  # job by job, as one job at a time found them
     shown.close()
     result.seconds = time.perf_counter() - start
     result.peak_rss_bytes = peak_rss_bytes()
@@ -114,10 +116,11 @@ def verify(source_uri: str, dst: str, *, hf_token_file: str | None = None, progr
 
 
 def _compare(plan, source: Source, dst: str, checked: list[int], options: settings.RunOptions,
-             result: VerifyResult, shown: Progress) -> None:
+             result: VerifyResult, shown: Progress, by_job: list[list[str]]) -> None:
     """Every tile of the ``checked`` jobs against the stored region it was written to, in the plan's order: the
     expected tiles from the producer, the stored ones read ahead, ``options.workers`` of them in flight (their
-    reads and decodes run on tensorstore's threads). A leaf's first differing region is its one mismatch."""
+    reads and decodes run on tensorstore's threads). A leaf's first differing region is its one mismatch, added to
+    its job's in ``by_job``."""
     job_of = [index for index, job in enumerate(plan.jobs) for _ in job.leaves]  # leaf index -> job index
     first = list(itertools.accumulate((len(job.leaves) for job in plan.jobs), initial=0))  # a job's first leaf
     stores: dict[int, object] = {}  # the open leaves (by leaf index) of the jobs not yet finished
@@ -147,7 +150,7 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
         leaf = plan.leaves[k]
         if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
             diff = np.argwhere(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
-            result.mismatches.append(f"{leaf.name}: region {_fmt(index)} differs (first byte {int(diff[0][0])})")
+            by_job[job_of[k]].append(f"{leaf.name}: region {_fmt(index)} differs (first byte {int(diff[0][0])})")
             failed.add(k)
             return
         result.bytes_checked += expected.nbytes
