@@ -47,9 +47,12 @@ def synth_dir(tmp_path):
 
 @pytest.fixture(scope="session")
 def shared_synth(tmp_path_factory):
-    """Factory like ``synth_dir``, for sources that are only read: one directory per model and options for the whole
-    session, shared by the xdist workers (made once, under a lock): test_memory's cases with more workers convert
-    the very sources of its peak cases (Llama-3-70B's widths: 5 GB, 20-25 s of the memory phase to write again)."""
+    """Context manager factory like ``synth_dir``, for a source only read by ``users`` tests: one directory per model
+    and options for the whole session, shared by the xdist workers (made once, under a lock) and removed when its
+    last user is done, so that the memory phase's gigabytes do not pile up on the disk until the session ends (one
+    test's ``tmp_path`` is removed when it passes). test_memory's cases with more workers convert the very sources
+    of their peak cases (Llama-3-70B's widths: 5 GB, 20-25 s of the memory phase to write again)."""
+    import contextlib
     import fcntl
     import hashlib
     import shutil
@@ -59,17 +62,31 @@ def shared_synth(tmp_path_factory):
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # a worker's is popen-gwN in the session's
 
-    def make(model, name: str = "src", **kwargs) -> Path:
+    @contextlib.contextmanager
+    def locked(key: str):
+        with open(root / f"shared-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making or removing it: wait for it
+            yield
+
+    @contextlib.contextmanager
+    def make(model, name: str = "src", *, users: int, **kwargs):
         key = hashlib.sha256(repr((name, model, sorted(kwargs.items()))).encode()).hexdigest()[:16]
         directory = root / f"shared-{key}" / name  # named ``name``, as synth_dir's: test_memory records it
-        directory.parent.mkdir(exist_ok=True)
-        with open(root / f"shared-{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making it: wait for it
+        done = root / f"shared-{key}.done"  # one line per user that has finished with it
+        with locked(key):
+            directory.parent.mkdir(exist_ok=True)
             if not (directory / ".complete").exists():
                 shutil.rmtree(directory, ignore_errors=True)  # a run cut short left part of it
                 synth.write_checkpoint(model, str(directory), **kwargs)
                 (directory / ".complete").touch()
-        return directory
+        try:
+            yield directory
+        finally:
+            with locked(key):
+                with open(done, "a") as finished:
+                    finished.write("done\n")
+                if len(done.read_text().splitlines()) >= users:
+                    shutil.rmtree(directory.parent, ignore_errors=True)
 
     return make
 

@@ -16,6 +16,7 @@ conversion process itself (``VmHWM`` in its report), never ``ru_maxrss`` of a ch
 this (large) test process, which would include the parent.
 """
 
+import contextlib
 import json
 import shutil
 
@@ -71,17 +72,16 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, shared_synth, tmp_path, na
         fewer = synth_dir(synth.for_family(family, example.fewer), name=f"{name}-fewer", fast=True)
         fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0],
                                                   record=record_property)
-    src = shared_synth(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
-                       fast=True)
-    for devices in example.devices:
-        measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices,
-                                                         record=record_property)
-        assert source_bytes > example.source_bytes  # the case really is as wide as it says
-        if example.bound:
-            assert measured <= example.bound, (measured / MiB, example.bound / MiB)
-        if fewer_peak is not None:
-            assert source_bytes - fewer_bytes > example.more_bytes  # the bigger model really is much bigger
-            assert measured <= fewer_peak + 64 * MiB, (fewer_peak / MiB, measured / MiB)
+    with source(synth_dir, shared_synth, name, family, example) as src:
+        for devices in example.devices:
+            measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices,
+                                                             record=record_property)
+            assert source_bytes > example.source_bytes  # the case really is as wide as it says
+            if example.bound:
+                assert measured <= example.bound, (measured / MiB, example.bound / MiB)
+            if fewer_peak is not None:
+                assert source_bytes - fewer_bytes > example.more_bytes  # the bigger model really is much bigger
+                assert measured <= fewer_peak + 64 * MiB, (fewer_peak / MiB, measured / MiB)
 
 
 
@@ -95,12 +95,19 @@ MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6}
 NOT_YET_TIGHT = {"mistral-7b-widths"}
 
 
+def source(synth_dir, shared_synth, name, family, example):
+    """The example's source, as a context: the examples that test_more_workers_stay_predicted converts again come
+    from ``shared_synth`` (made once, removed after both tests), the others from the test's own ``synth_dir``."""
+    model = synth.for_family(family, example.model)
+    if name in MORE_WORKERS:
+        return shared_synth(model, name=name, users=2, max_shard_bytes=example.max_shard_bytes, fast=True)
+    return contextlib.nullcontext(synth_dir(model, name=name, max_shard_bytes=example.max_shard_bytes, fast=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MORE_WORKERS)
 def test_more_workers_stay_predicted(shared_synth, tmp_path, name, record_property):
     family, example = EXAMPLES[name]
-    src = shared_synth(synth.for_family(family, example.model), name=name, max_shard_bytes=example.max_shard_bytes,
-                       fast=True)  # the very source its peak case converts, made once
-    devices = max(example.devices)
-    convert_peak(src, tmp_path / f"{name}-workers", devices, "--workers", str(MORE_WORKERS[name]),
-                 record=record_property, tight=name not in NOT_YET_TIGHT)
+    with source(synth_dir=None, shared_synth=shared_synth, name=name, family=family, example=example) as src:
+        convert_peak(src, tmp_path / f"{name}-workers", max(example.devices), "--workers", str(MORE_WORKERS[name]),
+                     record=record_property, tight=name not in NOT_YET_TIGHT)
