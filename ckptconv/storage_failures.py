@@ -25,12 +25,12 @@ ERRNO_CONDITIONS: dict[int, str] = {
     errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
 }
 # The words tensorstore, Orbax and gcsfs keep of a cause they wrap: the strerror texts of ERRNO_CONDITIONS,
-# and what GCS answers (403: no permission; 429: out of quota).
+# and what GCS answers (403: no permission; 429: out of quota). ``{work}``: "write" or "read".
 LIBRARY_CONDITIONS: dict[str, str] = {
     **{os.strerror(code): said for code, said in ERRNO_CONDITIONS.items()},
-    "PERMISSION_DENIED": "permission denied (the bucket refused the write)",
-    "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the write)",
-    "Forbidden: ": "permission denied (the bucket refused the write)",  # gcsfs's words for a 403
+    "PERMISSION_DENIED": "permission denied (the bucket refused the {work})",
+    "RESOURCE_EXHAUSTED": "out of quota (the bucket refused the {work})",
+    "Forbidden: ": "permission denied (the bucket refused the {work})",  # gcsfs's words for a 403
 }
 # Where those libraries name the file or object they failed on.
 FAILED_PATH = (r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', r"Error writing (gs://[^:\s]+)",
@@ -46,9 +46,9 @@ def _causes(err: BaseException) -> Iterator[BaseException]:
         err = err.__cause__ if err.__cause__ is not None else (None if err.__suppress_context__ else err.__context__)
 
 
-def as_storage_error(err: BaseException, consequence: str = "") -> StorageError | None:
+def as_storage_error(err: BaseException, consequence: str = "", work: str = "write") -> StorageError | None:
     """``err`` as a :class:`StorageError` (``PATH: condition`` + ``consequence``) if the storage refused
-    the work, else None (the error is something else, and stays what it is)."""
+    the work (``work``: a "write" or a "read"), else None (the error is something else, and stays what it is)."""
     for cause in _causes(err):
         if isinstance(cause, OSError) and cause.errno in ERRNO_CONDITIONS:
             where = cause.filename or _named_path(str(cause)) or "the destination"
@@ -57,7 +57,7 @@ def as_storage_error(err: BaseException, consequence: str = "") -> StorageError 
     condition = next((said for words, said in LIBRARY_CONDITIONS.items() if words in text), None)
     if condition is None:
         return None
-    return StorageError(f"{_named_path(text) or 'the destination'}: {condition}{consequence}")
+    return StorageError(f"{_named_path(text) or 'the destination'}: {condition.format(work=work)}{consequence}")
 
 
 def _named_path(text: str) -> str | None:
@@ -69,7 +69,7 @@ def _named_path(text: str) -> str | None:
 
 
 @contextlib.contextmanager
-def translated(consequence: str = "") -> Iterator[None]:
+def translated(consequence: str = "", work: str = "write") -> Iterator[None]:
     """Run the body; a storage refusal leaves it as a :class:`StorageError`, and our own stop request
     that a library wrapped on its way out leaves as :class:`Terminated` again."""
     try:
@@ -79,7 +79,7 @@ def translated(consequence: str = "") -> Iterator[None]:
     except Exception as err:  # noqa: BLE001 - tensorstore/Orbax/gcsfs raise their own types; most stay as they are
         if TERMINATION.signum is not None:
             raise Terminated() from err
-        storage = as_storage_error(err, consequence)
+        storage = as_storage_error(err, consequence, work)
         if storage is None:
             raise
         raise storage from err

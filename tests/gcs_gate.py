@@ -4,7 +4,8 @@ fake-gcs-server has no quotas, no permissions and never hangs; a real bucket has
 gate stands between the clients (tensorstore, gcsfs, google-cloud-storage) and the real emulator
 and, while ``refuse`` is set, answers object writes itself: with an error as GCS words it
 (``quota``, ``forbidden``), or not at all (``silent``: the connection stays open and mute).
-Reads and listings always pass, so the rest of the run is the emulator's real behaviour.
+Reads and listings pass (unless ``reads`` is set: then object reads are refused the same way), so the rest of
+the run is the emulator's real behaviour.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def is_write(method: str, path: str) -> bool:
                                           or "/copyTo/" in path)
 
 
+def is_read(method: str, path: str) -> bool:
+    """An object's bytes read in the JSON API (``alt=media``, or the download endpoint)."""
+    return method == "GET" and ("alt=media" in path or path.startswith("/download/"))
+
+
 class Gate:
     """``url`` to give clients; ``refuse`` is None (pass everything) or a key of ANSWERS or "silent"."""
 
@@ -41,6 +47,7 @@ class Gate:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.refuse: str | None = None
         self.only = ""  # refuse only writes of objects whose name holds this, e.g. "/items/"
+        self.reads = False  # refuse object reads (downloads) instead of writes
         self.refused = 0
         self._stop = threading.Event()
         gate = self
@@ -66,7 +73,8 @@ class Gate:
             def _handle(self) -> None:
                 body = self._body()
                 named = urllib.parse.unquote(self.path)  # the object name: in the query, or a multipart body
-                if (gate.refuse and is_write(self.command, self.path)
+                refusable = is_read(self.command, self.path) if gate.reads else is_write(self.command, self.path)
+                if (gate.refuse and refusable
                         and (gate.only in named or gate.only.encode() in body[:4096])):
                     gate.refused += 1
                     if gate.refuse == "silent":

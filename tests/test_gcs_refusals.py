@@ -98,3 +98,23 @@ def test_an_export_to_a_bucket_that_goes_mute_or_refuses_is_one_line_and_a_rerun
     rerun = _run(gate.env(gcs.env), *export)
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(gcs.read(f"{dst}/ckptconv-report.json"))["status"] == "complete"
+
+
+@pytest.mark.fault
+def test_a_bucket_that_refuses_reads_is_a_refusal_not_a_damaged_checkpoint(gcs, gate, synth_dir):
+    """Issue 39: an error never calls a checkpoint damaged for a reason that is not in it. With the bucket refusing
+    reads of the stored data (403), inspect --deep, verify DST and verify SRC DST say permission denied on a read,
+    exit non-zero, and never say damaged; once the bucket reads again, the same checkpoint verifies."""
+    src, dst = synth_dir(), f"gs://{gcs.new_bucket()}/model"
+    env = gate.env(gcs.env)
+    assert _convert(src, dst, env).returncode == 0
+    gate.refuse, gate.only, gate.reads = "forbidden", "/items/", True
+    for command in (("inspect", dst, "--deep"), ("verify", dst), ("verify", src, dst)):
+        refused = _run(env, *command, "--progress", "none") if command[0] == "verify" else _run(env, *command)
+        assert refused.returncode != 0, (command, refused.stdout, refused.stderr)
+        said = refused.stdout + refused.stderr
+        assert "permission denied (the bucket refused the read)" in said, (command, said)
+        assert "damaged" not in said and "Traceback" not in said, (command, said)
+    assert gate.refused > 0
+    gate.refuse = None
+    assert _run(env, "verify", src, dst).returncode == 0

@@ -62,7 +62,7 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     try:
         list_keys(items)  # a damaged database fails here, in one call, before the concurrent metadata reads
     except ValueError as err:  # tensorstore names the damaged file (the manifest, a b-tree node)
-        raise DamagedCheckpointError(f"{items}: damaged OCDBT database: {_first_line(err, 300)}") from None
+        raise _damaged(f"{items}: damaged OCDBT database: {_first_line(err, 300)}", err) from None
     try:
         tree = pytree_metadata.tree_leaves(items)
     except (ValueError, TypeError, AttributeError, KeyError) as err:  # not JSON, not UTF-8, another layout
@@ -82,8 +82,8 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
         try:
             store = future.result()
         except ValueError as err:
-            raise DamagedCheckpointError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata "
-                                         f"of another checkpoint): {_first_line(err, 300)}") from None
+            raise _damaged(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of another "
+                           f"checkpoint): {_first_line(err, 300)}", err) from None
         scalar = kind == "scalar"
         mesh, axes, spec = recorded.get(name, (None, None, None)) if kind == "jax.Array" else (None, None, None)
         leaves.append(StoredLeaf(
@@ -93,9 +93,15 @@ def read_items_metadata(items: str) -> list[StoredLeaf]:
     return sorted(leaves, key=lambda leaf: leaf.name)
 
 
-def _unreadable(items: str, file: str, err: BaseException) -> DamagedCheckpointError:
-    return DamagedCheckpointError(f"{items}/{file}: not readable as this checkpoint's metadata (damaged, or another "
-                                  f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}")
+def _unreadable(items: str, file: str, err: BaseException) -> CkptConvError:
+    return _damaged(f"{items}/{file}: not readable as this checkpoint's metadata (damaged, or another "
+                    f"checkpoint's): {type(err).__name__}: {_first_line(err, 200)}", err)
+
+
+def _damaged(message: str, err: BaseException) -> CkptConvError:
+    """A :class:`DamagedCheckpointError` saying ``message``, unless the storage refused the read (no permission, out
+    of quota): then that refusal, a :class:`StorageError`, since nothing in the checkpoint is wrong (issue 39)."""
+    return storage_failures.as_storage_error(err, work="read") or DamagedCheckpointError(message)
 
 
 def _orbax_items_metadata(items: str) -> list[StoredLeaf]:
@@ -186,7 +192,7 @@ def read_leaf_region(items: str, leaf_name: str, store, index: tuple[slice, ...]
     try:
         return read_region(store, index)
     except ValueError as err:
-        raise DamagedCheckpointError(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}") from None
+        raise _damaged(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}", err) from None
 
 
 def open_leaf_checked(items: str, path: tuple[str, ...]):
@@ -194,8 +200,8 @@ def open_leaf_checked(items: str, path: tuple[str, ...]):
     try:
         return open_items_leaf(items, path)
     except ValueError as err:
-        raise DamagedCheckpointError(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of "
-                            f"another checkpoint): {_first_line(err, 300)}") from None
+        raise _damaged(f"{items}: leaf {'/'.join(path)} cannot be opened (damaged, or the metadata of another "
+                       f"checkpoint): {_first_line(err, 300)}", err) from None
 
 
 def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] = frozenset(),
@@ -217,6 +223,7 @@ def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] =
             try:
                 store = open_items_leaf(items, leaf.path)
             except Exception as err:  # noqa: BLE001 - its array metadata is damaged
+                _raise_refusal(err)
                 problems[n] = f"{leaf.name}: cannot open ({_first_line(err)})"
                 continue
             chunk = tuple(store.chunk_layout.read_chunk.shape or leaf.chunk_shape)
@@ -230,8 +237,16 @@ def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] =
         try:
             reading.result()
         except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
+            _raise_refusal(err)
             problems.setdefault(n, f"{leaves[n].name}: chunk {list(corner)} does not decode ({_first_line(err)})")
     return [problems[n] for n in sorted(problems)]
+
+
+def _raise_refusal(err: BaseException) -> None:
+    """Raise the storage's refusal of a read as such: it is no problem of the checkpoint to list."""
+    refused = storage_failures.as_storage_error(err, work="read")
+    if refused is not None:
+        raise refused from None
 
 
 def read_ahead(started: Iterable[tuple], ahead: int) -> Iterator[tuple]:
@@ -255,7 +270,7 @@ def read_back(checkpoint: str, action: Callable[[], T]) -> T:
     :class:`StorageError`, anything else Orbax, tensorstore or JSON raise on a damaged file is one
     line naming the checkpoint (``CKPTCONV_TRACEBACK=1`` keeps the traceback, for a bug report)."""
     try:
-        with storage_failures.translated():
+        with storage_failures.translated(work="read"):
             if _backends_may_fail():  # a backend that cannot start (the chip held elsewhere) is said so, not damage
                 from ckptconv.accelerator import open_backends
 
