@@ -405,8 +405,9 @@ def _inspect(args: argparse.Namespace) -> int:
     from ckptconv.commands.inspection import inspect_checkpoint, render_table
     from ckptconv.read.stored import read_back
 
-    ahead = _reads_ahead(args) if args.deep else 1
-    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep, ahead=ahead))
+    ahead, budget = _reads_ahead(args) if args.deep else (1, None)
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=args.deep, ahead=ahead,
+                                                                    budget_bytes=budget))
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render_table(result))
     return 0 if result["complete"] else 1
 
@@ -436,13 +437,17 @@ def _print_checked(result, as_json: bool) -> int:
     return 0 if result.ok else 1
 
 
-def _reads_ahead(args: argparse.Namespace) -> int:
-    """Stored chunks a deep check (``inspect --deep``, ``verify DST``) reads and decodes at once: ``--workers`` where
-    the command takes it, else as many as convert's default workers (one fewer than the cores)."""
+def _reads_ahead(args: argparse.Namespace) -> tuple[int, int | None]:
+    """(stored chunks a deep check (``inspect --deep``, ``verify DST``) may read and decode at once, the memory budget
+    they must fit in): ``--workers`` where the command takes it, else as many as convert's default workers (one fewer
+    than the cores); ``--memory-budget`` where it takes it, else convert's default share of the available memory.
+    :func:`ckptconv.commands.inspection.chunks_in_flight` takes fewer where the checkpoint's chunks are large."""
     from ckptconv import host
     from ckptconv.plan.estimate import default_workers
 
-    return getattr(args, "workers", None) or default_workers(host.cores())
+    budget = getattr(args, "memory_budget", None)
+    options = host.run_options(budget_bytes=None if budget is None else parse_size(budget, "--memory-budget"))
+    return getattr(args, "workers", None) or default_workers(options.host_cores), options.budget_bytes
 
 
 def _verify_integrity(args: argparse.Namespace) -> int:
@@ -451,8 +456,9 @@ def _verify_integrity(args: argparse.Namespace) -> int:
     from ckptconv.read.stored import read_back
 
     started = time.monotonic()
-    ahead = _reads_ahead(args)
-    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=True, ahead=ahead))
+    ahead, budget = _reads_ahead(args)
+    result = read_back(args.destination, lambda: inspect_checkpoint(args.destination, deep=True, ahead=ahead,
+                                                                    budget_bytes=budget))
     ok = result["complete"]
     summary = (f"verify: {'OK' if ok else 'FAILED'}: {len(result['leaves'])} leaves, every stored chunk "
                f"{'decoded and matched its checksum' if ok else 'read'} in {time.monotonic() - started:.1f} s "

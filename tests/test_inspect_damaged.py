@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -114,3 +115,20 @@ def test_a_sharding_entry_without_its_fields_names_the_file(converted):
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
         assert "_sharding: not readable as this checkpoint's metadata" in result.stderr, result.stderr
     _no_traceback(*results)
+
+
+def test_a_deep_check_reads_no_more_chunks_at_once_than_fit_its_budget(pristine):
+    """A stored chunk is a whole shard (up to 2 GiB, MaxText's chunk_byte_size): a deep check's reads ahead are as
+    many as the budget holds, each the largest chunk read and decoded (twice its bytes), one at least."""
+    from ckptconv.commands.inspection import chunks_in_flight
+    from ckptconv.read.stored import read_metadata
+
+    leaves, _ = read_metadata(str(pristine[1]))
+    largest = max(math.prod(leaf.chunk_shape) * (2 if leaf.dtype == "bfloat16" else 4)
+                  for leaf in leaves if leaf.chunk_shape is not None and leaf.shape)
+    assert {leaf.dtype for leaf in leaves if leaf.shape} <= {"bfloat16", "float32"}
+    assert chunks_in_flight(leaves, 8, None) == 8  # no budget: as many as asked
+    assert chunks_in_flight(leaves, 8, 3 * 2 * largest) == 3
+    assert chunks_in_flight(leaves, 8, 3 * 2 * largest - 1) == 2
+    assert chunks_in_flight(leaves, 2, 100 * largest) == 2  # never more than asked
+    assert chunks_in_flight(leaves, 8, 1) == 1  # one at least

@@ -14,15 +14,20 @@ from __future__ import annotations
 import collections
 import math
 
+import ml_dtypes
+import numpy as np
+
 from ckptconv import layout
 from ckptconv.errors import BadInputError
-from ckptconv.read.stored import StoredLeaf, decode_problems, list_keys, open_database, read_ahead, read_metadata
+from ckptconv.read.stored import (StoredLeaf, decode_problems, list_keys, open_database, raise_refusal, read_ahead,
+                                  read_metadata)
 from ckptconv.write import destination
 
 
-def inspect_checkpoint(dst: str, deep: bool = False, ahead: int = 1) -> dict:
+def inspect_checkpoint(dst: str, deep: bool = False, ahead: int = 1, budget_bytes: int | None = None) -> dict:
     """What the checkpoint at ``dst`` holds and whether it is complete; ``deep``: every stored chunk read and decoded
-    too, ``ahead`` reads in flight (tensorstore's threads read and decode them; the result is the same)."""
+    too, ``ahead`` reads in flight at most (tensorstore's threads read and decode them; the result is the same), as
+    many as fit in ``budget_bytes`` (:func:`chunks_in_flight`)."""
     dst = layout.absolute(dst)
     state = destination.inspect_state(dst)
     if state.empty:  # "INCOMPLETE" would suggest a conversion that stopped half way
@@ -34,9 +39,24 @@ def inspect_checkpoint(dst: str, deep: bool = False, ahead: int = 1) -> dict:
         leaves, custom = read_metadata(dst)
         result["custom_metadata"] = custom
         result["leaves"] = [leaf.to_json() for leaf in leaves]
-        result["problems"] = storage_problems(dst, leaves, deep, ahead)
+        result["problems"] = storage_problems(dst, leaves, deep, chunks_in_flight(leaves, ahead, budget_bytes))
         result["complete"] = state.complete and not result["problems"]
     return result
+
+
+def chunks_in_flight(leaves: list[StoredLeaf], ahead: int, budget_bytes: int | None) -> int:
+    """``ahead``, or fewer: as many stored chunks as fit in ``budget_bytes`` at once, each counted as the largest
+    chunk held twice (read and decoded). A chunk is a whole shard up to MaxText's chunk_byte_size (2 GiB), so on a
+    200-core host ``ahead`` chunks of a 1-device checkpoint could otherwise ask for hundreds of GiB; one at least."""
+    if budget_bytes is None:
+        return ahead
+    largest = max((math.prod(leaf.chunk_shape) * _itemsize(leaf.dtype) for leaf in leaves
+                   if leaf.chunk_shape is not None and leaf.shape), default=0)
+    return max(1, min(ahead, budget_bytes // (2 * largest))) if largest else ahead
+
+
+def _itemsize(dtype_name: str) -> int:
+    return np.dtype(getattr(ml_dtypes, dtype_name, dtype_name)).itemsize  # bfloat16, float8_*: ml_dtypes' own
 
 
 def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool, ahead: int = 1) -> list[str]:
@@ -70,6 +90,7 @@ def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool, ahead: int 
             try:
                 reading.result()
             except ValueError as err:
+                raise_refusal(err)  # the bucket refused the read: nothing in the checkpoint to list
                 problems.append(f"{key}: unreadable ({str(err).splitlines()[0][:200]})")
                 unreadable.add(key.split("/", 1)[0])
         problems += decode_problems(items.as_posix(), leaves, frozenset(unreadable), ahead)  # deep means decoded

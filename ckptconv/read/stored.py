@@ -223,7 +223,7 @@ def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] =
             try:
                 store = open_items_leaf(items, leaf.path)
             except Exception as err:  # noqa: BLE001 - its array metadata is damaged
-                _raise_refusal(err)
+                raise_refusal(err)
                 problems[n] = f"{leaf.name}: cannot open ({_first_line(err)})"
                 continue
             chunk = tuple(store.chunk_layout.read_chunk.shape or leaf.chunk_shape)
@@ -237,12 +237,12 @@ def decode_problems(items: str, leaves: list[StoredLeaf], skip: frozenset[str] =
         try:
             reading.result()
         except Exception as err:  # noqa: BLE001 - tensorstore's decode failures are ValueErrors
-            _raise_refusal(err)
+            raise_refusal(err)
             problems.setdefault(n, f"{leaves[n].name}: chunk {list(corner)} does not decode ({_first_line(err)})")
     return [problems[n] for n in sorted(problems)]
 
 
-def _raise_refusal(err: BaseException) -> None:
+def raise_refusal(err: BaseException) -> None:
     """Raise the storage's refusal of a read as such: it is no problem of the checkpoint to list."""
     refused = storage_failures.as_storage_error(err, work="read")
     if refused is not None:
