@@ -409,26 +409,21 @@ class _Writer:
         self._overlap = options.overlaps_commits
         self._committing: asyncio.Future | None = None
         self._on_tile = on_tile
-        self._in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, the tile being written)
+        self._in_flight: collections.deque = collections.deque()  # (tensorstore future, leaf, bytes)
 
     async def write(self, store: Any, region: Region, data: np.ndarray, leaf: Leaf | None) -> None:
         if self.batch.full(data.nbytes):
             await self.commit()
-        # Not awaited here: tensorstore copies the tile into the transaction's chunks in its own threads while the
-        # stream takes the next one (awaiting each copy, the stream waited on one tile's copy at a time). Each tile is
-        # held until its write ends; ``writes`` at most, what the estimate counts. The data file is the same: a
-        # transaction commits its chunks in key order, whatever order their copies ended in.
         write = self.batch.store(store)[region].write(data)
-        self._in_flight.append((write, leaf, data))
+        await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
+        self._in_flight.append((write, leaf, data.nbytes))
         self.batch.add(data.nbytes)
         while len(self._in_flight) >= self._writes:
             await self._settle()
 
     async def _settle(self) -> None:
-        write, leaf, data = self._in_flight.popleft()
-        nbytes = data.nbytes
+        write, leaf, nbytes = self._in_flight.popleft()
         await write
-        del data
         if leaf is not None and self._on_tile is not None:
             self._on_tile(leaf, nbytes)
 
