@@ -50,7 +50,7 @@ from ckptconv.read.stored import StoredLeaf, open_leaf_checked, read_items_metad
 from ckptconv.settings import Status
 from ckptconv.write import destination, lock
 from ckptconv.write.destination import STAGING, Destination
-from ckptconv.write.produce import _in_order as in_order  # noqa: PLC2701 - convert's ordered pool, reused
+from ckptconv.write.produce import in_order  # convert's ordered pool, reused
 from ckptconv.write.produce import prefetch
 from ckptconv.write.safetensors import (
     INDEX_NAME, PARTIAL, FileLayout, StreamedFile, finished, index_json, shard_layouts,
@@ -409,7 +409,7 @@ def _write_shards(plan: ExportPlan, items: str, layouts: tuple[FileLayout, ...],
                   options: settings.RunOptions | None = None) -> None:
     """Stream every HF tensor into its file; files already whole (a resumed run) are not read again. With
     ``options.workers`` > 1 that many reads are read and transformed at once (the conversion producer's ordered pool,
-    ``ckptconv.write.produce._in_order``), their tensors still written in the plan's order: the same files."""
+    ``ckptconv.write.produce.in_order``), their tensors still written in the plan's order: the same files."""
     file_of = {entry.name: file_layout for file_layout in layouts for entry in file_layout.tensors}
     skip = {entry.name for file_layout in layouts if file_layout.name in done for entry in file_layout.tensors}
     workers = options.workers if options else 1

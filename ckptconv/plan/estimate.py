@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -225,6 +226,14 @@ def choose_workers(plan: ConversionPlan, options: settings.RunOptions) -> settin
     (``--memory-budget``, else a share of the memory available); one at least, whatever the budget."""
     options = options.planned(plan.output_bytes)
     figures = job_figures(plan)
+    return workers_within_budget(options, lambda chosen: predicted_peak_bytes(plan, options=chosen, figures=figures))
+
+
+def workers_within_budget(options: settings.RunOptions,
+                          peak_of: Callable[[settings.RunOptions], int]) -> settings.RunOptions:
+    """The rule every command that runs workers follows (convert, verify, export): ``options`` with as many workers
+    as asked, else :func:`default_workers`, but the most whose predicted peak (``peak_of`` the options with them)
+    fits the budget; one at least, whatever the budget; ``why`` says which of these decided."""
     most = options.workers_asked or default_workers(options.host_cores)
     source = "asked (--workers)" if options.workers_asked else \
         f"one per core of the {options.host_cores} this process may use but the writer's"
@@ -232,7 +241,7 @@ def choose_workers(plan: ConversionPlan, options: settings.RunOptions) -> settin
     whose = "--memory-budget" if options.budget_asked else "the budget (a share of the memory available)"
     for workers in range(most, 0, -1):
         chosen = dataclasses.replace(options, workers=workers)
-        peak = predicted_peak_bytes(plan, options=chosen, figures=figures)
+        peak = peak_of(chosen)
         if budget is None or peak <= budget or workers == 1:
             break
     gib = 1024**3

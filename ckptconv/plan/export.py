@@ -10,7 +10,6 @@ were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/la
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -315,28 +314,8 @@ def predicted_peak_bytes(plan: ExportPlan, workers: int, options: settings.RunOp
 
 
 def choose_workers(plan: ExportPlan, options: settings.RunOptions) -> settings.RunOptions:
-    """``options`` with the workers an export uses, and why, by convert's rule (``estimate.choose_workers``): as many
-    as asked (``--workers``), else one fewer than the cores (the writer's loop takes one), but no more than
-    :func:`predicted_peak_bytes` lets fit in the budget; one at least."""
+    """``options`` with the workers an export uses, and why, by convert's rule
+    (:func:`ckptconv.plan.estimate.workers_within_budget`) on :func:`predicted_peak_bytes`."""
     from ckptconv.plan import estimate
 
-    most = options.workers_asked or estimate.default_workers(options.host_cores)
-    source = "asked (--workers)" if options.workers_asked else \
-        f"one per core of the {options.host_cores} this process may use but the writer's"
-    budget = options.budget_bytes
-    whose = "--memory-budget" if options.budget_asked else "the budget (a share of the memory available)"
-    workers = next(w for w in range(most, 0, -1)
-                   if budget is None or w == 1 or predicted_peak_bytes(plan, w, options) <= budget)
-    peak = predicted_peak_bytes(plan, workers, options)
-    gib = 1024**3
-    if budget is None:
-        why = f"{workers}: {source}; no memory budget known"
-    elif peak > budget:
-        why = f"1: the least a run takes, and its predicted peak {peak / gib:.2f} GiB is over {whose}, " \
-              f"{budget / gib:.2f} GiB"
-    elif workers < most:
-        why = f"{workers} of {most} ({source}): the most whose predicted peak ({peak / gib:.2f} GiB) fits " \
-              f"{whose}, {budget / gib:.2f} GiB"
-    else:
-        why = f"{workers}: {source}; predicted peak {peak / gib:.2f} GiB within {whose}, {budget / gib:.2f} GiB"
-    return dataclasses.replace(options, workers=workers, why=why)
+    return estimate.workers_within_budget(options, lambda chosen: predicted_peak_bytes(plan, chosen.workers, chosen))

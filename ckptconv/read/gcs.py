@@ -75,7 +75,7 @@ class GcsSource:
     def size(self, name: str) -> int:
         return int(self._blob(name).size)
 
-    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+    def read_range(self, name: str, offset: int, length: int) -> bytearray | memoryview:
         from google.api_core import exceptions as gexc
         from google.cloud.storage.retry import _should_retry  # the library's own "transient" test
 

@@ -121,7 +121,7 @@ class HubSource:
             raise RemoteError(f"{self.uri}/{name}: the hub did not report the file size")
         return size
 
-    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+    def read_range(self, name: str, offset: int, length: int) -> bytearray | memoryview:
         from huggingface_hub.utils import get_session
 
         where = f"{self.uri}/{name}"
@@ -236,7 +236,7 @@ class CachedHubSource:
     def size(self, name: str) -> int:
         return self._local.size(name)
 
-    def read_range(self, name: str, offset: int, length: int) -> bytearray:
+    def read_range(self, name: str, offset: int, length: int) -> memoryview:
         return self._local.read_range(name, offset, length)
 
     def list_names(self) -> list[str]:

@@ -50,7 +50,7 @@ def produce_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
     if options.workers <= 1:
         return prefetch(lambda: plan_tiles(plan, source, timer, jobs))
     slots = threading.BoundedSemaphore(options.transforming)
-    return _in_order(_unit_makers(plan, source, timer, jobs, slots), options.workers,
+    return in_order(_unit_makers(plan, source, timer, jobs, slots), options.workers,
                      options.workers + options.in_flight.prefetch)
 
 
@@ -81,7 +81,7 @@ def _unit_tiles(job: Job, unit: ReadUnit, spec: ModelSpec, source: Source, timer
     return tiles
 
 
-def _in_order(makers: Iterator[Callable[[], list[Tile]]], workers: int, depth: int) -> Iterator[Tile]:
+def in_order(makers: Iterator[Callable[[], list[Tile]]], workers: int, depth: int) -> Iterator[Tile]:
     """Run ``makers`` on ``workers`` threads, at most ``depth`` made or being made and not yet handed over; yield
     their tiles in the makers' order (an error raised by one is raised here, in its turn)."""
     pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptconv-produce")
