@@ -28,7 +28,7 @@ from ckptconv.progress import Progress
 from ckptconv.read import open_source
 from ckptconv.read.safetensors_io import TensorInfo
 from ckptconv.read.sources import Source
-from ckptconv.read.stored import open_leaf, read_metadata
+from ckptconv.read.stored import open_leaf, read_ahead, read_metadata
 from ckptconv.write.produce import produce_tiles
 
 # Leaves MaxText's converter writes besides the params (an empty dict holds no leaf).
@@ -126,7 +126,6 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
     stores: dict[int, object] = {}  # the open leaves (by leaf index) of the jobs not yet finished
     failed: set[int] = set()
     counted = collections.Counter()  # bytes shown so far per job; the rest are shown when the job ends
-    pending: collections.deque = collections.deque()
     finished = iter(checked)
     ending = [next(finished, None)]  # the next checked job not yet finished
 
@@ -141,8 +140,7 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
                 stores.pop(k, None)  # let its leaves' handles (and their OCDBT caches) go, as each job did
             ending[0] = next(finished, None)
 
-    def settle() -> None:
-        k, index, expected, reading = pending.popleft()
+    def settle(k: int, index, expected: np.ndarray, reading) -> None:
         got = np.asarray(reading.result())
         finish_jobs(job_of[k])
         if k in failed:
@@ -157,18 +155,18 @@ def _compare(plan, source: Source, dst: str, checked: list[int], options: settin
         shown.advance(0, expected.nbytes)
         counted[job_of[k]] += expected.nbytes
 
-    tiles = produce_tiles(plan, source, StageTimer(), options, jobs=frozenset(checked))
-    try:
+    def started(tiles):
         for k, index, expected in tiles:
             if k in failed:
                 continue
             if k not in stores:
                 stores[k] = open_leaf(dst, plan.leaves[k].path)
-            pending.append((k, index, expected, stores[k][index].read()))
-            while len(pending) > options.workers:
-                settle()
-        while pending:
-            settle()
+            yield k, index, expected, stores[k][index].read()
+
+    tiles = produce_tiles(plan, source, StageTimer(), options, jobs=frozenset(checked))
+    try:
+        for k, index, expected, reading in read_ahead(started(tiles), options.workers + 1):
+            settle(k, index, expected, reading)
         finish_jobs(None)
     finally:
         tiles.close()
