@@ -356,7 +356,7 @@ def test_a_sandboxed_export_counts_the_heap_it_keeps(tmp_path):
     assert done.returncode == 0, done.stderr
     plan = make_export_plan(open_source(str(tmp_path / "src")), read_metadata(str(tmp_path / "mt"))[0])
     for workers in (1, 3):
-        reads = predicted_peak_bytes(plan, workers, settings.RunOptions()) - estimate.BASELINE_BYTES
-        sandboxed = predicted_peak_bytes(plan, workers, settings.RunOptions(sandboxed=True))
+        reads = predicted_peak_bytes(plan, settings.RunOptions(workers=workers)) - estimate.BASELINE_BYTES
+        sandboxed = predicted_peak_bytes(plan, settings.RunOptions(workers=workers, sandboxed=True))
         assert reads > 0 and sandboxed - estimate.BASELINE_SANDBOX_BYTES == reads + int(
             reads * estimate.SANDBOX_HEAP_SHARE), (workers, reads, sandboxed)

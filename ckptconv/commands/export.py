@@ -265,7 +265,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     progress.close()
     report = {**_report(plan, request, items, layouts, timer, started, print_), "workers": options.workers,
               "workers_why": options.why,
-              "predicted_peak_rss_bytes": predicted_peak_bytes(plan, options.workers, options)}
+              "predicted_peak_rss_bytes": predicted_peak_bytes(plan, options)}
     target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report

@@ -10,6 +10,7 @@ were scanned is read from the leaf names (``decoder/layers/...`` or ``decoder/la
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -299,8 +300,8 @@ def read_held_bytes(job: Job) -> int:
     return elements * per_element
 
 
-def predicted_peak_bytes(plan: ExportPlan, workers: int, options: settings.RunOptions) -> int:
-    """An export's peak with ``workers``: the runtime's baseline and, for ``workers`` reads being made plus those
+def predicted_peak_bytes(plan: ExportPlan, options: settings.RunOptions) -> int:
+    """An export's peak with ``options.workers``: the runtime's baseline and, for that many reads being made plus those
     made and queued for the writer (``prefetch``), the largest read's holdings (:func:`read_held_bytes`); on a
     sandboxed kernel also the freed buffers glibc's heap keeps there, counted as convert's estimate counts them
     (``estimate.SANDBOX_HEAP_SHARE`` of that term: export sets the same 64 MiB mmap threshold, ``tune_malloc``)."""
@@ -308,7 +309,7 @@ def predicted_peak_bytes(plan: ExportPlan, workers: int, options: settings.RunOp
 
     baseline = estimate.BASELINE_SANDBOX_BYTES if options.sandboxed else estimate.BASELINE_BYTES
     held = max((read_held_bytes(job) for job in plan.jobs), default=0)
-    reads = (workers + options.in_flight.prefetch) * held
+    reads = (options.workers + options.in_flight.prefetch) * held
     heap = int(reads * estimate.SANDBOX_HEAP_SHARE) if options.sandboxed else 0
     return baseline + reads + heap
 
@@ -318,4 +319,4 @@ def choose_workers(plan: ExportPlan, options: settings.RunOptions) -> settings.R
     (:func:`ckptconv.plan.estimate.workers_within_budget`) on :func:`predicted_peak_bytes`."""
     from ckptconv.plan import estimate
 
-    return estimate.workers_within_budget(options, lambda chosen: predicted_peak_bytes(plan, chosen.workers, chosen))
+    return estimate.workers_within_budget(options, functools.partial(predicted_peak_bytes, plan))
