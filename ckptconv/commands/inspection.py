@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import math
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401 - names its dtypes to NumPy: np.dtype("bfloat16")
 import numpy as np
 
 from ckptconv import layout
@@ -50,13 +50,9 @@ def chunks_in_flight(leaves: list[StoredLeaf], ahead: int, budget_bytes: int | N
     200-core host ``ahead`` chunks of a 1-device checkpoint could otherwise ask for hundreds of GiB; one at least."""
     if budget_bytes is None:
         return ahead
-    largest = max((math.prod(leaf.chunk_shape) * _itemsize(leaf.dtype) for leaf in leaves
+    largest = max((math.prod(leaf.chunk_shape) * np.dtype(leaf.dtype).itemsize for leaf in leaves
                    if leaf.chunk_shape is not None and leaf.shape), default=0)
     return max(1, min(ahead, budget_bytes // (2 * largest))) if largest else ahead
-
-
-def _itemsize(dtype_name: str) -> int:
-    return np.dtype(getattr(ml_dtypes, dtype_name, dtype_name)).itemsize  # bfloat16, float8_*: ml_dtypes' own
 
 
 def storage_problems(dst: str, leaves: list[StoredLeaf], deep: bool, ahead: int = 1) -> list[str]:
