@@ -522,15 +522,22 @@ def _joined_reads(plan: ExportPlan, job, items: str, stores: list, timer: StageT
 
 def _read_joined(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, index: int, part, name: str,
                  box) -> list[Chunk]:
+    return [(name, _read_piece(plan, job, items, stores, timer, index, box, part.dtype))]
+
+
+def _read_piece(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, index: int, box,
+                dtype) -> np.ndarray:
+    """The job's piece ``index`` (a fused leaf's part, a layer's experts) in ``box``, in ``dtype``: one read of every
+    leaf of the job, turned back by their steps."""
     stop_if_terminated()
     with timer.stage("read"):
         regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
     with timer.stage("transform"):
-        out = np.empty(box_shape(box), part.dtype)
+        out = np.empty(box_shape(box), dtype)
         for leaf, shape, region in zip(job.leaves, job.shapes, regions):
             apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
                           inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
-    return [(name, out)]
+    return out
 
 
 def _expert_reads(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer,
@@ -550,15 +557,8 @@ def _expert_reads(plan: ExportPlan, job, items: str, stores: list, timer: StageT
 
 def _read_expert(plan: ExportPlan, job, items: str, stores: list, timer: StageTimer, index: int, piece, parts,
                  names: list[str], box, skip: set[str]) -> list[Chunk]:
-    stop_if_terminated()
     rows = piece.parts[0].shape[0]
-    with timer.stage("read"):
-        regions = _leaf_regions(plan, job, items, stores, [job.positions[index]], box)
-    with timer.stage("transform"):
-        out = np.empty(box_shape(box), parts[0].dtype)
-        for leaf, shape, region in zip(job.leaves, job.shapes, regions):
-            apply_inverse(region[_member(shape.stack_axes, len(region.shape), 0)], leaf.steps, plan.spec,
-                          inverse_boxes(box, job.source_shape, leaf.steps, plan.spec), out)
+    out = _read_piece(plan, job, items, stores, timer, index, box, parts[0].dtype)
     return [(name, np.ascontiguousarray(out[0, k * rows:(k + 1) * rows])) for k, name in enumerate(names)
             if name not in skip]
 
