@@ -414,12 +414,10 @@ class _Maker:
     def _any_e4m3(self, shape: tuple[int, ...]):
         """Finite e4m3 codes of either sign, uniformly random (0x7F is NaN); ``fast``: cut from a pool of them."""
         if self.pool is None:
-            codes = self.rng.integers(0, 0x7F, shape, dtype=np.uint8)
-            yield (codes | (self.rng.integers(0, 2, shape, dtype=np.uint8) << 7)).tobytes()
+            yield _random_e4m3(self.rng, shape).tobytes()
             return
         if self.any_e4m3 is None:
-            codes = self.rng.integers(0, 0x7F, POOL_ELEMENTS, dtype=np.uint8)
-            self.any_e4m3 = codes | (self.rng.integers(0, 2, POOL_ELEMENTS, dtype=np.uint8) << 7)
+            self.any_e4m3 = _random_e4m3(self.rng, POOL_ELEMENTS)
         yield from self._cut(self.any_e4m3, math.prod(shape))
 
     def _fp8_pool(self, ue8m0: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -440,6 +438,11 @@ class _Maker:
         """Block scales for a ``shape`` weight (one per 128x128 block), cut from the pool's own."""
         grid = tuple(-(-d // 128) for d in shape)
         return np.concatenate(list(self._cut(self._fp8_pool(ue8m0)[1], math.prod(grid)))).reshape(grid)
+
+
+def _random_e4m3(rng: np.random.Generator, shape) -> np.ndarray:
+    codes = rng.integers(0, 0x7F, shape, dtype=np.uint8)  # finite magnitudes (0x7F is NaN), then a random sign
+    return codes | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
 
 
 def _write_file(path: str, entries: list[_Stored], make: _Maker, header_only: bool = False) -> None:
