@@ -18,7 +18,6 @@ the chip is closed in one command. A chunk that does not decode is found by the 
 
 from __future__ import annotations
 
-import collections
 import gc
 import sys
 import time
@@ -29,10 +28,11 @@ import numpy as np
 
 from ckptconv import layout, monitor
 from ckptconv.accelerator import open_backends
-from ckptconv.errors import DamagedCheckpointError, RuntimeSetupError
+from ckptconv.errors import RuntimeSetupError
 from ckptconv.families.sharding import partition_spec
 from ckptconv.read.stored import (
-    StoredLeaf, decode_problems, open_leaf_checked, read_back, read_leaf_region, read_metadata,
+    StoredLeaf, decode_problems, finish_leaf_read, open_leaf_checked, read_ahead, read_back, read_leaf_region,
+    read_metadata,
 )
 
 GIB = 1024**3
@@ -297,11 +297,9 @@ def _compare_shard(items: str, leaf: StoredLeaf, store, held: np.ndarray, box: t
     held = np.ascontiguousarray(held)  # C order, whatever layout the device's copy came back in
     rows = max(1, PIECE_BYTES // max(1, held[:1].nbytes))
     starts = range(0, held.shape[0], rows)
-    reads: collections.deque = collections.deque()
-    for n, start in enumerate(starts):  # READS_AHEAD pieces read while one is compared
-        for ahead in starts[n + len(reads):n + READS_AHEAD]:
-            reads.append(store[_piece(box, ahead, rows)].read())
-        expected = _result(reads.popleft(), items, leaf)
+    pieces = ((start, store[_piece(box, start, rows)].read()) for start in starts)
+    for start, reading in read_ahead(pieces, READS_AHEAD):  # READS_AHEAD pieces read while one is compared
+        expected = finish_leaf_read(items, leaf.name, reading)
         got = held[start:start + rows]
         if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
             diff = np.flatnonzero(got.view(np.uint8).reshape(-1) != expected.view(np.uint8).reshape(-1))
@@ -313,15 +311,6 @@ def _compare_shard(items: str, leaf: StoredLeaf, store, held: np.ndarray, box: t
 def _piece(box: tuple[slice, ...], start: int, rows: int) -> tuple[slice, ...]:
     """Rows ``start:start + rows`` of the shard at ``box``, in the leaf's coordinates."""
     return (slice(box[0].start + start, min(box[0].stop, box[0].start + start + rows)),) + box[1:]
-
-
-def _result(read, items: str, leaf: StoredLeaf) -> np.ndarray:
-    """A stored piece's read, finished; a chunk that does not decode names the leaf (as ``read_leaf_region``)."""
-    try:
-        return np.asarray(read.result())
-    except ValueError as err:
-        raise DamagedCheckpointError(f"{items}: leaf {leaf.name} is damaged: "
-                                     f"{(str(err).strip().splitlines() or ['?'])[0][:300]}") from None
 
 
 def _device_memory(devices: list, restored: dict, result: RestoreCheck) -> None:

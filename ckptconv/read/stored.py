@@ -189,8 +189,14 @@ def read_region(store, index: tuple[slice, ...]) -> np.ndarray:
 def read_leaf_region(items: str, leaf_name: str, store, index: tuple[slice, ...]) -> np.ndarray:
     """:func:`read_region` for a reader that trusts the checkpoint: a chunk that is missing, cut
     short or does not decode is one line naming the leaf and the file (tensorstore's words)."""
+    return finish_leaf_read(items, leaf_name, store[index].read())
+
+
+def finish_leaf_read(items: str, leaf_name: str, read) -> np.ndarray:
+    """A started read of a leaf's region (a tensorstore future), finished as :func:`read_leaf_region` finishes it:
+    a chunk that is missing, cut short or does not decode is one line naming the leaf; a refused read, a refusal."""
     try:
-        return read_region(store, index)
+        return np.asarray(read.result())
     except ValueError as err:
         raise _damaged(f"{items}: leaf {leaf_name} is damaged: {_first_line(err, 300)}", err) from None
 
