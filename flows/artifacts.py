@@ -157,8 +157,17 @@ def restore_text(figures: dict | None) -> str:
             f"{figures['device_chunks']} chunks in {figures['device_data_files']} data files), one host restoring all "
             f"{figures['devices']} shards {figures['all_devices_reads']} (computed from the layout, ranges of one file "
             f"closer than {human_bytes(figures['coalescing_bytes'])} read together, as Orbax's restore does)"
-            + (f"; device {figures['device']}'s shard read back from the output in {figures['device_read_seconds']} s "
-               f"from the converting worker" if "device_read_seconds" in figures else ""))
+            + (f"; device {figures['device']}'s shard{_sampled(figures)} read back from the output in "
+               f"{figures['device_read_seconds']} s from the converting worker" if "device_read_seconds" in figures
+               else ""))
+
+
+def _sampled(figures: dict) -> str:
+    """What of the shard the probe read, where it read an even sample of it (a shard over its limit)."""
+    read, shard = figures.get("device_decoded_bytes"), figures.get("device_shard_bytes")
+    if read is None or shard is None or read >= shard:
+        return ""
+    return f" (an even sample, {human_bytes(read)} of {human_bytes(shard)})"
 
 
 def output_link(destination: str) -> str:

@@ -163,3 +163,7 @@ def test_model_page_says_what_a_host_pays_to_restore():
                if line.startswith("| restore |"))
     assert "device 0's shard read back from the output in 0.41 s from the converting worker" in row
     assert zoo_row(job, {**REPORT, "restore": timed}, None, 1)["device_restore_seconds"] == 0.41
+    sampled = {**timed, "device_decoded_bytes": 256 * MIB, "device_shard_bytes": 1024 * MIB}
+    row = next(line for line in summary_markdown(job, {}, {**REPORT, "restore": sampled}, VERIFIED, "x").splitlines()
+               if line.startswith("| restore |"))
+    assert "device 0's shard (an even sample, 256 MiB of 1 GiB) read back from the output in 0.41 s" in row

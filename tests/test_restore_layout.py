@@ -169,8 +169,13 @@ def test_report_times_reading_device_0_shard_back(source, tmp_path):
     leaves = [leaf for leaf in read_items_metadata(str(items)) if leaf.chunk_shape is not None and leaf.shape]
     itemsize = {"bfloat16": 2, "float32": 4}
     shard = sum(math.prod(hi - lo for lo, hi in device_boxes(leaf, 0)) * itemsize[leaf.dtype] for leaf in leaves)
-    assert figures["device_decoded_bytes"] == shard
+    assert figures["device_decoded_bytes"] == figures["device_shard_bytes"] == shard
     assert 0 < figures["device_read_seconds"] < 60
+    from ckptconv.read.restore_probe import time_device_read
+
+    limit = shard // 4  # a shard over the probe's limit is sampled: about the limit, from its first leaves to its last
+    sampled = time_device_read(str(items), leaves, limit=limit)
+    assert sampled["device_shard_bytes"] == shard and limit // 2 <= sampled["device_decoded_bytes"] <= limit
 
 
 @pytest.mark.parametrize("box, chunk", [(((0, 64), (0, 48), (0, 1024)), (4, 1, 1024)),
