@@ -1,7 +1,8 @@
-"""Tests for ckptconv.write.orbax: layout equal to a plain Orbax save, bounded RSS, atomicity.
+"""Tests for ckptconv.write.orbax: layout equal to a plain Orbax save, bounded RSS, atomicity, and a conversion
+process that never imports Orbax or JAX.
 
 Every test that saves runs in a child process: JAX fixes its device count when its
-backend starts, and these tests need 1, 3 and 16 simulated devices.
+backend starts, and the plain Orbax saves and restores these tests compare with need 1, 3 and 16 simulated devices.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ckptconv.write.orbax import LeafWrite, write_checkpoint, write_shape
+from ckptconv.write import codecs
+from ckptconv.write.orbax import TARGET_FILE_BYTES, LeafWrite, write_checkpoint, write_shape
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -66,6 +68,8 @@ def small_leaves(arrays, devices):
     tiles = [t for group in __import__("itertools").zip_longest(*streams) for t in group if t is not None]
     return leaves, (lambda: iter(tiles))
 
+EXTRAS = {"opt_state": {}, "epoch": 0}  # as MaxText's step and opt_state: Orbax's ScalarHandler, an empty dict
+
 def nest(flat):
     tree = {}
     for path, value in flat.items():
@@ -106,7 +110,7 @@ arrays = small_arrays()
 mesh = Mesh(jax.devices(), (MESH_AXIS,))
 def place(a):  # what MaxText's converter saves: sharded jax.Arrays, or numpy on 1 device
     return jax.device_put(a, NamedSharding(mesh, PartitionSpec(*partition_spec(a.shape, N)))) if N > 1 else a
-tree = nest({path: place(a) for path, a in arrays.items()})
+tree = {**EXTRAS, **nest({path: place(a) for path, a in arrays.items()})}
 manager = ocp.CheckpointManager(out + "/plain", item_names=("items",), item_handlers={
     "items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)})
 save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES), tree)
@@ -116,8 +120,8 @@ manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(
 manager.wait_until_finished()
 tiles = []
 leaves, stream = small_leaves(arrays, N)
-write_checkpoint(out + "/streamed", leaves, stream, devices=N,
-                 custom_metadata={"scan_layers": True}, on_tile=lambda leaf, n: tiles.append([leaf.path[-1], n]))
+write_checkpoint(out + "/streamed", leaves, stream, devices=N, custom_metadata={"scan_layers": True},
+                 on_tile=lambda leaf, n: tiles.append([leaf.path[-1], n]), extra_items=EXTRAS)
 print(json.dumps({"tiles": tiles, "chunks": {"/".join(l.path): list(l.chunk_shape) for l in leaves}}))
 """
 
@@ -128,10 +132,12 @@ arrays = small_arrays()
 for kind in ("plain", "streamed"):
     manager = ocp.CheckpointManager(out + "/" + kind, item_names=("items",), item_handlers={
         "items": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)})
-    args = nest({path: ocp.RestoreArgs(restore_type=np.ndarray) for path in arrays})
+    args = {"epoch": ocp.RestoreArgs(), "opt_state": {},
+            **nest({path: ocp.RestoreArgs(restore_type=np.ndarray) for path in arrays})}
     restored = manager.restore(0, args=ocp.args.Composite(items=ocp.args.PyTreeRestore(restore_args=args)))
     meta = manager.item_metadata(0)["items"]
-    entry = report[kind] = {"custom": manager.metadata(0).custom_metadata, "leaves": {}}
+    entry = report[kind] = {"custom": manager.metadata(0).custom_metadata, "leaves": {},
+                            "extras": [int(restored["items"]["epoch"]), restored["items"]["opt_state"]]}
     for path, expected in arrays.items():
         got, m = restored["items"], meta
         for key in path:
@@ -159,21 +165,99 @@ def saved(request, tmp_path_factory) -> tuple[int, pathlib.Path, dict]:
     return devices, out, {"save": saved_report, "restore": restored}
 
 
+def _zarr_jsons(items: pathlib.Path) -> dict[str, dict]:
+    """Every array's ``zarr.json`` as stored in the root OCDBT database of ``items``."""
+    import tensorstore as ts
+
+    store = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{items}/"}).result()
+    return {key.decode()[:-len("/zarr.json")]: json.loads(bytes(store.read(key).result().value))
+            for key in store.list().result() if key.decode().endswith("/zarr.json")}
+
+
 def test_layout_files_and_metadata_match_plain_orbax(saved):
-    devices, out, _ = saved
+    """Every file but the data is Orbax's: _METADATA, _sharding and array_metadatas/process_0 as a plain Orbax save
+    writes them (chunk shapes aside: ours are the planned ones), _CHECKPOINT_METADATA but its times, the commit
+    files, and each array's zarr.json but its chunks and codec chain (ours: the planned chunks, our codec and a
+    crc32c; the scalar extra item keeps Orbax's own chain)."""
+    devices, out, report = saved
     plain, streamed = out / "plain" / "0", out / "streamed" / "0"
     assert _tree_files(plain) == _tree_files(streamed)
     expected_items = {"_METADATA", "manifest.ocdbt", "ocdbt.process_0", "commit_success.txt", "d"}
     if devices > 1:
         expected_items |= {"_sharding", "array_metadatas"}
     assert {p.name for p in (streamed / "items").iterdir()} == expected_items
-    for name in ("_METADATA", "_sharding"):
-        if (plain / "items" / name).exists():
-            assert json.loads((streamed / "items" / name).read_text()) == json.loads(
-                (plain / "items" / name).read_text()), name
+    assert (streamed / "items" / "_METADATA").read_text() == (plain / "items" / "_METADATA").read_text()
+    if devices > 1:
+        assert json.loads((streamed / "items" / "_sharding").read_text()) == json.loads(
+            (plain / "items" / "_sharding").read_text())
+        read = lambda root: json.loads((root / "items" / "array_metadatas" / "process_0").read_text())
+        planned = {name.replace("/", "."): chunk for name, chunk in report["save"]["chunks"].items()}
+        want = read(plain)
+        for entry in want["array_metadatas"]:
+            entry["array_metadata"]["chunk_shape"] = planned[entry["array_metadata"]["param_name"]]
+        assert read(streamed) == want
     step_meta = [json.loads((root / "_CHECKPOINT_METADATA").read_text()) for root in (plain, streamed)]
-    assert step_meta[0]["custom_metadata"] == step_meta[1]["custom_metadata"] == {"scan_layers": True}
-    assert step_meta[0]["item_handlers"] == step_meta[1]["item_handlers"]
+    times = ("init_timestamp_nsecs", "commit_timestamp_nsecs")
+    assert all(isinstance(meta.pop(key), int) for meta in step_meta for key in times)
+    assert list(step_meta[0]) == list(step_meta[1]) and step_meta[0] == step_meta[1]
+    assert step_meta[1]["custom_metadata"] == {"scan_layers": True}
+    for kind, root in (("plain", plain), ("streamed", streamed)):
+        base = out / kind
+        assert (root / "commit_success.txt").read_text() == f"Checkpoint commit was successful to {base / '0'}"
+        assert (root / "items" / "commit_success.txt").read_text() == (
+            f"Checkpoint commit was successful to {base / '0.orbax-checkpoint-tmp' / 'items'}")
+    plain_zarr, streamed_zarr = _zarr_jsons(plain / "items"), _zarr_jsons(streamed / "items")
+    assert plain_zarr.keys() == streamed_zarr.keys() == set(planned_names := [
+        name.replace("/", ".") for name in report["save"]["chunks"]] + ["epoch"])
+    for name in planned_names:
+        want = plain_zarr[name]
+        if name != "epoch":
+            chunk = report["save"]["chunks"][name.replace(".", "/")]
+            sharding = want["codecs"][0]["configuration"]
+            want["chunk_grid"]["configuration"]["chunk_shape"] = sharding["chunk_shape"] = chunk
+            assert [codec["name"] for codec in sharding["codecs"]] == ["bytes", "zstd"]
+            sharding["codecs"][1]["configuration"]["level"] = codecs.ZSTD_LEVEL  # the default codec: zstd, level 1
+            sharding["codecs"].append({"name": "crc32c"})
+        assert streamed_zarr[name] == want, name
+
+
+def test_write_specs_and_context_are_orbax_own():
+    """Each array's tensorstore spec (before our codec and checksum), the merge's and a reader's kvstore specs, and
+    the context are what Orbax 0.12.8's builders make, locally and on gs://, for a whole conversion's process 0 and a
+    partition's; the context's OCDBT node cache is the one the memory prediction counts."""
+    import orbax.checkpoint as ocp
+    from etils import epath
+    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+    from orbax.checkpoint._src.serialization import type_handlers
+
+    from ckptconv import settings
+    from ckptconv.write import orbax_layout
+
+    assert ocp.__version__ == orbax_layout.ORBAX_VERSION
+    for parent in ("/tmp/dst/0.orbax-checkpoint-tmp/items.orbax-checkpoint-tmp", "gs://bucket/zoo/m/0/items",
+                   "/tmp/dst/ckptconv-partitions"):
+        for shape, dtype, chunk, process_id in (((64, 6, 32), BF16, (4, 1, 32), "0"), ((), np.dtype(np.int64), (), "0"),
+                                                ((8, 4), np.dtype(np.float32), (8, 4), "partition3")):
+            for compress in (True, False):
+                info = type_handlers.ParamInfo(name="params.params.w", parent_dir=epath.Path(parent),
+                                               is_ocdbt_checkpoint=True, use_compression=compress, use_zarr3=True,
+                                               ocdbt_target_data_file_size=TARGET_FILE_BYTES)
+                want = ts_utils.build_array_write_spec(
+                    info, ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES), global_shape=shape, local_shape=chunk,
+                    dtype=dtype, use_ocdbt=True, process_index=process_id).json
+                want = json.loads(json.dumps(want))  # Orbax's shapes are tuples: as JSON they are lists
+                assert orbax_layout.array_write_spec(parent, "params.params.w", shape=shape, dtype=dtype,
+                                                     chunk_shape=chunk, compress=compress,
+                                                     process_id=process_id) == want
+        assert orbax_layout.kvstore_spec(parent, merge=True) == ts_utils.build_kvstore_tspec(
+            parent, use_ocdbt=True,
+            ocdbt_write_options=ts_utils.OcdbtKvStoreWriteOptions(mode=ts_utils.OcdbtWriteMode.MERGE))
+        assert orbax_layout.kvstore_spec(parent + "/ocdbt.process_0") == ts_utils.build_kvstore_tspec(
+            parent + "/ocdbt.process_0", use_ocdbt=True)
+    cache = settings.IN_FLIGHT.ocdbt_cache_bytes
+    want = ts_utils.get_ts_context(use_ocdbt=True).spec.to_json()
+    want["cache_pool#ocdbt"]["total_bytes_limit"] = cache
+    assert orbax_layout.context(cache).spec.to_json() == want
 
 
 def test_array_metadatas_record_shard_write_shape_and_chunks_inside_it(saved):
@@ -193,6 +277,7 @@ def test_restores_on_other_device_count_with_same_sharding_and_custom_metadata(s
     devices, _, report = saved
     plain, streamed = report["restore"]["plain"], report["restore"]["streamed"]
     assert streamed["custom"] == plain["custom"] == {"scan_layers": True}
+    assert streamed["extras"] == plain["extras"] == [0, {}]
     for name, leaf in streamed["leaves"].items():
         assert leaf["equal"], name
         assert leaf["sharding"] == plain["leaves"][name]["sharding"], name
@@ -216,7 +301,7 @@ def test_on_tile_reports_each_tile_bytes_once_written(saved):
 
 MEMORY = """
 import resource
-import ml_dtypes, tensorstore as ts, jax
+import ml_dtypes, tensorstore as ts
 from ckptconv.write.orbax import LeafWrite, write_checkpoint
 out = os.environ["OUT"]
 shape = (1024, 32, 4096)
@@ -225,8 +310,11 @@ def layer(l):  # generated on the fly: 8 MiB per layer, never a list of tiles
     return row.reshape(shape[0], 1, shape[2])
 tiles = lambda: ((0, np.s_[:, l:l + 1, :], layer(l)) for l in range(shape[1]))
 leaf = LeafWrite(("params", "params", "decoder", "layers", "mlp", "wi_0", "kernel"), shape, BF16, (64, 1, 4096))
-jax.devices()
 layer(0)  # the producer's own temporaries are not the writer's: count them in the baseline
+# nor the writer's start-up (tensorstore's thread pools, the OCDBT driver, the allocator's first heap): one layer's
+# leaf written first, so the growth below is what a 32 times larger leaf adds
+write_checkpoint(out + "-warm", [LeafWrite(leaf.path, (shape[0], 1, shape[2]), BF16, (64, 1, 4096))],
+                 lambda: iter([(0, np.s_[:, 0:1, :], layer(0))]), devices=16, custom_metadata={})
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 write_checkpoint(out, [leaf], tiles, devices=16, custom_metadata={"scan_layers": True})
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -403,23 +491,6 @@ def test_duplicate_and_nested_paths_are_rejected(tmp_path):
             write_checkpoint(str(tmp_path), leaves, list, devices=1, custom_metadata={})
 
 
-def test_saves_open_ocdbt_with_the_settings_node_cache():
-    """Inside a save Orbax's tensorstore context has the small node cache the memory prediction counts; outside,
-    Orbax's own default is back. If Orbax moves its default, this fails first (then the peak-RSS tests would)."""
-    from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-
-    from ckptconv import settings
-    from ckptconv.write.orbax import _ocdbt_cache
-
-    def cache_limit() -> int:
-        return ts_utils.get_ts_context(use_ocdbt=True).spec.to_json()["cache_pool#ocdbt"]["total_bytes_limit"]
-
-    before = cache_limit()
-    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes):
-        assert cache_limit() == settings.IN_FLIGHT.ocdbt_cache_bytes < before
-    assert cache_limit() == before
-
-
 LATE_TILE = """
 from ckptconv import settings
 from ckptconv.write.orbax import LeafWrite, write_checkpoint
@@ -443,3 +514,36 @@ def test_a_tile_after_its_leaf_is_complete_is_refused(tmp_path, monkeypatch, by_
     monkeypatch.setenv("BY_DEVICE", "1" if by_device else "0")  # the child's environment (run_child copies it)
     error = last_json(run_child(LATE_TILE, 4, tmp_path / "ckpt"))["error"]
     assert error.startswith("params/params/w: tile") and error.endswith("after the leaf was complete"), error
+
+
+# The CLI run in a child as ``python -m ckptconv`` runs it, then the modules it left imported.
+CLI_THEN_MODULES = """
+import json, sys
+from ckptconv import cli, monitor
+monitor.tune_malloc()
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "imported": sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "orbax"))}))
+"""
+
+
+@pytest.mark.parametrize("devices", (1, 16))
+def test_a_conversion_process_never_imports_jax_or_orbax(tmp_path, synth_dir, devices):
+    """A whole conversion, and one split into two partitions then finalized, each in a fresh process as the CLI
+    runs: the checkpoint is written (and restores: the tests above) without JAX or Orbax in the process, whose import
+    was most of a small conversion's CPU."""
+    src = synth_dir()
+
+    def convert(dst: pathlib.Path, *args: str) -> list[str]:
+        env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+        proc = subprocess.run([sys.executable, "-c", CLI_THEN_MODULES, "convert", str(src), str(dst), "--devices",
+                               str(devices), "--progress", "none", *args],
+                              capture_output=True, text=True, env=dict(env, PYTHONPATH=str(REPO)), timeout=300)
+        report = last_json(proc)
+        assert report["code"] == 0, proc.stderr[-3000:]
+        return report["imported"]
+
+    assert convert(tmp_path / "whole") == []
+    assert (tmp_path / "whole" / "0" / "commit_success.txt").exists()
+    for step in ("--partition", "0/2"), ("--partition", "1/2"), ("--finalize", "2"):
+        assert convert(tmp_path / "parts", *step) == [], step
+    assert (tmp_path / "parts" / "0" / "items" / "ocdbt.process_partition1").is_dir()

@@ -23,27 +23,20 @@ from ckptconv.families.transforms import Permute, box_shape
 from ckptconv.plan.conversion import ConversionPlan, Job
 from ckptconv.read.spec import ModelSpec
 
-# Python + NumPy + JAX + Orbax + tensorstore after start-up, with their thread pools, caches and
-# allocator slack under load (a tiny model converts in 0.19-0.20 GiB on these machines). That part
-# varies from run to run by more than the tiles do: the same conversion peaked up to 70 MiB higher
-# beside a busy test suite than alone, so the baseline is set from the high end. With it the
-# families' 16 memory examples, alone on 2 cores, peaked at 0.72-0.88 of their predictions.
-# Most of that busy-machine excess was glibc's (16 arenas, the cap set after JAX had started; a committed
-# data file left resident): with the cap at the CLI's entry and a trim after each commit, the whole memory
-# phase two at a time (twice, once on a machine loaded 8-11) peaked at 0.665-0.822 of the 330 MiB
-# baseline's predictions, int4-experts-fewer below the tests' 1/1.5; 300 MiB put the same peaks at
-# 0.70-0.87. Part of the RSS is the shared libraries' pages, and how many of them a process maps depends on
-# the page cache, not on the conversion: a freshly installed venv (a clean clone's, as CI's) has all of
-# libjax_common.so and tensorstore cached, and the kernel's fault-around maps cached neighbours of each page
-# touched. Importing JAX, tensorstore and Orbax took 142 MiB of file-backed RSS from a fresh venv against
-# 107 from an older one with the same wheels (anonymous memory equal), and the same conversions peaked
-# 30-50 MiB higher (Mistral-7B's widths 475 against 427-429 MiB alone; Kimi-K2.6's case 497 of 516 predicted
-# in a clean clone's memory phase). 320 MiB keeps that within the bound, and the lowest ratio seen with an
-# older venv (Mixtral-8x7B's widths, 397 MiB) within the 1.5.
-BASELINE_BYTES = 320 * 1024**2
+# Python + NumPy + tensorstore after start-up, with their thread pools, caches and allocator slack under load. A
+# conversion process imports neither JAX nor Orbax since the writer lays out Orbax's files itself
+# (ckptconv/write/orbax_layout.py): a tiny model (SynthModel()) now converts in 67-68 MiB, on 1 and 16 devices,
+# against 196-200 MiB with them (5 runs each, /usr/bin/time, 2 cores). That part varies from run to run by more than the
+# tiles do (up to 70 MiB higher beside a busy test suite than alone; 30-50 MiB more of the shared libraries' pages
+# mapped from a freshly installed venv, which a clean clone's CI has), so the baseline is set from the high end
+# the 1.5x tightness allows: run alone on 2 cores, layers, qwen2.5-1.5b, gemma2-2b, mistral-7b (1 and 4 workers)
+# and qwen3_vl-layers peaked at 0.68-0.85 of their predictions with 140 MiB (0.45-0.55 with the 320 MiB JAX and
+# Orbax had needed: those cases bound it to 86-146 MiB).
+BASELINE_BYTES = 140 * 1024**2
 # The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host): importing JAX (16 CPU devices),
 # tensorstore and Orbax alone left 523 MiB resident there (VmRSS), and a tiny model converted in 515 MiB, against
 # 0.19-0.21 GiB here; that kernel counts more of the mapped libraries. The same headroom above it as above ours.
+# Not measured again since conversions stopped importing JAX and Orbax: still an upper bound there, likely a loose one.
 BASELINE_SANDBOX_BYTES = 640 * 1024**2
 # There glibc's mmap threshold is 64 MiB (settings.SANDBOX_MMAP_THRESHOLD): freed tile, read and transform buffers
 # stay in its heap, reused instead of faulted in anew, and resident until the next trim. Counted as this share of the

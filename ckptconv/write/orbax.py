@@ -1,54 +1,41 @@
-"""Write a MaxText-compatible Orbax checkpoint tile by tile, never holding a whole leaf.
+"""Write a MaxText-compatible Orbax checkpoint tile by tile, never holding a whole leaf, without Orbax or JAX.
 
 MaxText's converter builds every leaf as a sharded ``jax.Array`` before saving: peak RAM
-is the model. Here each leaf is a placeholder (:class:`_StreamedLeaf`) that a custom Orbax
-``TypeHandler`` fills from one stream of tiles, so Orbax itself still writes the layout
-(``_METADATA``, ``_sharding``, ``array_metadatas/``, OCDBT) and commits atomically.
+is the model. Here each leaf's zarr3 array is opened in OCDBT with the spec Orbax would write it with
+(:mod:`ckptconv.write.orbax_layout`) and filled from one stream of tiles; the documents around the arrays
+(``_METADATA``, ``_sharding``, ``array_metadatas/``, ``_CHECKPOINT_METADATA``), the merge of the per-process
+databases and the step's atomic commit (:mod:`ckptconv.write.step_commit`) are Orbax 0.12.8's, reproduced as data:
+importing Orbax and JAX only to lay them out was most of a small conversion's CPU.
 
 Memory stays bounded because no tensorstore transaction spans a leaf (it would buffer all
 of it) and no chunk spans two tiles (tensorstore would rebuild the chunk on every write
 and OCDBT would keep each old version of it).
 The chunk shapes come from the tile plan (:mod:`ckptconv.families.tiles`).
-
-Orbax internals used (pin orbax-checkpoint 0.12.8): jax_array_handlers.ArrayHandler and
-_async_serialize_shardings, tensorstore_utils.build_array_write_spec,
-ocdbt_utils.get_process_index_for_subdir, future.CommitFutureAwaitingContractedSignals,
-type_handler_registry.create_type_handler_registry, array_metadata_store.Store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import tensorstore as ts
-from etils import epath
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from orbax.checkpoint._src.futures import future
-from orbax.checkpoint._src.metadata import array_metadata_store
-from orbax.checkpoint._src.serialization import jax_array_handlers, ocdbt_utils
-from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
-from orbax.checkpoint._src.serialization import type_handler_registry, type_handlers
 
-from ckptconv import settings
-from ckptconv.families.sharding import MESH_AXIS, partition_spec, write_shape
+from ckptconv import layout, settings
+from ckptconv.families.sharding import write_shape
 from ckptconv.families.tiles import Region, Tile
-from ckptconv.layout import is_gcs
 from ckptconv.monitor import trim
-from ckptconv.write import codecs
+from ckptconv.write import codecs, orbax_layout
+from ckptconv.write.orbax_layout import TARGET_FILE_BYTES
 from ckptconv.write.spill import DeviceSpill, write_reserved
+from ckptconv.write.step_commit import StepCommit
 
-# MaxText's DEFAULT_OCDBT_TARGET_DATA_FILE_SIZE: its save passes it both as the OCDBT data
-# file size and as every leaf's chunk_byte_size, so we do too (same data files).
-TARGET_FILE_BYTES = 2 * 1024**3
+__all__ = ["LeafWrite", "TARGET_FILE_BYTES", "write_checkpoint", "write_partition", "write_shape"]
+
 # The checksum codec that ends every chunk's codec chain (see _with_checksum).
 CHUNK_CHECKSUM = "crc32c"
 # Spilled parts read back ahead of the one being copied into its data file, with workers > 1 (each a device's part of
@@ -57,28 +44,9 @@ READ_AHEAD = 2
 # Tiles whose device parts are being written to the spill while the stream goes on, with workers > 1 (the estimate's
 # writer term counts them).
 SPILL_AHEAD = 2
-
-
-@contextlib.contextmanager
-def _ocdbt_cache(total_bytes: int) -> Iterator[None]:
-    """Orbax's saves open their tensorstore context with a ``total_bytes`` OCDBT node cache while inside.
-
-    Orbax builds one context per save from a module-level default and takes no context from its
-    caller; every leaf, scalar and the final manifest merge of a save must share that one context
-    (one OCDBT writer per database), so the default is what has to change. Without the default
-    where this Orbax keeps it, saves keep Orbax's cache (the peak-RSS tests then fail).
-    """
-    default = getattr(ts_utils, "_DEFAULT_OCDBT_TS_CONTEXT", {}).get("cache_pool#ocdbt")
-    if not isinstance(default, dict) or "total_bytes_limit" not in default:
-        yield
-        return
-    before = default["total_bytes_limit"]
-    default["total_bytes_limit"] = total_bytes
-    try:
-        yield
-    finally:
-        default["total_bytes_limit"] = before
-
+# The process id a whole conversion's arrays are written under (Orbax's process index on one host:
+# ``ocdbt.process_0``); its other lanes write ``ocdbt.process_0lane<k>``.
+PROCESS_ID = "0"
 
 
 class Leaf(Protocol):
@@ -107,16 +75,19 @@ class LeafWrite:
 
 @dataclass(frozen=True)
 class _StreamedLeaf:
-    """Placeholder Orbax sees as the leaf value: what the array would be, without its data."""
+    """A leaf as it is written: what the array is, without its data."""
 
     leaf: Leaf
     index: int  # position in the writer's leaves (tiles name leaves by it)
     shape: tuple[int, ...]  # python ints: they end up in JSON metadata
     dtype: np.dtype
-    sharding: NamedSharding | None  # None: written like MaxText's 1-device numpy leaves
     write_shape: tuple[int, ...]
     codec: str = codecs.DEFAULT  # a name in codecs.CODECS: how its chunks are compressed
     devices: int = 1  # the devices it is laid out for (its shards' count when sharded)
+
+    @property
+    def name(self) -> str:
+        return orbax_layout.param_name(self.leaf.path)
 
 
 def _region(value: _StreamedLeaf, index: Region, data: np.ndarray, chunk: tuple[int, ...]) -> Region:
@@ -135,28 +106,19 @@ def _region(value: _StreamedLeaf, index: Region, data: np.ndarray, chunk: tuple[
     return region
 
 
-def _write_spec(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process_id: str | None = None) -> Any:
-    """The spec Orbax would write the leaf with (zarr3 in OCDBT, the planned chunks), under this
-    process's ``ocdbt.process_<id>`` directory (a partition names its own)."""
-    process_index = process_id if process_id is not None else ocdbt_utils.get_process_index_for_subdir(
-        info.is_ocdbt_checkpoint)
-    spec = ts_utils.build_array_write_spec(
-        info, arg, global_shape=value.shape, local_shape=value.leaf.chunk_shape, dtype=value.dtype,
-        use_ocdbt=info.is_ocdbt_checkpoint, process_index=process_index)
-    if tuple(spec.metadata.chunk_shape) != value.leaf.chunk_shape:
-        raise ValueError(f"{'/'.join(value.leaf.path)}: Orbax chose chunks {spec.metadata.chunk_shape}, "
-                         f"planned {value.leaf.chunk_shape}")
-    return spec
+def _write_spec(value: _StreamedLeaf, items_dir: str, process_id: str) -> dict:
+    """The spec the leaf is written with: Orbax's (zarr3 in OCDBT, the planned chunks) under this process's
+    ``ocdbt.process_<id>`` directory (a partition names its own), our codec in place of Orbax's zstd, and a
+    checksum ending each chunk's chain."""
+    spec = orbax_layout.array_write_spec(items_dir, value.name, shape=value.shape, dtype=value.dtype,
+                                         chunk_shape=value.leaf.chunk_shape, compress=codecs.compresses(value.codec),
+                                         process_id=process_id)
+    return _with_checksum(codecs.with_codec(spec, value.codec, value.dtype))
 
 
-async def _open_leaf(value: _StreamedLeaf, info: Any, arg: ocp.SaveArgs, process_id: str | None) -> tuple[Any, Any]:
+async def _open_leaf(value: _StreamedLeaf, items_dir: str, process_id: str, context: ts.Context) -> Any:
     """Create the leaf's zarr3 array in OCDBT with the planned chunk shape."""
-    await info.await_path_creation()
-    spec = _write_spec(value, info, arg, process_id)
-    store = await ts.open(ts.Spec(_with_checksum(codecs.with_codec(spec.json, value.codec, value.dtype))),
-                          create=True, open=True,
-                          context=info.ts_context)
-    return store, spec.metadata
+    return await ts.open(ts.Spec(_write_spec(value, items_dir, process_id)), create=True, open=True, context=context)
 
 
 def _with_checksum(node: Any) -> Any:
@@ -184,21 +146,17 @@ def _with_checksum(node: Any) -> Any:
 
 class _Lanes:
     """``count`` writers side by side, each committing its data files into an OCDBT database of its own
-    (``ocdbt.process_<id>``, as each host of a multi-host save writes its own; Orbax merges them into the step's root
-    manifest at its commit, as after such a save). A data file holds what one writer gathered, so commits can run
-    at once without OCDBT putting two writers' chunks in one file; each storage key (a zarr3 shard) is written once,
-    by one writer. Lane 0 writes where one writer would (``process_id``)."""
+    (``ocdbt.process_<id>``, as each host of a multi-host save writes its own; the commit merges them into the
+    step's root manifest, as Orbax does after such a save). A data file holds what one writer gathered, so commits
+    can run at once without OCDBT putting two writers' chunks in one file; each storage key (a zarr3 shard) is
+    written once, by one writer. Lane 0 writes where one writer would (``process_id``)."""
 
-    def __init__(self, values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
-                 process_id: str | None, count: int, on_tile: Callable[[Leaf, int], None] | None,
-                 options: settings.RunOptions):
-        base = process_id if process_id is not None else str(ocdbt_utils.get_process_index_for_subdir(
-            infos[0].is_ocdbt_checkpoint if infos else True))
-        self.ids = [process_id] + [f"{base}lane{k}" for k in range(1, count)]
+    def __init__(self, values: Sequence[_StreamedLeaf], items_dir: str, context: ts.Context, process_id: str,
+                 count: int, on_tile: Callable[[Leaf, int], None] | None, options: settings.RunOptions):
+        self.ids = [process_id] + [f"{process_id}lane{k}" for k in range(1, count)]
         self.writers = [_Writer(on_tile, options) for _ in range(count)]
         self._stores: list[dict[int, Any]] = [{} for _ in range(count)]
-        self._values, self._infos, self._args = values, infos, args
-        self.metadatas: list[Any] = [None] * len(values)
+        self._values, self._items_dir, self._context = values, items_dir, context
 
     def __len__(self) -> int:
         return len(self.writers)
@@ -207,10 +165,8 @@ class _Lanes:
         """Leaf ``n``'s array as lane ``lane`` writes it (opened at its first write there)."""
         store = self._stores[lane].get(n)
         if store is None:
-            store, metadata = await _open_leaf(self._values[n], self._infos[n], self._args[n], self.ids[lane])
+            store = await _open_leaf(self._values[n], self._items_dir, self.ids[lane], self._context)
             self._stores[lane][n] = store
-            if self.metadatas[n] is None:
-                self.metadatas[n] = metadata
         return store
 
     def let_go(self, n: int) -> None:
@@ -222,22 +178,23 @@ class _Lanes:
         await asyncio.gather(*(writer.finish() for writer in self.writers))
 
 
-async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: Sequence[ocp.SaveArgs],
+async def _stream(values: Sequence[_StreamedLeaf], items_dir: str, context: ts.Context,
                   tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
-                  process_id: str | None = None, options: settings.RunOptions | None = None) -> list[Any]:
+                  process_id: str | None = None, options: settings.RunOptions | None = None) -> None:
     """Write the tile stream (``options.in_flight.writes`` at most per writer), opening each leaf at its first tile
-    and letting go of it once complete (a 235B model has ~1000 leaves); return every ArrayMetadata.
+    and letting go of it once complete (a 235B model has ~1000 leaves).
 
     With data files by device (``options.spill_window_bytes``: asked, or the planned output over one window; the
     output of these leaves where nothing was planned) sharded leaves go through :class:`_SpilledWrites` (one data file
     per device per window); otherwise each tile is written as it comes, data file after data file, each committed by
-    the next of ``options.commit_lanes`` writers (:class:`_Lanes`) while the following one is gathered."""
+    the next of ``options.commit_lanes`` writers (:class:`_Lanes`) while the following one is gathered. A partition
+    (``process_id`` given) writes with one lane."""
     options = options or settings.RunOptions()
     if options.planned_output_bytes is None:
         options = options.planned(sum(math.prod(value.shape) * value.dtype.itemsize for value in values))
     by_index = {value.index: n for n, value in enumerate(values)}
-    lanes = _Lanes(values, infos, args, process_id, options.commit_lanes if process_id is None else 1, on_tile,
-                   options)
+    lanes = _Lanes(values, items_dir, context, process_id or PROCESS_ID,
+                   options.commit_lanes if process_id is None else 1, on_tile, options)
     started: set[int] = set()
     written = [0] * len(values)
     devices = max((value.devices for value in values), default=1)
@@ -258,8 +215,8 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
             starts = n not in started
             if starts:
                 started.add(n)
-                await lanes.store(lane, n)  # its metadata, whichever lane writes it
-            region = _region(value, region, data, tuple(lanes.metadatas[n].chunk_shape))
+                await lanes.store(lane, n)  # created (its zarr.json), whichever lane writes it
+            region = _region(value, region, data, tuple(value.leaf.chunk_shape))
             if spilled is None:
                 # Commit the data file being filled if this tile would overflow it, or if a leaf starts that does
                 # not fit whole in what is left of it: a host restoring its shard reads its chunks of one leaf in
@@ -293,8 +250,6 @@ async def _stream(values: Sequence[_StreamedLeaf], infos: Sequence[Any], args: S
         if count != math.prod(value.shape):
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
                              f"{math.prod(value.shape)} elements")
-    return [dataclasses.replace(metadata, write_shape=value.write_shape)
-            for value, metadata in zip(values, lanes.metadatas)]
 
 
 class _SpilledWrites:
@@ -500,66 +455,6 @@ async def _commit(txn: ts.Transaction | None) -> None:
         await asyncio.to_thread(trim)
 
 
-class _StreamingHandler(jax_array_handlers.ArrayHandler):
-    """Saves :class:`_StreamedLeaf` values as Orbax would save the arrays they stand for.
-
-    ``typestr`` is ``jax.Array`` (sharded saves) or ``np.ndarray`` (1 device, as MaxText
-    writes then), so the tree metadata names the normal handlers and restores use them.
-    All streamed leaves arrive in one ``serialize`` call; their data comes from one tile
-    stream, in the order the producer reads the source (a source tensor feeding two leaves
-    is read once).
-    """
-
-    def __init__(self, store: array_metadata_store.Store | None, typestr: str,
-                 tiles: Callable[[], Iterable[Tile]], on_tile: Callable[[Leaf, int], None] | None,
-                 adopt: Callable[[epath.Path], None] | None = None, options: settings.RunOptions | None = None):
-        super().__init__(array_metadata_store=store)
-        self._options = options
-        self._typestr = typestr
-        self._tiles = tiles
-        self._on_tile = on_tile
-        self._adopt = adopt
-        self._serialized = False
-
-    def typestr(self) -> str:
-        return self._typestr
-
-    async def serialize(self, values: Sequence[_StreamedLeaf], infos: Sequence[Any],
-                        args: Sequence[ocp.SaveArgs] | None = None) -> list[Any]:
-        """Return commit futures, like ArrayHandler: `_sharding` entries, then the data."""
-        if self._serialized:
-            raise RuntimeError("Orbax split the streamed leaves over two serialize calls")
-        self._serialized = True
-        args = args or [ocp.SaveArgs()] * len(values)
-        futures = []
-        shardings = [value.sharding for value in values]
-        if any(sharding is not None for sharding in shardings):
-            futures.append(future.CommitFutureAwaitingContractedSignals(
-                jax_array_handlers._async_serialize_shardings(  # pylint: disable=protected-access
-                    shardings, infos, primary_host=self._primary_host),
-                name="streamed_shardings"))
-        futures.append(future.CommitFutureAwaitingContractedSignals(
-            self._write_leaves(values, infos, args), name="streamed_arrays"))
-        return futures
-
-    async def _write_leaves(self, values: Sequence[_StreamedLeaf], infos: Sequence[Any],
-                            args: Sequence[ocp.SaveArgs]) -> None:
-        """The tile stream into all leaves (or the partitions' data, adopted), then their ArrayMetadata."""
-        if self._adopt is not None:
-            await infos[0].await_path_creation()
-            self._adopt(epath.Path(infos[0].parent_dir))
-            for value, info in zip(values, infos):  # the partitions wrote under these names
-                if info.name != ".".join(value.leaf.path):
-                    raise ValueError(f"Orbax names leaf {'/'.join(value.leaf.path)} {info.name!r}")
-            metadatas = [dataclasses.replace(_write_spec(value, info, arg).metadata, write_shape=value.write_shape)
-                         for value, info, arg in zip(values, infos, args)]
-        else:
-            metadatas = await _stream(values, infos, args, self._tiles, self._on_tile, options=self._options)
-        if self._array_metadata_store is not None:
-            await self._array_metadata_store.write(
-                checkpoint_dir=infos[0].parent_dir, array_metadatas=metadatas,
-                process_index=jax.process_index())
-
 
 def _validate(leaves: Sequence[Leaf], devices: int) -> None:
     """Fail before a byte is written, naming the leaf and what is wrong with it."""
@@ -583,91 +478,100 @@ def _validate(leaves: Sequence[Leaf], devices: int) -> None:
                              f"on {devices} devices (each device writes {part})")
 
 
-def _tree(leaves: Sequence[Leaf], make: Callable[[int, Leaf], Any]) -> dict:
-    """Nest ``make(index, leaf)`` under each leaf's path."""
-    tree: dict = {}
-    for index, leaf in enumerate(leaves):
-        node = tree
-        for key in leaf.path[:-1]:
-            node = node.setdefault(key, {})
-        node[leaf.path[-1]] = make(index, leaf)
-    return tree
+
+
+def _streamed(leaves: Sequence[Leaf], indices: Sequence[int], devices: int, codec: str) -> list[_StreamedLeaf]:
+    return [_StreamedLeaf(dataclasses.replace(leaf, shape=tuple(int(d) for d in leaf.shape),
+                                              chunk_shape=tuple(int(c) for c in leaf.chunk_shape)),
+                          index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype),
+                          write_shape(tuple(int(d) for d in leaf.shape), devices), codec, devices)
+            for leaf, index in zip(leaves, indices)]
+
+
+async def _write_extras(extra_items: dict[str, Any], items_dir: str, context: ts.Context, codec: str) -> None:
+    """The small extra items as Orbax's standard handlers store them: a number as a ``scalar`` zarr3 array (Orbax's
+    own chain: its zstd when the save compresses, no checksum), an empty dict as nothing but its place in the tree."""
+    for key, value in extra_items.items():
+        if orbax_layout.extra_value_type(key, value) != orbax_layout.SCALAR:
+            continue
+        array = np.asarray(value)
+        spec = orbax_layout.array_write_spec(items_dir, key, shape=(), dtype=array.dtype, chunk_shape=(),
+                                             compress=codecs.compresses(codec), process_id=PROCESS_ID)
+        store = await ts.open(ts.Spec(spec), create=True, open=True, context=context)
+        await store.write(array)
+
+
+def _write_documents(items_dir: str, values: Sequence[_StreamedLeaf], extra_items: dict[str, Any],
+                     sharded: bool) -> None:
+    """``_sharding`` and ``array_metadatas/process_0`` (sharded saves only: 1-device leaves are numpy arrays to
+    Orbax), then ``_METADATA``, in the tree's order, as Orbax writes them once the arrays are committed."""
+    items = layout.path(items_dir)
+    ordered = sorted(values, key=lambda value: value.leaf.path)
+    if sharded:
+        (items / orbax_layout.SHARDING_FILE).write_text(orbax_layout.shardings(
+            ((value.name, value.shape) for value in ordered), ordered[0].devices))
+        (items / orbax_layout.ARRAY_METADATAS).mkdir(parents=True, exist_ok=True)
+        (items / orbax_layout.ARRAY_METADATAS / f"process_{PROCESS_ID}").write_text(orbax_layout.array_metadatas(
+            (value.name, value.write_shape, value.leaf.chunk_shape) for value in ordered))
+    leaf_type = orbax_layout.SHARDED if sharded else orbax_layout.NUMPY
+    entries = [(value.leaf.path, leaf_type, value.write_shape if sharded else None) for value in ordered]
+    entries += [((key,), orbax_layout.extra_value_type(key, value), None) for key, value in extra_items.items()]
+    (items / orbax_layout.METADATA_FILE).write_text(orbax_layout.tree_metadata(entries))
 
 
 def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
                      devices: int, custom_metadata: dict, on_tile: Callable[[Leaf, int], None] | None = None,
                      codec: str = codecs.DEFAULT, extra_items: dict[str, Any] | None = None,
-                     adopt: Callable[[epath.Path], None] | None = None,
+                     adopt: Callable[[Any], None] | None = None,
                      options: settings.RunOptions | None = None) -> None:
     """Write step 0 of a checkpoint at `destination` (local path or gs://...), tree under `destination/0/items`.
 
-    Same layout as MaxText's converter: PyTreeCheckpointHandler with OCDBT + zarr3, leaves
-    sharded over a 1-D mesh of ``devices`` (numpy leaves when 1), ``custom_metadata`` on
-    the step. For ``devices > 1`` JAX must already run with exactly that many. ``tiles()``
+    Same layout as MaxText's converter (Orbax 0.12.8's PyTreeCheckpointHandler with OCDBT + zarr3): leaves
+    sharded over a 1-D mesh of ``devices`` (numpy leaves when 1), ``custom_metadata`` on the step. No JAX devices
+    are needed: the data is laid out by the chunk plan and the sharding rule alone. ``tiles()``
     yields ``(leaf index, region, data)`` covering every leaf exactly once, in any order;
-    ``on_tile(leaf, nbytes)`` runs in Orbax's writer thread each time a tile of ``nbytes``
+    ``on_tile(leaf, nbytes)`` runs in the writer's thread each time a tile of ``nbytes``
     is written (for progress): into the data file being gathered (or the spill), on storage once that commits.
-    Orbax commits atomically (rename locally, ``commit_success.txt`` on GCS); temporary directories left by an
-    interrupted earlier run are deleted first; a complete step 0 is never overwritten. Errors raised by
-    ``tiles()`` propagate unchanged and leave no complete step. ``extra_items`` are small plain values
-    saved beside the leaves by Orbax's standard handlers (MaxText's ``step`` int and empty
-    ``opt_state``).
+    The commit is atomic (rename locally, ``commit_success.txt`` on GCS, :mod:`ckptconv.write.step_commit`);
+    temporary directories of ours left by an interrupted earlier run are deleted first (locally); a complete step 0
+    is never overwritten. Errors raised by ``tiles()`` propagate unchanged and leave no complete step.
+    ``extra_items`` are small plain values saved beside the leaves as Orbax's standard handlers save them
+    (MaxText's ``step`` int and empty ``opt_state``).
 
     ``adopt(items_dir)``, for a checkpoint written by partitions (:func:`write_partition`), puts
     their ``ocdbt.process_*`` directories into the step being saved instead of streaming tiles;
-    Orbax then writes the metadata, merges every process directory into the root OCDBT manifest
-    and commits once, exactly as after a multi-host save.
+    the metadata is then written, every process directory merged into the root OCDBT manifest
+    and the step committed once, exactly as after a multi-host Orbax save.
     """
     _validate(leaves, devices)
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
-    if devices > 1 and jax.device_count() != devices:  # 1 device: numpy leaves, any JAX will do
-        raise RuntimeError(f"JAX has {jax.device_count()} devices, expected {devices}: set "
-                           f"XLA_FLAGS=--xla_force_host_platform_device_count={devices} before JAX starts")
-    mesh = Mesh(np.array(jax.devices()), (MESH_AXIS,)) if devices > 1 else None
+    if not leaves:
+        raise ValueError("no leaves to write")
+    extra_items = dict(extra_items or {})
+    for key, value in extra_items.items():
+        orbax_layout.extra_value_type(key, value)  # refused before anything is written
+    step = StepCommit(destination)
+    step.begin(custom_metadata)
+    items_dir = str(step.items)
+    # the tree's order, as Orbax hands a save's leaves to its handler (the spill writes its parts in that order)
+    order = sorted(range(len(leaves)), key=lambda index: tuple(leaves[index].path))
+    values = _streamed([leaves[index] for index in order], order, devices, codec)
+    cache = settings.IN_FLIGHT.ocdbt_cache_bytes
 
-    def placeholder(index: int, leaf: Leaf) -> _StreamedLeaf:
-        shape = tuple(int(dim) for dim in leaf.shape)
-        leaf = dataclasses.replace(leaf, shape=shape, chunk_shape=tuple(int(c) for c in leaf.chunk_shape))
-        spec = PartitionSpec(*partition_spec(shape, devices))
-        sharding = NamedSharding(mesh, spec) if mesh is not None else None
-        return _StreamedLeaf(leaf, index, shape, np.dtype(leaf.dtype), sharding, write_shape(shape, devices), codec,
-                             devices)
+    async def save() -> None:
+        context = orbax_layout.context(cache)
+        if adopt is not None:
+            adopt(step.items)
+        else:
+            await _stream(values, items_dir, context, tiles, on_tile, options=options)
+        await _write_extras(extra_items, items_dir, context, codec)
+        _write_documents(items_dir, values, extra_items, devices > 1)
+        # a context of its own, as Orbax's merge opens one
+        await orbax_layout.merge_process_databases(items_dir, orbax_layout.context(cache))
 
-    store = array_metadata_store.Store()
-    sharded = mesh is not None
-    streaming = _StreamingHandler(store if sharded else None, "jax.Array" if sharded else "np.ndarray",
-                                  tiles, on_tile, adopt, options)
-    registry = type_handler_registry.create_type_handler_registry(
-        (_StreamedLeaf, streaming),  # standard handlers last: they own the typestrs
-        (int, type_handlers.ScalarHandler()),
-        (np.ndarray, type_handlers.NumpyHandler()),
-        (jax.Array, type_handlers.ArrayHandler(array_metadata_store=store)))
-    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True,
-                                          use_compression=codecs.compresses(codec),
-                                          type_handler_registry=registry)
-    # Orbax's clean-up of unfinished steps: locally it deletes ``*.orbax-checkpoint-tmp*`` names (the
-    # destination protocol has refused any that is not ours before this point); on GCS it would delete
-    # *every* directory under DST without a commit_success.txt, whoever wrote it (another team's files
-    # in a shared prefix, the partitions' staging before the finalize adopts it). There our protocol
-    # has already removed the leftovers that are ours, so Orbax's clean-up stays off.
-    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False,
-                                           cleanup_tmp_directories=not is_gcs(destination))
-    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes), \
-            ocp.CheckpointManager(destination, item_names=("items",), options=options,
-                                  item_handlers={"items": handler}) as manager:
-        if 0 in manager.all_steps():
-            raise FileExistsError(f"{destination} already holds a complete step 0; "
-                                  "remove it or choose another destination")
-        tree = {**(extra_items or {}), **_tree(leaves, placeholder)}
-        save_args = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES), tree,
-                                 is_leaf=lambda node: isinstance(node, _StreamedLeaf))
-        if not leaves:
-            raise ValueError("no leaves to write")
-        manager.save(0, args=ocp.args.Composite(items=ocp.args.PyTreeSave(
-            item=tree, save_args=save_args, ocdbt_target_data_file_size=TARGET_FILE_BYTES)),
-            custom_metadata=custom_metadata)
-        manager.wait_until_finished()
+    asyncio.run(save())
+    step.commit()
 
 
 def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int], tiles: Callable[[], Iterable[Tile]],
@@ -677,20 +581,15 @@ def write_partition(staging: str, leaves: Sequence[Leaf], indices: Sequence[int]
     multi-host Orbax save writes its part: the same array specs, names and chunks, no metadata.
 
     ``indices`` are the leaves' positions in the whole checkpoint (the tiles name leaves by them).
-    :func:`write_checkpoint` with ``adopt`` later turns the partitions into one checkpoint. No JAX
-    devices are needed: the data is laid out by the chunk plan alone.
+    :func:`write_checkpoint` with ``adopt`` later turns the partitions into one checkpoint.
     """
     _validate(leaves, devices)
-    with _ocdbt_cache(settings.IN_FLIGHT.ocdbt_cache_bytes):
-        context = ts_utils.get_ts_context(use_ocdbt=True)
-    parent = epath.Path(staging)
-    parent.mkdir(parents=True, exist_ok=True)
-    values = [_StreamedLeaf(leaf, index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype), None,
-                            write_shape(tuple(leaf.shape), devices), codec, devices)
-              for leaf, index in zip(leaves, indices)]
-    infos = [type_handlers.ParamInfo(name=".".join(leaf.path), parent_dir=parent, is_ocdbt_checkpoint=True,
-                                     use_compression=codecs.compresses(codec), use_zarr3=True,
-                                     ocdbt_target_data_file_size=TARGET_FILE_BYTES, ts_context=context)
-             for leaf in leaves]
-    args = [ocp.SaveArgs(chunk_byte_size=TARGET_FILE_BYTES)] * len(values)
-    asyncio.run(_stream(values, infos, args, tiles, on_tile, process_id, options))
+    staging = layout.absolute(staging)
+    layout.path(staging).mkdir(parents=True, exist_ok=True)
+    values = _streamed(leaves, indices, devices, codec)
+
+    async def run() -> None:
+        await _stream(values, staging, orbax_layout.context(settings.IN_FLIGHT.ocdbt_cache_bytes), tiles, on_tile,
+                      process_id, options)
+
+    asyncio.run(run())
