@@ -478,9 +478,9 @@ def _validate(leaves: Sequence[Leaf], devices: int) -> None:
                              f"on {devices} devices (each device writes {part})")
 
 
-
-
 def _streamed(leaves: Sequence[Leaf], indices: Sequence[int], devices: int, codec: str) -> list[_StreamedLeaf]:
+    """The leaves as written (``indices``: their positions in the tile stream), shapes as Python ints (they end up
+    in JSON metadata; a planner may hand NumPy ints over)."""
     return [_StreamedLeaf(dataclasses.replace(leaf, shape=tuple(int(d) for d in leaf.shape),
                                               chunk_shape=tuple(int(c) for c in leaf.chunk_shape)),
                           index, tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype),

@@ -6,8 +6,8 @@ Partition ``i`` of ``N`` writes the leaves of its share of the plan's jobs into
 ``DST/ckptconv-partitions/ocdbt.process_partition<i>`` (as host ``i`` of a multi-host Orbax save
 writes its ``ocdbt.process_<i>``) and then a marker ``partition<i>of<N>.json`` holding the plan's
 fingerprint. ``--finalize N`` checks that all N markers carry the current fingerprint, links the
-partitions' files into the step Orbax is saving, lets Orbax write the metadata, merge the OCDBT
-manifests and commit once, and removes the staging directory. Until then nothing at DST reads as
+partitions' files into the step being saved, writes Orbax's metadata, merges the OCDBT
+manifests as Orbax does and commits once (:func:`ckptconv.write.orbax.write_checkpoint`), and removes the staging directory. Until then nothing at DST reads as
 complete; a crashed partition is rerun alone (finished ones see their marker and skip).
 
 Jobs are split by output bytes (largest first, each to the least loaded partition), so every
