@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ckptconv.read import buffers
+
 if TYPE_CHECKING:
     from ckptconv.read.spec import ModelSpec
 
@@ -98,7 +100,9 @@ class Permute(Step):
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
         if self.perm == (1, 0):
             return _transpose_2d(x)
-        return np.ascontiguousarray(np.transpose(x, self.perm))
+        out = buffers.empty(tuple(x.shape[p] for p in self.perm), x.dtype)
+        np.copyto(out, np.transpose(x, self.perm))
+        return out
 
     def inverse(self) -> Step:
         inverse = tuple(self.perm.index(axis) for axis in range(len(self.perm)))
@@ -113,7 +117,7 @@ def _transpose_2d(x: np.ndarray, block: int = 16) -> np.ndarray:
     has no fast copy loop in numpy).
     """
     raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
-    out = np.empty(raw.shape[::-1], dtype=raw.dtype)
+    out = buffers.empty(raw.shape[::-1], raw.dtype)
     for start in range(0, raw.shape[0], block):
         out[:, start:start + block] = raw[start:start + block].T
     return out.view(x.dtype)

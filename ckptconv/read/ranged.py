@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 
 from ckptconv.errors import CkptConvError, RemoteError, stop_if_terminated
+from ckptconv.read.buffers import empty as reusable_empty
 from ckptconv.read.waits import DEADLINE_ENV, REQUEST_ENV, Deadlines, announced
 
 log = logging.getLogger("ckptconv")
@@ -57,7 +57,7 @@ def ranged_read(where: str, offset: int, length: int, fetch: Callable[[int, int,
     while it waits; the read gives up after ``policy.attempts`` failures in a row or
     ``deadlines.total_seconds`` without a byte, in one line naming the endpoint.
     """
-    view = memoryview(np.empty(length, np.uint8))  # not bytearray(length): it zeroes what the read overwrites
+    view = memoryview(reusable_empty(length))  # not bytearray(length): it zeroes what the read overwrites
     done = 0
 
     def sink(chunk: bytes) -> None:

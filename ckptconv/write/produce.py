@@ -27,6 +27,7 @@ from ckptconv.families.tiles import ReadUnit, Tile
 from ckptconv.families.transforms import Box, apply_steps, box_shape, box_slices
 from ckptconv.monitor import StageTimer
 from ckptconv.plan.conversion import ConversionPlan, Job, LeafPlan
+from ckptconv.read import buffers
 from ckptconv.read.sources import Source
 from ckptconv.read.spec import ModelSpec
 
@@ -48,10 +49,17 @@ def produce_tiles(plan: ConversionPlan, source: Source, timer: StageTimer,
     handed over (what :func:`ckptconv.plan.estimate.producer_bytes` counts)."""
     options = options or settings.RunOptions()
     if options.workers <= 1:
-        return prefetch(lambda: plan_tiles(plan, source, timer, jobs))
+        return _pooled(lambda: prefetch(lambda: plan_tiles(plan, source, timer, jobs)))
     slots = threading.BoundedSemaphore(options.transforming)
-    return in_order(_unit_makers(plan, source, timer, jobs, slots), options.workers,
-                     options.workers + options.in_flight.prefetch)
+    return _pooled(lambda: in_order(_unit_makers(plan, source, timer, jobs, slots), options.workers,
+                                    options.workers + options.in_flight.prefetch))
+
+
+def _pooled(stream: Callable[[], Iterator[Tile]]) -> Iterator[Tile]:
+    """``stream()``'s tiles, its reads, transposes and casts made in reused buffers (:mod:`ckptconv.read.buffers`)
+    until it ends: the kept buffers are dropped then, before the writer writes what it spilled."""
+    with buffers.pooled():
+        yield from stream()
 
 
 def _unit_makers(plan: ConversionPlan, source: Source, timer: StageTimer, jobs: Collection[int] | None,
@@ -130,7 +138,7 @@ def _assemble(leaf: LeafPlan, box: Box, raws: list[np.ndarray], unit: ReadUnit, 
         return np.zeros(shape, dtype=leaf.dtype)
     if len(raws) == 1:
         return _finish(leaf, apply_steps(raws[0], leaf.steps, spec, unit.step_boxes[k])).reshape(shape)
-    out = np.empty(shape, dtype=leaf.dtype)
+    out = buffers.empty(shape, leaf.dtype)
     axis = leaf.stack_axes[-1]
     for n, raw in enumerate(raws):
         index = (slice(None),) * axis + (n,)
@@ -139,7 +147,7 @@ def _assemble(leaf: LeafPlan, box: Box, raws: list[np.ndarray], unit: ReadUnit, 
 
 
 def _finish(leaf: LeafPlan, data: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(data.astype(leaf.dtype, copy=False))
+    return buffers.cast(data, leaf.dtype)
 
 
 _DONE = object()
