@@ -91,11 +91,18 @@ def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
     assert_rerun_recovers(str(medium_src), dst)
 
 
+@pytest.fixture(scope="module")
+def gcs_medium_src(gcs_server, medium_src) -> str:
+    """``medium_src`` uploaded once for the GCS cases, which only read it (130 MB through the emulator, which keeps
+    every object in memory for the session)."""
+    return gcs_server.upload_dir(medium_src, f"gs://{gcs_server.new_bucket('src')}/medium")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.3, 1.0], ids=["middle", "all-bytes-before-commit"])
 @pytest.mark.fault
-def test_gcs_kill_then_rerun(gcs, medium_src, fraction):
-    src = gcs.upload_dir(medium_src, f"gs://{gcs.new_bucket('src')}/medium")
+def test_gcs_kill_then_rerun(gcs, gcs_medium_src, fraction):
+    src = gcs_medium_src
     dst = f"gs://{gcs.new_bucket('zoo')}/medium"
     status, events = convert_and_kill(src, dst, fraction)
     assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
