@@ -6,6 +6,7 @@ first imported, so the environment is set in ``pytest_configure``, before test m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -36,13 +37,60 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
+class _Harness:
+    """The session's temporary Prefect server (``prefect_test_harness``: SQLite, a server subprocess), started on
+    first use and stopped once the modules that use it are done: left up, it would keep its services and its
+    worker's event loop running for the rest of the session (measured idle: 1.1 s of a core a minute)."""
+
+    def __init__(self) -> None:
+        self._running: contextlib.ExitStack | None = None
+        self.modules: set = set()  # the test modules with a test that asks for ``prefect_server``
+
+    def start(self) -> None:
+        if self._running is None:
+            from prefect.testing.utilities import prefect_test_harness
+
+            running = contextlib.ExitStack()
+            running.enter_context(prefect_test_harness(server_startup_timeout=90))
+            self._running = running
+
+    def stop(self) -> None:
+        if self._running is not None:
+            running, self._running = self._running, None
+            running.close()
+
+
+_SERVER = _Harness()
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
-    """One temporary Prefect server (SQLite) for every flow and task test in the session."""
-    from prefect.testing.utilities import prefect_test_harness
+    """One temporary Prefect server (SQLite) for every flow and task test in the session; stopped after the last
+    test of the modules that use it (``pytest_runtest_teardown``), started again should one of theirs come later."""
+    _SERVER.start()
+    yield
+    _SERVER.stop()
 
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    _SERVER.modules.update(item.path for item in items if "prefect_server" in item.fixturenames)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "prefect_server" in item.fixturenames:  # the session fixture is set up once: this restarts a stopped server
+        _SERVER.start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the test's fixtures are torn down: the server stops when the next test is not in a module that uses it
+    (`make test` runs those modules one after another on one worker: conftest's PREFECT_SERVER_MODULES)."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or nextitem.path not in _SERVER.modules:
+            _SERVER.stop()
 
 
 @pytest.fixture
