@@ -29,9 +29,10 @@ from ckptconv.read.spec import ModelSpec
 # against 196-200 MiB with them (5 runs each, /usr/bin/time, 2 cores). That part varies from run to run by more than the
 # tiles do (up to 70 MiB higher beside a busy test suite than alone; 30-50 MiB more of the shared libraries' pages
 # mapped from a freshly installed venv, which a clean clone's CI has), so the baseline is set from the high end
-# the 1.5x tightness allows: run alone on 2 cores, layers, qwen2.5-1.5b, gemma2-2b, mistral-7b (1 and 4 workers)
-# and qwen3_vl-layers peaked at 0.68-0.85 of their predictions with 140 MiB (0.45-0.55 with the 320 MiB JAX and
-# Orbax had needed: those cases bound it to 86-146 MiB).
+# the 1.5x tightness allows: run one at a time on 2 cores, every memory example (tests/test_memory.py, and
+# test_keep_fp8.py's and test_lora.py's) peaked at 0.67-0.93 of its prediction with 140 MiB (0.45-0.55 with the
+# 320 MiB JAX and Orbax had needed). Those cases bound it to 119-142 MiB: DeepSeek-V3-FP8's widths on 16 devices
+# (297 of 318 MiB) from below, Mixtral-8x7B's widths (229 of 341) from above.
 BASELINE_BYTES = 140 * 1024**2
 # The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host): importing JAX (16 CPU devices),
 # tensorstore and Orbax alone left 523 MiB resident there (VmRSS), and a tiny model converted in 515 MiB, against
