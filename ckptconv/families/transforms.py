@@ -658,7 +658,7 @@ def apply_steps(x: np.ndarray, steps: tuple[Step, ...], spec: ModelSpec, boxes: 
             shape = step.shape(shape, spec)
             boxes.append(full_box(shape))
     if not all(step.exact for step in steps) and x.dtype != np.float32:
-        x = x.astype(np.float32)
+        x = buffers.cast(x, np.float32)
     for step, box in zip(steps, boxes):
         x = step.apply(x, spec, box)
     return x
