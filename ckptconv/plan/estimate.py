@@ -72,7 +72,10 @@ DATA_FILE_FACTOR_LARGE = 1.8
 DATA_FILE_FACTOR_FROM = 128 * 1024**2
 # Parts a writer lane reads back from the spill ahead of the one it copies (ckptconv.write.orbax.READ_AHEAD): a
 # device's part of a tile each.
-READ_AHEAD = 2
+READ_AHEAD = 4
+# Parts a writer lane copies into its data file at once, each held until its write ends
+# (ckptconv.write.orbax.PARTS_IN_FLIGHT), with workers > 1.
+PARTS_IN_FLIGHT = 4
 # Tiles being written to the spill while the stream goes on (ckptconv.write.orbax.SPILL_AHEAD), with workers > 1.
 SPILL_AHEAD = 2
 
@@ -133,8 +136,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     its commit their compressed copy (``options.data_file_bytes``; no more than the output), once per commit lane
     (``options.commit_lanes``, no more than the output's data files). In the source's order with overlapped commits
     (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
-    each lane gathers and then commits its own, reads parts back from the spill ahead of them, and tiles wait for
-    their spill writes."""
+    each lane gathers and then commits its own, reads parts back from the spill ahead of them while others are
+    copied into its data file, and tiles wait for their spill writes."""
     options = options or settings.RunOptions()
     limit = options.data_file_bytes
     if limit <= 0:
@@ -145,7 +148,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
     if options.spill_window_bytes(plan.devices, plan.output_bytes):
-        ahead = READ_AHEAD * -(-max(tiles, default=0) // plan.devices) if options.overlaps_commits else 0
+        part = -(-max(tiles, default=0) // plan.devices)
+        ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part if options.overlaps_commits else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
         return lanes * (committing + ahead) + spilling
     return lanes * committing + gathering
