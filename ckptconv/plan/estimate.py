@@ -34,18 +34,21 @@ from ckptconv.read.spec import ModelSpec
 # 320 MiB JAX and Orbax had needed). Those cases bound it to 119-142 MiB: DeepSeek-V3-FP8's widths on 16 devices
 # (297 of 318 MiB) from below, Mixtral-8x7B's widths (229 of 341) from above.
 BASELINE_BYTES = 140 * 1024**2
-# The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host): importing JAX (16 CPU devices),
-# tensorstore and Orbax alone left 523 MiB resident there (VmRSS), and a tiny model converted in 515 MiB, against
-# 0.19-0.21 GiB here; that kernel counts more of the mapped libraries. The same headroom above it as above ours.
-# Not measured again since conversions stopped importing JAX and Orbax: still an upper bound there, likely a loose one.
-BASELINE_SANDBOX_BYTES = 640 * 1024**2
+# The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host), where that kernel counts more of
+# the mapped libraries. With JAX and Orbax a tiny model converted there in 505-559 MiB (VmRSS sampled) and this was
+# 640 MiB; without them (de5af0a) in 189-194 MiB (3 runs, alternated with b095eb3's 505-559). 320 MiB: a
+# tiny model's peak plus the headroom the heap term below leaves the big cases (Llama-3-8B's widths, 8 layers,
+# 12 workers, 6 lanes: by device 1.53-1.73 GiB against 1.92 predicted with these two constants; 2.19 before).
+BASELINE_SANDBOX_BYTES = 320 * 1024**2
 # There glibc's mmap threshold is 64 MiB (settings.SANDBOX_MMAP_THRESHOLD): freed tile, read and transform buffers
 # stay in its heap, reused instead of faulted in anew, and resident until the next trim. Counted as this share of the
 # producer's term (832 MiB with 12 workers for Llama-3-8B's widths). On the 13-core TPU host (d296427, 12 workers,
 # 8 layers) the defaults peaked at 1.56-1.63 GiB by device (6 lanes) and 1.34 in the source's order, against 1.95 and
 # 1.97 without this term; under bench/threadprof.py (a sampler thread started before the arena cap) the same runs
-# peaked higher, up to 2.26 GiB with 8 lanes against 2.30 without it: the share keeps those under the prediction too.
-SANDBOX_HEAP_SHARE = 0.25
+# peaked higher, up to 2.26 GiB with 8 lanes against 2.30 without it. Without JAX's runtime (de5af0a) the same
+# conversion by device peaked at 1.53-1.73 GiB while its runtime alone fell by about 320 MiB: the stream's own
+# memory there is more than this term counted at 0.25, so 0.3.
+SANDBOX_HEAP_SHARE = 0.3
 # Wall seconds per GiB written, by how the source is stored, measured on 2 cores with local disks
 # (docs/bench/RESULTS.md: the Llama-3-8B shape; docs/bench/GIANTS.md: DeepSeek-V3 and gpt-oss widths). What
 # ``plan`` predicts a conversion's time from; start-up (JAX, Orbax) adds a few seconds. INT4 reuses
