@@ -547,3 +547,40 @@ def test_a_conversion_process_never_imports_jax_or_orbax(tmp_path, synth_dir, de
     for step in ("--partition", "0/2"), ("--partition", "1/2"), ("--finalize", "2"):
         assert convert(tmp_path / "parts", *step) == [], step
     assert (tmp_path / "parts" / "0" / "items" / "ocdbt.process_partition1").is_dir()
+
+
+def test_the_estimate_counts_what_the_writer_holds_ahead():
+    """The memory estimate restates the writer's read-ahead, parts in flight and spill-ahead (the plan must not import
+    the writer's tensorstore machinery): the two must agree, or admission reserves too little."""
+    from ckptconv.plan import estimate
+    from ckptconv.write import orbax
+
+    for name in ("READ_AHEAD", "PARTS_IN_FLIGHT", "SPILL_AHEAD"):
+        assert getattr(estimate, name) == getattr(orbax, name), name
+
+
+def test_a_step_missing_an_array_is_never_committed(tmp_path):
+    """The last check before the commit: every leaf's array is in the merged root database. A finalize that adopts
+    one partition of two, or nothing at all, raises naming what is missing and leaves no complete step 0."""
+    import shutil
+
+    from ckptconv.write.orbax import LeafWrite, write_checkpoint, write_partition
+    from ckptconv.write.step_commit import StepCommit
+
+    leaves = [LeafWrite(("params", name), (4, 8), np.dtype("float32"), (4, 8)) for name in ("a", "b")]
+    staging = tmp_path / "staging"
+    write_partition(str(staging), leaves[:1], [0], lambda: iter([(0, np.s_[:, :], np.ones((4, 8), np.float32))]),
+                    devices=1, process_id="0of2")
+
+    def adopt_first(items) -> None:  # the second partition never ran
+        for child in staging.iterdir():
+            shutil.move(str(child), str(items / child.name))
+
+    with pytest.raises(ValueError, match=r"1 array\(s\) missing from the merged checkpoint, not committed: params\.b"):
+        write_checkpoint(str(tmp_path / "one"), leaves, lambda: iter([]), devices=1, custom_metadata={},
+                         adopt=adopt_first)
+    assert not StepCommit(str(tmp_path / "one")).complete()
+    with pytest.raises(ValueError, match="nothing was written"):
+        write_checkpoint(str(tmp_path / "none"), leaves, lambda: iter([]), devices=1, custom_metadata={},
+                         adopt=lambda items: None)
+    assert not StepCommit(str(tmp_path / "none")).complete()

@@ -32,7 +32,7 @@ from ckptconv.monitor import trim
 from ckptconv.write import codecs, orbax_layout
 from ckptconv.write.orbax_layout import TARGET_FILE_BYTES
 from ckptconv.write.spill import DeviceSpill, write_reserved
-from ckptconv.write.step_commit import StepCommit
+from ckptconv.write.step_commit import StepCommit, write_document
 
 __all__ = ["LeafWrite", "TARGET_FILE_BYTES", "write_checkpoint", "write_partition", "write_shape"]
 
@@ -252,6 +252,11 @@ async def _stream(values: Sequence[_StreamedLeaf], items_dir: str, context: ts.C
     finally:
         if spilled is not None:
             await spilled.close()
+        # a stream left by a failed write ends here, not with the traceback: its workers stop and its reused
+        # buffers (ckptconv.read.buffers) go back, also in a process that goes on (a library caller, a test)
+        close = getattr(stream, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
     for value, count in zip(values, written):
         if count != math.prod(value.shape):
             raise ValueError(f"{'/'.join(value.leaf.path)}: tiles covered {count} of "
@@ -519,15 +524,16 @@ def _write_documents(items_dir: str, values: Sequence[_StreamedLeaf], extra_item
     items = layout.path(items_dir)
     ordered = sorted(values, key=lambda value: value.leaf.path)
     if sharded:
-        (items / orbax_layout.SHARDING_FILE).write_text(orbax_layout.shardings(
+        write_document(items / orbax_layout.SHARDING_FILE, orbax_layout.shardings(
             ((value.name, value.shape) for value in ordered), ordered[0].devices))
         (items / orbax_layout.ARRAY_METADATAS).mkdir(parents=True, exist_ok=True)
-        (items / orbax_layout.ARRAY_METADATAS / f"process_{PROCESS_ID}").write_text(orbax_layout.array_metadatas(
-            (value.name, value.write_shape, value.leaf.chunk_shape) for value in ordered))
+        write_document(items / orbax_layout.ARRAY_METADATAS / f"process_{PROCESS_ID}",
+                       orbax_layout.array_metadatas((value.name, value.write_shape, value.leaf.chunk_shape)
+                                                    for value in ordered))
     leaf_type = orbax_layout.SHARDED if sharded else orbax_layout.NUMPY
     entries = [(value.leaf.path, leaf_type, value.write_shape if sharded else None) for value in ordered]
     entries += [((key,), orbax_layout.extra_value_type(key, value), None) for key, value in extra_items.items()]
-    (items / orbax_layout.METADATA_FILE).write_text(orbax_layout.tree_metadata(entries))
+    write_document(items / orbax_layout.METADATA_FILE, orbax_layout.tree_metadata(entries))
 
 
 def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[], Iterable[Tile]], *,
@@ -580,6 +586,13 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
         _write_documents(items_dir, values, extra_items, devices > 1)
         # a context of its own, as Orbax's merge opens one
         await orbax_layout.merge_process_databases(items_dir, orbax_layout.context(cache))
+        scalars = [key for key, value in extra_items.items()
+                   if orbax_layout.extra_value_type(key, value) == orbax_layout.SCALAR]
+        missing = await orbax_layout.missing_arrays(items_dir, [value.name for value in values] + scalars,
+                                                    orbax_layout.context(cache))
+        if missing:
+            raise ValueError(f"{destination}: {len(missing)} array(s) missing from the merged checkpoint, not "
+                             f"committed: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
 
     asyncio.run(save())
     step.commit()

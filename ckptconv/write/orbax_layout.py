@@ -193,7 +193,7 @@ async def merge_process_databases(items_dir: str, context) -> None:
 
     children = sorted(p.name for p in layout.path(items_dir).iterdir() if p.name.startswith(PROCESS_PREFIX))
     if not children:
-        return
+        raise ValueError(f"{items_dir}: no {PROCESS_PREFIX}* database to merge: nothing was written")
     opened = await asyncio.gather(
         *(ts.KvStore.open(kvstore_spec(f"{_normalize(items_dir)}/{child}"), context=context) for child in children),
         ts.KvStore.open(kvstore_spec(items_dir, merge=True), context=context))
@@ -201,3 +201,14 @@ async def merge_process_databases(items_dir: str, context) -> None:
     txn = ts.Transaction(atomic=True)
     await asyncio.gather(*(source.experimental_copy_range_to(parent.with_transaction(txn)) for source in sources))
     await txn.commit_async()
+
+
+async def missing_arrays(items_dir: str, names: Iterable[str], context) -> list[str]:
+    """Of the arrays ``names``, those whose ``zarr.json`` the merged root database at ``items_dir`` does not list:
+    the last check before a step may commit (one listing of the manifest, no data read), so a step whose arrays were
+    not all written (partitions adopted short of one, a lane's database lost) is never marked complete."""
+    import tensorstore as ts
+
+    root = await ts.KvStore.open(kvstore_spec(items_dir), context=context)
+    listed = {key.decode() for key in await root.list()}
+    return [name for name in names if f"{name}/zarr.json" not in listed]

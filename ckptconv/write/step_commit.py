@@ -11,6 +11,7 @@ protocol, :mod:`ckptconv.write.destination`, has refused any other before this p
 
 from __future__ import annotations
 
+import os
 import time
 
 from ckptconv import layout
@@ -18,6 +19,30 @@ from ckptconv.write import orbax_layout
 from ckptconv.write.destination import OUR_TMP
 
 COMMIT_TEXT = "Checkpoint commit was successful to {}"
+
+
+def write_document(path, text: str) -> None:
+    """Write one of the step's small documents; locally also flush it to the disk, so that the renames that commit
+    the step (after :func:`sync_directory`) never publish a document a power cut could leave empty. On gs:// an
+    object is durable once its upload returns."""
+    path.write_text(text)
+    if not layout.is_gcs(str(path)):
+        descriptor = os.open(os.fspath(path), os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def sync_directory(path) -> None:
+    """Flush a local directory's entries (its new files and renames) to the disk; nothing to do on gs://."""
+    if layout.is_gcs(str(path)):
+        return
+    descriptor = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 class StepCommit:
@@ -57,15 +82,18 @@ class StepCommit:
         self.items.mkdir(parents=False, exist_ok=False)
 
     def _write_step_metadata(self, commit_ns: int | None) -> None:
-        (self.step / orbax_layout.STEP_METADATA_FILE).write_text(
-            orbax_layout.step_metadata(self._custom, self._init_ns, commit_ns))
+        write_document(self.step / orbax_layout.STEP_METADATA_FILE,
+                       orbax_layout.step_metadata(self._custom, self._init_ns, commit_ns))
 
     def commit(self) -> None:
         """The item's commit file and rename, then the step's: from here step 0 is complete."""
-        (self.items / layout.COMMIT_MARKER).write_text(COMMIT_TEXT.format(self.items_final))
+        write_document(self.items / layout.COMMIT_MARKER, COMMIT_TEXT.format(self.items_final))
         if not self.remote:
+            sync_directory(self.items)
             self.items.rename(self.items_final)
         self._write_step_metadata(time.time_ns())
-        (self.step / layout.COMMIT_MARKER).write_text(COMMIT_TEXT.format(self.final))
+        write_document(self.step / layout.COMMIT_MARKER, COMMIT_TEXT.format(self.final))
         if not self.remote:
+            sync_directory(self.step)
             self.step.rename(self.final)
+            sync_directory(self.root)
