@@ -18,7 +18,7 @@ from ckptconv import __version__, host, layout, rssplot, settings, storage_failu
 from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
 from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
-from ckptconv.plan import devices, estimate
+from ckptconv.plan import estimate
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
 from ckptconv.read import waits
@@ -201,7 +201,6 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         if not state.empty:
             destination.clear(request.destination)
         dst.begin(writing)
-    devices.configure(request.devices)
     tune_malloc()
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
@@ -335,7 +334,7 @@ def restore_figures(dst: str) -> dict:
     if figures is not None and "error" not in figures:
         try:
             figures.update(restore_probe.time_device_read(items, leaves))
-        except (ValueError, OSError, CkptConvError) as err:  # a report field, never a reason to fail
+        except (ValueError, TypeError, OSError, CkptConvError) as err:  # a report field, never a reason to fail
             figures["read_error"] = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
     return figures
 

@@ -1,8 +1,10 @@
-"""Simulated CPU devices for sharding: set before JAX starts, checked after.
+"""Simulated CPU devices for the commands that run JAX: set before JAX starts, checked after.
 
-XLA reads ``--xla_force_host_platform_device_count`` once, when JAX creates its backend, so
-the conversion process must set it before importing JAX. The CLI does that; a caller that
-already started JAX with too few devices gets a clear error instead of a wrong layout.
+XLA reads ``--xla_force_host_platform_device_count`` once, when JAX creates its backend, so a
+process that restores onto N CPU devices (``restore-check --cpu-devices N``) must set it before
+importing JAX; a caller that already started JAX with too few devices gets a clear error. A
+conversion needs no JAX at all (its writer lays out the shards itself, ckptconv.write.orbax), so
+any number of devices converts in any process.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ def _free_refs() -> int:
 
 
 FREE_REFS = _free_refs()
+# Whether a reference count can say a buffer is free: CPython with its GIL, where it counts exactly the list's and the
+# call's references (2). Elsewhere (a free-threaded build defers counts) every request gets a fresh array, as before.
+COUNTS_TELL = FREE_REFS == 2 and getattr(sys, "_is_gil_enabled", lambda: True)()
 
 
 class Pool:
@@ -58,7 +61,7 @@ class Pool:
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.min_bytes or not self._scopes:
+        if nbytes < self.min_bytes or not self._scopes or not COUNTS_TELL:
             return np.empty(shape, dtype)
         with self._lock:
             buffer = self._take(nbytes)

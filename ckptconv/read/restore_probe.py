@@ -64,11 +64,11 @@ def time_device_read(items: str, leaves: list[StoredLeaf], device: int = 0, limi
     start = time.perf_counter()
     decoded = 0
     in_flight: deque = deque()
-    stores: dict[tuple[str, ...], object] = {}
+    path, store = None, None  # the leaf being read: pieces come leaf by leaf, so one store is open at a time
     for leaf, index, _ in sample(planned, shard, limit):
-        if leaf.path not in stores:
-            stores[leaf.path] = open_items_leaf(items, leaf.path)
-        in_flight.append(stores[leaf.path][index].read())
+        if leaf.path != path:
+            path, store = leaf.path, open_items_leaf(items, leaf.path)
+        in_flight.append(store[index].read())
         while len(in_flight) >= IN_FLIGHT:
             decoded += in_flight.popleft().result().nbytes
     while in_flight:
