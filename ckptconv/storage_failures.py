@@ -36,6 +36,8 @@ LIBRARY_CONDITIONS: dict[str, str] = {
 FAILED_PATH = (r'(?:Failed writing|Error writing|local file|opening): "([^"]+)"', r"Error writing (gs://[^:\s]+)",
                r"'(/[^']+)'")
 GCS_UPLOAD_URL = r"/b/([^/?\s]+)/o\?name=([^&\s]+)"  # gcsfs names the object only in its upload URL
+# tensorstore names a key of an OCDBT database apart from the database (opening an array: its zarr.json)
+OCDBT_KEY = r'Error writing "([^"]+)" in OCDBT database at (\S+?): '
 
 
 def _causes(err: BaseException) -> Iterator[BaseException]:
@@ -61,6 +63,9 @@ def as_storage_error(err: BaseException, consequence: str = "", work: str = "wri
 
 
 def _named_path(text: str) -> str | None:
+    key = re.search(OCDBT_KEY, text)
+    if key:
+        return key.group(2).rstrip("/") + "/" + key.group(1)
     found = next((m for m in (re.search(pattern, text) for pattern in FAILED_PATH) if m), None)
     if found:
         return found.group(1)
