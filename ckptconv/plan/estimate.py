@@ -174,11 +174,19 @@ def job_figures(plan: ConversionPlan) -> list[JobFigures]:
                        job.tiling.unit_bytes) for job in plan.jobs]
 
 
+# With several workers the producer's reused buffers (ckptconv.read.buffers) stay resident between units, and a
+# worker may leave one free in the pool while it makes its next of another size: counted as this many units per
+# worker. Llama-3-70B's widths with 6 workers (tests/test_memory.py) peaked at 824-938 MiB in three runs (867 against
+# 892 predicted without it in a clean clone's memory phase; 938 against 988 with it, alone on 2 cores); Qwen3's
+# 4-worker example at 458-491 against 596 without it, 660 with it; one worker's peaks stayed at 0.72-0.90.
+POOL_SLACK_UNITS = 1
+
+
 def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
     """What the producer holds for a job at most. One worker: its tiles alive (queued, handed over, in tensorstore's
     writes) and the unit being made. ``workers`` > 1: ``workers + prefetch`` units made or being made, each holding
-    its tiles; of the workers, ``transforming`` also their work, the others their read; and the tiles in
-    tensorstore's writes."""
+    its tiles; of the workers, ``transforming`` also their work, the others their read; the tiles in
+    tensorstore's writes; and the reused buffers' slack (``POOL_SLACK_UNITS`` per worker)."""
     limits = options.in_flight
     if options.workers <= 1:
         return limits.tiles_alive * figures.tile + figures.work
@@ -186,7 +194,7 @@ def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
     transforming = min(options.transforming, options.workers)
     read = min(figures.work, figures.read)
     return (units * figures.unit + transforming * figures.work + (options.workers - transforming) * read
-            + limits.writes * figures.tile)
+            + limits.writes * figures.tile + POOL_SLACK_UNITS * options.workers * figures.unit)
 
 
 def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: settings.RunOptions | None = None,
