@@ -584,12 +584,11 @@ def write_checkpoint(destination: str, leaves: Sequence[Leaf], tiles: Callable[[
             await _stream(values, items_dir, context, tiles, on_tile, options=options)
         await _write_extras(extra_items, items_dir, context, codec)
         _write_documents(items_dir, values, extra_items, devices > 1)
-        # a context of its own, as Orbax's merge opens one
-        await orbax_layout.merge_process_databases(items_dir, orbax_layout.context(cache))
+        merged = orbax_layout.context(cache)  # a context of its own, as Orbax's merge opens one; the check reads it
+        await orbax_layout.merge_process_databases(items_dir, merged)
         scalars = [key for key, value in extra_items.items()
                    if orbax_layout.extra_value_type(key, value) == orbax_layout.SCALAR]
-        missing = await orbax_layout.missing_arrays(items_dir, [value.name for value in values] + scalars,
-                                                    orbax_layout.context(cache))
+        missing = await orbax_layout.missing_arrays(items_dir, [value.name for value in values] + scalars, merged)
         if missing:
             raise ValueError(f"{destination}: {len(missing)} array(s) missing from the merged checkpoint, not "
                              f"committed: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")

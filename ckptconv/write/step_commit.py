@@ -21,28 +21,28 @@ from ckptconv.write.destination import OUR_TMP
 COMMIT_TEXT = "Checkpoint commit was successful to {}"
 
 
-def write_document(path, text: str) -> None:
-    """Write one of the step's small documents; locally also flush it to the disk, so that the renames that commit
-    the step (after :func:`sync_directory`) never publish a document a power cut could leave empty. On gs:// an
+def _fsync(path, flags: int) -> None:
+    """Flush a local file or directory (``flags``: how to open it) to the disk; nothing to do on gs://, where an
     object is durable once its upload returns."""
-    path.write_text(text)
-    if not layout.is_gcs(str(path)):
-        descriptor = os.open(os.fspath(path), os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
-def sync_directory(path) -> None:
-    """Flush a local directory's entries (its new files and renames) to the disk; nothing to do on gs://."""
     if layout.is_gcs(str(path)):
         return
-    descriptor = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    descriptor = os.open(os.fspath(path), flags)
     try:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def write_document(path, text: str) -> None:
+    """Write one of the step's small documents and flush it, so that the renames that commit the step (after
+    :func:`sync_directory`) never publish a document a power cut could leave empty."""
+    path.write_text(text)
+    _fsync(path, os.O_RDONLY)
+
+
+def sync_directory(path) -> None:
+    """Flush a local directory's entries (its new files and renames) to the disk."""
+    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
 
 
 class StepCommit:
