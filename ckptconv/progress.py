@@ -6,32 +6,71 @@ a carriage-return update that a log would keep as one endless line. (None at the
 that fails at once still says only its one error line.)
 The Prefect task runs the conversion in a child process and parses ``--progress jsonl`` lines
 from its stderr. Every mode reports tensors and bytes done and the current RSS.
+
+``CKPTCONV_TEST_HOLD_AT`` is a test hook (see :class:`Hold`): a run stops itself at a named event,
+so that a test interrupts it at a known point however fast or slow the machine is.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
-from typing import Callable, TextIO
+from dataclasses import dataclass
+from typing import Callable, Mapping, TextIO
 
 from ckptconv.monitor import current_rss_bytes
 
 GIB = 1024**3
 MIB = 1024**2
 LINE_SECONDS = 10.0  # between two progress lines without a terminal
+JSONL_SECONDS = 0.5  # at most one ``progress`` event per this interval (and one when every byte is done)
+HOLD_ENV = "CKPTCONV_TEST_HOLD_AT"
+
+
+@dataclass
+class Hold:
+    """Where a test wants the run held: ``CKPTCONV_TEST_HOLD_AT=KIND[:SHARE]``, unset (hold nothing) in production.
+
+    Right after printing its first ``KIND`` event (``plan``, ``progress``, ...; ``jsonl`` mode only) the process
+    stops itself with SIGSTOP, once; the test that set it sees the line, finds the process stopped, and signals,
+    kills or continues it (SIGCONT) at that point. With ``progress:SHARE`` the event is the first at or past that
+    share of the bytes, printed when the share is reached rather than at the next interval. A test that only
+    reacts to a line races the run: a fast run may have gone past the point, or finished, before the test acts.
+    """
+
+    kind: str = ""
+    share: float = 0.0
+    held: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Hold:
+        kind, _, share = env.get(HOLD_ENV, "").partition(":")
+        return cls(kind, float(share) if share else 0.0)  # a malformed share fails the test that set it, loudly
+
+    def due(self, kind: str, done: float) -> bool:
+        """Whether an event ``kind`` with ``done`` (share of the bytes, 0 to 1) is where the run is to be held."""
+        return not self.held and kind == self.kind and done >= self.share
+
+    def stop(self) -> None:
+        self.held = True
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class Progress:
     """Counts tensors and bytes written; renders as ``bar``, ``jsonl`` or ``none``.
 
     ``clock`` is this object's own (``time.monotonic`` unless given): a test drives it without touching
-    the process-wide clock that other threads in the same process read.
+    the process-wide clock that other threads in the same process read. ``hold`` defaults to the
+    environment's (:class:`Hold`).
     """
 
     def __init__(self, total_tensors: int, total_bytes: int, mode: str = "bar", stream: TextIO = sys.stderr,
-                 desc: str = "convert", clock: Callable[[], float] = time.monotonic) -> None:
+                 desc: str = "convert", clock: Callable[[], float] = time.monotonic, hold: Hold | None = None) -> None:
         self.total_tensors, self.total_bytes = total_tensors, total_bytes
+        self._hold = Hold.from_env() if hold is None else hold
         self.tensors = self.bytes = 0
         self.mode, self.stream, self.desc = mode, stream, desc
         self._clock = clock
@@ -56,7 +95,8 @@ class Progress:
                 self._line(rss)
         elif self.mode == "jsonl":
             now = self._clock()
-            if now - self._last_emit >= 0.5 or self.bytes >= self.total_bytes:
+            if (now - self._last_emit >= JSONL_SECONDS or self.bytes >= self.total_bytes
+                    or self._hold.due("progress", self._share())):
                 self._last_emit = now
                 self.event("progress", tensors=self.tensors, total_tensors=self.total_tensors,
                            bytes=self.bytes, total_bytes=self.total_bytes, rss_bytes=rss)
@@ -66,6 +106,11 @@ class Progress:
         if self.mode == "jsonl":
             self.stream.write("CKPTCONV " + json.dumps({"event": kind, **fields}, allow_nan=False) + "\n")
             self.stream.flush()
+            if self._hold.due(kind, self._share()):
+                self._hold.stop()
+
+    def _share(self) -> float:
+        return self.bytes / self.total_bytes if self.total_bytes else 1.0
 
     def _line(self, rss: int) -> None:
         """One whole line: share done, bytes, tensors, rate, ETA, RSS."""

@@ -1,5 +1,9 @@
 """Stopping a conversion: SIGTERM ends it with one line and a state a rerun finishes; a conversion
-started by a Prefect task ends itself when that task's process dies (no orphan keeps writing)."""
+started by a Prefect task ends itself when that task's process dies (no orphan keeps writing).
+
+Each conversion here holds itself (``tests.held``) at the point it is to be interrupted, so the
+signal lands there however fast the run is: a line read and then a signal sent is a race a quick
+run wins (it is past the point, or done, before the signal lands)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pytest
 from ckptconv.commands import synth
 from ckptconv.write import destination
 from tests.conftest import ROOT
+from tests.held import hold_at, wait_held
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
                          intermediate_size=2048)
@@ -26,11 +31,13 @@ def _start(src, dst, **env):
                             stderr=subprocess.PIPE, text=True)
 
 
-def _first_event(proc) -> None:
-    """Wait for the conversion's first progress event (the plan is done, writing starts)."""
+def _held_at(proc, kind: str) -> None:
+    """Wait for the conversion's ``kind`` event, at which it stops itself (``hold_at(kind)`` in its environment)."""
     for line in proc.stderr:
-        if line.startswith("CKPTCONV "):
+        if line.startswith(f'CKPTCONV {{"event": "{kind}"'):
+            wait_held(proc.pid)
             return
+    raise AssertionError(f"the conversion ended (exit {proc.wait()}) without a {kind} event")
 
 
 @pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "ckptconv: terminated (SIGTERM)"),
@@ -38,9 +45,8 @@ def _first_event(proc) -> None:
 @pytest.mark.fault
 def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path, signum, status, line):
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
-    proc = _start(src, dst)
-    _first_event(proc)
-    proc.send_signal(signal.SIGSTOP)  # hold it mid-conversion, however slowly this process gets scheduled
+    proc = _start(src, dst, **hold_at("progress"))
+    _held_at(proc, "progress")  # mid-conversion: its first tile written, every other tile and the commit ahead
     proc.send_signal(signum)
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
@@ -56,24 +62,41 @@ def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_d
 
 @pytest.mark.fault
 def test_a_conversion_whose_task_process_dies_stops_too(synth_dir, tmp_path):
-    """The parent here is tasks.child.stream_child in its own process, SIGKILLed mid-conversion."""
+    """The parent here is tasks.child.stream_child in its own process, SIGKILLed mid-conversion (the child
+    held at its first written tile meanwhile, then let go: what ends it is its parent's death). The test
+    keeps the reading end of the child's output open, as a worker's other processes may: a child that
+    only died of its next write to a pipe nobody reads would pass without ever hearing its parent die."""
     src, dst, pidfile = synth_dir(MODEL, fast=True), tmp_path / "dst", tmp_path / "child.pid"
     script = ("import sys; from tasks.child import stream_child, child_env; "
               "stream_child(['convert', sys.argv[1], sys.argv[2], '--devices', '4', '--progress', 'jsonl'], "
               "child_env(4), lambda line, pid: open(sys.argv[3], 'w').write(str(pid)))")
-    parent = subprocess.Popen([sys.executable, "-c", script, str(src), str(dst), str(pidfile)], cwd=ROOT)
+    parent = subprocess.Popen([sys.executable, "-c", script, str(src), str(dst), str(pidfile)], cwd=ROOT,
+                              env={**os.environ, **hold_at("progress")})  # child_env passes it on
     deadline = time.monotonic() + 300  # the child's first line: JAX's import alone takes a while on a busy machine
     while not (pidfile.exists() and pidfile.read_text()):
         assert time.monotonic() < deadline and parent.poll() is None
         time.sleep(0.05)
     child = int(pidfile.read_text())
-    os.kill(parent.pid, signal.SIGKILL)
-    parent.wait()
-    deadline = time.monotonic() + 120  # SIGTERM from PR_SET_PDEATHSIG at once; 120 s only bounds a busy machine
-    while _alive(child):
-        assert time.monotonic() < deadline, "the conversion outlived the task process that started it"
-        time.sleep(0.1)
+    wait_held(child)
+    output = _reading_end(parent.pid, child)
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        os.kill(child, signal.SIGCONT)  # its SIGTERM (PR_SET_PDEATHSIG) waited while it was stopped
+        deadline = time.monotonic() + 120  # SIGTERM from PR_SET_PDEATHSIG at once; 120 s only bounds a busy machine
+        while _alive(child):
+            assert time.monotonic() < deadline, "the conversion outlived the task process that started it"
+            time.sleep(0.1)
+    finally:
+        os.close(output)
     assert not destination.inspect_state(str(dst)).complete
+
+
+def _reading_end(parent: int, child: int) -> int:
+    """A descriptor of the pipe ``parent`` reads ``child``'s output from, opened through /proc."""
+    pipe = os.readlink(f"/proc/{child}/fd/1")
+    fd = next(fd for fd in os.listdir(f"/proc/{parent}/fd") if os.readlink(f"/proc/{parent}/fd/{fd}") == pipe)
+    return os.open(f"/proc/{parent}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
 
 
 def _alive(pid: int) -> bool:
@@ -89,9 +112,8 @@ def test_two_conversions_into_one_destination_one_refused_the_other_verifies(syn
     from tests.conftest import run_cli
 
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
-    first = _start(src, dst)
-    _first_event(first)
-    first.send_signal(signal.SIGSTOP)  # it holds the lock until the second has tried, however slow the second's start
+    first = _start(src, dst, **hold_at("plan"))
+    _held_at(first, "plan")  # it holds the lock until the second has tried, however slow the second's start
     try:
         second = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none")
     finally:
