@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ckptconv.commands import synth
+from ckptconv.commands.convert import ConvertRequest, convert
 from ckptconv.families import BY_MODEL_TYPE, FAMILIES
 from tests import maxtext_forward
 from tests.conftest import run_cli
@@ -150,10 +151,11 @@ def test_logits_match_hf(tmp_path, synth_dir, case):
     model, scan = CASES[case]
     family, example = EXAMPLES[case]
     src, dst = synth_dir(model), tmp_path / "dst"
-    flags = ["--devices", str(example.devices), "--dtype", "float32", "--scan-layers" if scan else "--no-scan-layers",
-             *(["--multimodal"] if example.multimodal else [])]
-    result = run_cli("convert", str(src), str(dst), "--progress", "none", *flags)
-    assert result.returncode == 0, result.stderr
+    # in this process (convert imports neither JAX nor Orbax: the device count is the request's); the CLI's own
+    # path is test_gemma3_conditional_generation_checkpoint_saved_by_transformers's, which runs it in a child
+    report = convert(ConvertRequest(str(src), str(dst), devices=example.devices, scan_layers=scan, dtype="float32",
+                                    progress="none", multimodal=example.multimodal))
+    assert report["status"] == "complete" and report["scan_layers"] is scan
 
     tokens = np.random.default_rng(3).integers(0, model.vocab_size, size=12)
     expected = hf_logits(src, tokens, conditional=CONDITIONAL.get(model.model_type, False), eager=family.name in EAGER)
