@@ -22,18 +22,21 @@ from ckptconv import layout
 from ckptconv.commands import synth
 from ckptconv.write import destination
 from tests.conftest import ROOT, run_cli
+from tests.held import hold_at, wait_held
 
-# ~130 MB of bf16 in three shards: about 2 s of writing here, several progress events.
+# ~130 MB of bf16 in three shards: 178 tensors, so each share of the bytes is reached at a tile of its own.
 MEDIUM = synth.SynthModel(vocab_size=32000, hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=4,
                           head_dim=64, intermediate_size=1536)
 
 
 def convert_and_kill(src: str, dst: str, fraction: float, devices: int = 4) -> tuple[int, list[dict]]:
-    """Run ``convert`` and SIGKILL it once its progress reaches ``fraction`` of the bytes.
+    """Run ``convert`` and SIGKILL it where its progress reaches ``fraction`` of the bytes.
 
-    Returns the exit status (-9 if the kill landed) and the progress events seen.
+    The run holds itself at that event (``tests.held``), so the kill lands there however fast the run:
+    killed only after reading the line, a quick run had gone on to commit (``fraction`` 1.0) or past
+    the share it was to die at. Returns the exit status (-9: the kill landed) and the events seen.
     """
-    env = {**os.environ}
+    env = {**os.environ, **hold_at("progress", fraction)}
     env.pop("XLA_FLAGS", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "ckptconv", "convert", src, dst, "--devices", str(devices), "--progress", "jsonl"],
@@ -46,6 +49,7 @@ def convert_and_kill(src: str, dst: str, fraction: float, devices: int = 4) -> t
             event = json.loads(line.removeprefix("CKPTCONV "))
             events.append(event)
             if event["event"] == "progress" and event["bytes"] >= fraction * event["total_bytes"] > 0:
+                wait_held(process.pid)
                 os.kill(process.pid, signal.SIGKILL)
                 break
         return process.wait(timeout=120), events
@@ -54,6 +58,13 @@ def convert_and_kill(src: str, dst: str, fraction: float, devices: int = 4) -> t
             process.kill()
             process.wait()
         process.stderr.close()
+
+
+def assert_killed_at(event: dict, fraction: float) -> None:
+    """The kill landed where the case says: at ``fraction`` of the bytes, and before the last byte unless
+    ``fraction`` is 1 (then every byte written, nothing committed)."""
+    assert event["event"] == "progress" and event["bytes"] >= fraction * event["total_bytes"], event
+    assert (event["bytes"] == event["total_bytes"]) == (fraction == 1.0), event
 
 
 def assert_incomplete(dst: str) -> None:
@@ -85,6 +96,7 @@ def test_local_kill_then_rerun(tmp_path, medium_src, fraction):
     status, events = convert_and_kill(str(medium_src), dst, fraction)
     assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
     assert not any(event["event"] == "done" for event in events)
+    assert_killed_at(events[-1], fraction)
     state = destination.inspect_state(dst)
     assert not state.complete and state.leftovers and state.report["status"] == "writing"  # our pending report
     assert_incomplete(dst)
@@ -106,6 +118,7 @@ def test_gcs_kill_then_rerun(gcs, gcs_medium_src, fraction):
     dst = f"gs://{gcs.new_bucket('zoo')}/medium"
     status, events = convert_and_kill(src, dst, fraction)
     assert status == -signal.SIGKILL, f"the conversion finished before the kill: {events[-3:]}"
+    assert_killed_at(events[-1], fraction)
     objects = gcs.objects(dst)
     assert objects and "0/commit_success.txt" not in objects
     assert destination.inspect_state(dst).report["status"] == "writing"  # only our pending report
