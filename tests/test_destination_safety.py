@@ -214,19 +214,24 @@ def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, 
     import sys
 
     from tests.conftest import ROOT
+    from tests.held import hold_at, wait_held
     from tests.test_signals import MODEL
 
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
     assert _convert(src, dst).returncode == 0
+    # held at its first written tile (tests.held): killed when a poll saw the new files, a quick run had
+    # sometimes swapped them in already
     replacing = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
-                                  "--progress", "none", "--overwrite", "--dtype", "float32"], cwd=ROOT,
-                                 stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((dst / "ckptconv-replacement").glob("*")):
-        assert replacing.poll() is None and time.monotonic() < deadline, replacing.stderr.read()
-        time.sleep(0.01)
+                                  "--progress", "jsonl", "--overwrite", "--dtype", "float32"], cwd=ROOT,
+                                 env={**os.environ, **hold_at("progress")}, stderr=subprocess.PIPE, text=True)
+    for line in replacing.stderr:
+        if line.startswith('CKPTCONV {"event": "progress"'):
+            break
+    wait_held(replacing.pid)
+    assert list((dst / "ckptconv-replacement").glob("*")), "the new checkpoint is written beside the old one"
     replacing.send_signal(signal.SIGKILL)
     replacing.wait()
+    replacing.stderr.close()
     assert destination_complete(dst)
     assert json.loads((dst / "ckptconv-report.json").read_text())["dtype"] == "bfloat16"
     assert run_cli("verify", str(src), str(dst)).returncode == 0

@@ -16,6 +16,7 @@ import pytest
 
 from ckptconv.commands import synth
 from tests.conftest import run_cli
+from tests.held import hold_at, wait_held
 from tests.test_convert import restore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +36,9 @@ def _finalize(src, dst: str, count: int):
 
 def _partition_killed_as_it_writes(src, dst: str, spec: str) -> int:
     """Run a partition and SIGKILL it when it says it starts writing (its "plan" event: its earlier
-    attempt is already reset, its writer about to start), not after some time: its exit status."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    attempt is already reset, its writer about to start), not after some time: its exit status.
+    It holds itself there (tests.held): killed only after the line was read, a quick one could finish."""
+    env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **hold_at("plan")}
     process = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), dst, "--devices", "4",
                                 "--progress", "jsonl", "--partition", spec],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -44,6 +46,7 @@ def _partition_killed_as_it_writes(src, dst: str, spec: str) -> int:
         for line in process.stderr:
             event = json.loads(line.removeprefix("CKPTCONV ")) if line.startswith("CKPTCONV ") else {}
             if event.get("event") == "plan":
+                wait_held(process.pid)
                 os.kill(process.pid, signal.SIGKILL)
                 break
         return process.wait(timeout=300)

@@ -212,18 +212,20 @@ def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir,
     import sys
 
     from tests.conftest import ROOT
+    from tests.held import hold_at, wait_held
 
     src, dst = synth_dir(), tmp_path / "dst"
     for index in range(2):
         assert _partition(src, dst, f"{index}/2").returncode == 0
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # held there (tests.held): a SIGSTOP sent after reading the line let a quick finalize commit first
     proc = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
-                             "--progress", "jsonl", "--finalize", "2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "--progress", "jsonl", "--finalize", "2"], cwd=ROOT, env={**env, **hold_at("plan")},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
-        if line.startswith("CKPTCONV "):  # the plan event: the partitions are checked, the commit starts
+        if line.startswith('CKPTCONV {"event": "plan"'):  # the partitions are checked, the commit starts
             break
-    proc.send_signal(signal.SIGSTOP)
+    wait_held(proc.pid)
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
