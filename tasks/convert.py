@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import task_run
 from prefect.tasks import exponential_backoff
 
+from ckptconv.progress import HOLD_ENV
 from tasks.admission import admitted, configured_limit, ensure_limit, slots_needed
 from tasks.child import child_env, stream_child
 from tasks.failures import retryable
@@ -43,8 +44,9 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
         report_path = os.path.join(tmp, "report.json")
         # the run plans its workers within what it holds (ckptconv's --memory-budget): it uses what was reserved
         budget = ["--memory-budget", f"{gb}GiB"]
-        result = stream_child(job.convert_args(report_path) + list(extra_args) + budget, child_env(job.devices),
-                              _kill_hook(job.slug, progress.on_line), timeout_seconds)
+        on_line, hold = _kill_hook(job.slug, progress.on_line)
+        result = stream_child(job.convert_args(report_path) + list(extra_args) + budget,
+                              {**child_env(job.devices), **hold}, on_line, timeout_seconds)
         result.check(f"ckptconv convert {job.source}", timeout_seconds)
         with open(report_path) as f:
             report = json.load(f)
@@ -56,18 +58,19 @@ def convert_checkpoint(job: Conversion, predicted_peak_bytes: int,
             "attempts": task_run.run_count, "admission": admission}
 
 
-def _kill_hook(slug: str, on_line: Callable[[str, int], None]) -> Callable[[str, int], None]:
-    """Test hooks, as an OOM kill would look: SIGKILL the child at its first event on attempt N
+def _kill_hook(slug: str, on_line: Callable[[str, int], None]) -> tuple[Callable[[str, int], None], dict[str, str]]:
+    """Test hooks, as an OOM kill would look: SIGKILL the child at its first event (its plan) on attempt N
     (CKPTCONV_TEST_KILL_ON_ATTEMPT=N), or on every attempt of one model on this worker
-    (CKPTCONV_TEST_KILL_MODEL=slug)."""
+    (CKPTCONV_TEST_KILL_MODEL=slug). Returns the line handler and what the child's environment needs: the
+    child holds itself at that event (ckptconv.progress.Hold), so a quick one cannot finish before the kill."""
     attempt = os.environ.get(KILL_HOOK)
     on_attempt = bool(attempt) and int(attempt) == task_run.run_count
     if not on_attempt and os.environ.get(KILL_MODEL_HOOK) != slug:
-        return on_line
+        return on_line, {}
 
     def killing(line: str, pid: int) -> None:
         on_line(line, pid)
         if line.startswith(PREFIX):
             os.kill(pid, signal.SIGKILL)
 
-    return killing
+    return killing, {HOLD_ENV: "plan"}
