@@ -48,6 +48,9 @@ PARTS_IN_FLIGHT = 4
 # Tiles whose device parts are being written to the spill while the stream goes on, with workers > 1 (the estimate's
 # writer term counts them).
 SPILL_AHEAD = 2
+# How much larger than a tile the memory it lies in may be for a write to refer to it instead of copying it (a
+# pooled buffer is rounded up to a page, ckptconv.read.buffers.ALIGN): see _owns.
+OWN_SLACK_BYTES = 1 << 12
 # The process id a whole conversion's arrays are written under (Orbax's process index on one host:
 # ``ocdbt.process_0``); its other lanes write ``ocdbt.process_0lane<k>``.
 PROCESS_ID = "0"
@@ -384,9 +387,9 @@ class _Writer:
     async def write(self, store: Any, region: Region, data: np.ndarray, leaf: Leaf | None) -> None:
         if self.batch.full(data.nbytes):
             await self.commit()
-        write = self.batch.store(store)[region].write(data)
+        write = self.batch.store(store)[region].write(data, can_reference_source_data_indefinitely=_owns(data) or None)
         if not self._held:
-            await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
+            await write.copy  # tensorstore holds its own copy, or a reference to `data` (the pool sees it held)
         self._in_flight.append((write, leaf, data.nbytes, data if self._held else None))
         self.batch.add(data.nbytes)
         while len(self._in_flight) >= self._writes:
@@ -418,6 +421,35 @@ class _Writer:
         if self._committing is not None:
             committing, self._committing = self._committing, None
             await committing
+
+
+def _owns(data: np.ndarray) -> bool:
+    """Whether a write may keep a reference to ``data`` instead of copying it into the transaction's chunks: when
+    ``data`` is (within a page) the whole of the memory it lies in, so referring to it holds no more than the copy
+    would have.
+
+    Tensorstore then keeps ``data`` (a Python reference) until the data file commits, in place of a chunk buffer of
+    the same bytes: one copy of every byte fewer, and no fresh chunk buffer faulted in and zeroed page by page. A
+    pooled buffer (:mod:`ckptconv.read.buffers`) is not handed out again meanwhile: the pool sees the reference. A
+    tile that is a view into a larger buffer (a split of a fused tensor) is copied as before: referring to it would
+    hold the whole buffer until the commit.
+    """
+    owner: Any = data
+    while True:
+        if isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        elif isinstance(owner, memoryview) and owner.obj is not None:
+            owner = owner.obj
+        else:
+            break
+    if isinstance(owner, np.ndarray):
+        size = owner.nbytes
+    else:
+        try:
+            size = memoryview(owner).nbytes
+        except (TypeError, ValueError):
+            return False
+    return data.flags.c_contiguous and size - data.nbytes < OWN_SLACK_BYTES
 
 
 class _Batch:
