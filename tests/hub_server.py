@@ -102,6 +102,7 @@ class FakeHub:
         self.log: list[Logged] = []
         self.faults: list[str] = []
         self.stall_seconds = self.STALL_SECONDS  # how long a "stall" fault keeps the connection silent
+        self.unstall = threading.Event()  # set: a stall ends now (a test that acts during one, then lets it go)
         self.fault_min_bytes = 4096  # faults hit tensor reads, not the 8-byte header-length reads
         self.lock = threading.Lock()
         self.endpoint = self.cdn = ""
@@ -379,7 +380,7 @@ def _handler(hub: FakeHub, role: str) -> type[BaseHTTPRequestHandler]:
                         return
                     if fault == "stall" and taken >= max(1, expected // 2):
                         entry.status = -1  # seen by tests: the upload is under way and now stalled
-                        time.sleep(hub.stall_seconds)
+                        hub.unstall.wait(hub.stall_seconds)
                         fault = None
             if part:
                 etag = hashlib.md5(where.read_bytes()).hexdigest()
@@ -660,7 +661,8 @@ def hub(fake_hub, tmp_path, monkeypatch):
     fake_hub.clear_log()
     fake_hub.faults.clear()
     fake_hub.write_faults.clear()
-    fake_hub.stall_seconds = FakeHub.STALL_SECONDS  # a test may shorten it for itself (test_hub_export's SIGTERM)
+    fake_hub.stall_seconds = FakeHub.STALL_SECONDS  # a test may change it for itself
+    fake_hub.unstall.clear()
     home = tmp_path / "hf-home"
     home.mkdir()
     fake_hub.client_env = fake_hub.env(home)

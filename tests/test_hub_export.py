@@ -150,10 +150,12 @@ def test_a_branch_that_moved_refuses_the_commit_and_a_rerun_commits_on_the_new_h
 @pytest.mark.fault
 def test_sigterm_during_the_upload_commits_nothing_and_a_rerun_finishes(tmp_path, hub, checkpoint):
     """A stop request while a file is uploading: the run ends at the next batch boundary with one
-    line (143), before the commit; the branch is as it was; the rerun commits."""
+    line (143), before the commit; the branch is as it was; the rerun commits. The upload stalls until
+    the signal is sent (``hub.unstall``): a stall of fixed length let a test process late by that
+    much signal a run that had gone on to commit."""
     hub.create_repo("org/stopped")
     before = hub.head("org/stopped").sha
-    hub.stall_seconds = 3.0  # this test's (the hub fixture sets it back for the next)
+    hub.stall_seconds = 300.0  # only bounds a test that never lets it go (the hub fixture sets it back)
     hub.write_faults.append(("part", "stall"))
     env = {**os.environ, **hub.client_env, "HF_TOKEN": TOKEN, "CKPTCONV_HUB_STAGING": str(tmp_path / "staging")}
     env.pop("XLA_FLAGS", None)
@@ -162,9 +164,11 @@ def test_sigterm_during_the_upload_commits_nothing_and_a_rerun_finishes(tmp_path
                               "--progress", "none"],
                              env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # only bounds a busy machine
-    while not any(call.status == -1 for call in uploads(hub)) and time.monotonic() < deadline:
+    while not any(call.status == -1 for call in uploads(hub)):
+        assert time.monotonic() < deadline and child.poll() is None, "no upload stalled"
         time.sleep(0.05)
     child.send_signal(signal.SIGTERM)
+    hub.unstall.set()  # the stalled part goes on; its batch ends, the stop is heard before the next
     _, stderr = child.communicate(timeout=120)
     assert child.returncode == 143 and "ckptconv: terminated (SIGTERM)" in stderr, stderr
     assert hub.head("org/stopped").sha == before
