@@ -4,11 +4,11 @@ run either rides it out (retried) or fails in one line, and then a rerun complet
 the result verifies, and nothing reads as complete before it is.
 
 The emulator here keeps its objects on disk (``-backend filesystem``), so a restart on the same
-port serves the same bucket, as the real service does after an outage. The conversion is held
-with SIGSTOP while the emulator goes down, at an event it prints before the work the outage is
-to interrupt, so the outage lands mid-run however fast the run is: a source loses its endpoint
-at the ``plan`` event (headers read, no tensor's data yet), a destination at the first
-``progress`` event (the step begun, its commit still ahead).
+port serves the same bucket, as the real service does after an outage. The conversion holds
+itself (SIGSTOP, ``tests.held``) while the emulator goes down, at an event it prints before the work
+the outage is to interrupt, so the outage lands mid-run however fast the run is: a source loses its
+endpoint at the ``plan`` event (headers read, no tensor's data yet), a destination at the first
+``progress`` event (its first tile written, the rest and the commit still ahead).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ckptconv.commands import synth
 from ckptconv.write import destination
 from tests.conftest import ROOT, run_cli
 from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
+from tests.held import hold_at, wait_held
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
                          intermediate_size=2048)
@@ -80,12 +81,12 @@ def _convert_through_an_outage(src: str, dst: str, emulator: RestartableEmulator
     last read is no outage for the source.
     """
     proc = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", src, dst, "--devices", "4", "--progress",
-                             "jsonl"], cwd=ROOT, env={**os.environ, **emulator.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             "jsonl"], cwd=ROOT, env={**os.environ, **emulator.env, **hold_at(at_event)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
         if line.startswith(f'CKPTCONV {{"event": "{at_event}"'):
             break
-    proc.send_signal(signal.SIGSTOP)
+    wait_held(proc.pid)  # it stopped itself there (tests.held): a SIGSTOP sent after the line could land later
     emulator.stop()
     proc.send_signal(signal.SIGCONT)  # it now meets a dead endpoint
     time.sleep(OUTAGE_SECONDS)
