@@ -29,6 +29,7 @@ from ckptconv import layout, settings
 from ckptconv.families.sharding import write_shape
 from ckptconv.families.tiles import Region, Tile
 from ckptconv.monitor import trim
+from ckptconv.read import buffers
 from ckptconv.write import codecs, orbax_layout
 from ckptconv.write.orbax_layout import TARGET_FILE_BYTES
 from ckptconv.write.spill import DeviceSpill, write_reserved
@@ -276,7 +277,8 @@ class _SpilledWrites:
     stores stay open until the window holding its last parts is written."""
 
     def __init__(self, window: int, lanes: _Lanes, read_ahead: bool):
-        self._spills = [DeviceSpill(window), DeviceSpill(window)]
+        pool = buffers.Pool()  # the parts read back, both windows' (DeviceSpill.read)
+        self._spills = [DeviceSpill(window, pool=pool), DeviceSpill(window, pool=pool)]
         self._filling = 0
         self._done: list[int] = []  # leaves complete in the filling window
         self._flush: asyncio.Task | None = None
