@@ -20,6 +20,7 @@ from tasks.child import child_env, run_json, stream_child
 from tasks.failures import (BadInput, ChildFailed, ChildKilled, ChildTimeout, TooBigForWorker, TransientIOError, killed,
                             error_line, failure, retryable)
 from tasks.job import Conversion, slugify
+from tests.held import hold_at
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = ("jax", "jaxlib", "orbax", "tensorstore", "ckptconv.commands.convert", "ckptconv.write.orbax", "ckptconv.read.stored",
@@ -104,8 +105,9 @@ def test_stream_child_reports_the_childs_own_peak_not_the_parents(synth_dir):
 
 def test_stream_child_timeout_kills_the_child(synth_dir, tmp_path):
     job = Conversion(str(synth_dir()), str(tmp_path / "out"), devices=4)
-    start = time.monotonic()  # a conversion needs > 2 s here (JAX alone takes longer to import than 0.5 s)
-    result = stream_child(job.convert_args(str(tmp_path / "r.json")), child_env(4), lambda *_: None, timeout=0.5)
+    start = time.monotonic()  # the child holds itself at its plan (tests.held): however quick, it cannot finish first
+    result = stream_child(job.convert_args(str(tmp_path / "r.json")), {**child_env(4), **hold_at("plan")},
+                          lambda *_: None, timeout=0.5)
     assert (result.timed_out, result.returncode) == (True, -signal.SIGKILL)
     assert time.monotonic() - start < 10
     with pytest.raises(ChildTimeout, match="no result after 0.5 s"):
