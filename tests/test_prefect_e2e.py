@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from tests.held import hold_at, wait_held
 from tests.prefect_fixtures import stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -370,11 +371,13 @@ def _one_partition_per_worker(env: dict, tmp_path: Path, script: list[str], slug
         return subprocess.CompletedProcess(flow.args, flow.returncode, out.read(), err.read())
 
 
-def _start_run(api: str, destination: Path, source: Path, name: str) -> str:
-    """A flow run of the convert-model-cpu deployment, as the UI's "Run" makes it; returns its id."""
+def _start_run(api: str, destination: Path, source: Path, name: str, env: dict | None = None) -> str:
+    """A flow run of the convert-model-cpu deployment, as the UI's "Run" makes it (``env``: more environment
+    for this run's process, a job variable); returns its id."""
     deployment = _answer(lambda: httpx.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10))
     run = _answer(lambda: httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", timeout=10, json={
         "parameters": {"source": str(source), "destination": str(destination), "devices": 4, "name": name},
+        **({"job_variables": {"env": env}} if env else {}),
         "idempotency_key": f"{destination}:{name}"}))  # a retried create cannot make a second run
     return run["id"]
 
@@ -430,11 +433,13 @@ def test_a_cancelled_flow_run_leaves_no_conversion_behind_and_the_next_run_finis
     """Cancel through the API while the conversion writes: the worker ends the flow run, the conversion
     process ends with it (no orphan keeps writing), nothing reads as complete, and a new run completes."""
     env, api = deployed, deployed["PREFECT_API_URL"]
-    source, target = synth_dir(), tmp_path / "cancelled"  # any size: SIGSTOP holds it mid-run
+    source, target = synth_dir(), tmp_path / "cancelled"  # any size: it holds itself mid-run
     with _workers(env, tmp_path, {"worker-c": ("cpu-pool", {})}):
-        run_id = _start_run(api, target, source, "cancel-me")
+        # held at its first written tile (tests.held): found by a poll and only then stopped, a quick run was
+        # sometimes done (or gone) first
+        run_id = _start_run(api, target, source, "cancel-me", env=hold_at("progress"))
         child = _wait_for("the conversion to start", lambda: _conversions(target))[0]
-        os.kill(child, signal.SIGSTOP)  # hold it mid-write, however quickly it would finish
+        wait_held(child)
         httpx.post(f"{api}/flow_runs/{run_id}/set_state", timeout=10,
                    json={"state": {"type": "CANCELLING"}, "force": True}).raise_for_status()
         _wait_for("the flow run to be cancelled", lambda: _state(api, run_id).get("type") == "CANCELLED")
@@ -457,8 +462,9 @@ def test_a_worker_lost_mid_run_leaves_a_destination_the_next_runs_finish(deploye
     env, api = deployed, deployed["PREFECT_API_URL"]
     source, target = synth_dir(), tmp_path / "lost"
     with _workers(env, tmp_path, {"worker-d": ("cpu-pool", {})}) as procs:
-        _start_run(api, target, source, "lost-worker")
+        _start_run(api, target, source, "lost-worker", env=hold_at("progress"))  # held mid-write, as above
         child = _wait_for("the conversion to start", lambda: _conversions(target))[0]
+        wait_held(child)
         doomed = {child, _parent(child), procs["worker-d"].pid}
         for pid in doomed:
             os.kill(pid, signal.SIGKILL)
