@@ -20,7 +20,7 @@ from tests.held import hold_at, wait_held
 from tests.test_convert import restore
 
 ROOT = Path(__file__).resolve().parent.parent
-# ~40 MB of bf16 over 8 layers: each partition writes for seconds, far longer than a kill takes to land.
+# ~40 MB of bf16 over 8 layers (the killed partition needs no long run: it holds itself at its plan, tests.held).
 MODEL = synth.SynthModel(vocab_size=16000, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
                          head_dim=64, intermediate_size=1536)
 FLAGS = ("--devices", "4", "--progress", "none")
