@@ -57,3 +57,21 @@ def test_referenced_pool_buffer_not_reused_until_commit(tmp_path):
 
     if buffers.COUNTS_TELL:
         asyncio.run(run())
+
+
+def test_let_go_buffer_is_not_kept_or_handed_out_again():
+    """A buffer written by reference leaves the producer's pool (the writer calls ``let_go``): it is freed once the
+    write lets go, and the pool keeps only what the stream holds itself."""
+    if not buffers.COUNTS_TELL:
+        return
+    with buffers.pooled():
+        tile = buffers.empty((1024, 1024), BF16)
+        read = np.frombuffer(memoryview(buffers.empty(2 << 20)), dtype=BF16).reshape(1024, 1024)
+        kept = buffers.POOL.kept_bytes()
+        assert buffers.POOL.let_go(tile) and buffers.POOL.let_go(read)  # a view, and a read through a memoryview
+        assert buffers.POOL.kept_bytes() == kept - 2 * (2 << 20)
+        assert not buffers.POOL.let_go(np.empty((1024, 1024), BF16))  # never the pool's
+        del tile, read
+        made = buffers.POOL.made
+        buffers.empty((1024, 1024), BF16)
+        assert buffers.POOL.made == made + 1  # a new buffer: the one let go was not the pool's to hand out

@@ -389,9 +389,12 @@ class _Writer:
     async def write(self, store: Any, region: Region, data: np.ndarray, leaf: Leaf | None) -> None:
         if self.batch.full(data.nbytes):
             await self.commit()
-        write = self.batch.store(store)[region].write(data, can_reference_source_data_indefinitely=_owns(data) or None)
+        referred = _owns(data)
+        if referred:  # the producer's pool keeps what it holds itself, not the data files' tiles (buffers.let_go)
+            buffers.POOL.let_go(data)
+        write = self.batch.store(store)[region].write(data, can_reference_source_data_indefinitely=referred or None)
         if not self._held:
-            await write.copy  # tensorstore holds its own copy, or a reference to `data` (the pool sees it held)
+            await write.copy  # tensorstore holds its own copy, or a reference to `data` (out of the producer's pool)
         self._in_flight.append((write, leaf, data.nbytes, data if self._held else None))
         self.batch.add(data.nbytes)
         while len(self._in_flight) >= self._writes:
@@ -431,19 +434,14 @@ def _owns(data: np.ndarray) -> bool:
     would have.
 
     Tensorstore then keeps ``data`` (a Python reference) until the data file commits, in place of a chunk buffer of
-    the same bytes: one copy of every byte fewer, and no fresh chunk buffer faulted in and zeroed page by page. A
-    pooled buffer (:mod:`ckptconv.read.buffers`) is not handed out again meanwhile: the pool sees the reference. A
-    tile that is a view into a larger buffer (a split of a fused tensor) is copied as before: referring to it would
-    hold the whole buffer until the commit.
+    the same bytes: one copy of every byte fewer. The writer takes such a tile's buffer out of the producer's pool
+    (:func:`ckptconv.read.buffers.Pool.let_go`): it is freed after the commit, as the chunk copy was, and the pool
+    keeps only what the stream holds itself (kept, the tiles of the data files in flight made the pool's high water
+    0.1 GiB higher: docs/speed.md). A spill part stays in the writer's own pool, which never hands it out while the
+    reference keeps its count up. A tile that is a view into a larger buffer (a split of a fused tensor) is copied as
+    before: referring to it would hold the whole buffer until the commit.
     """
-    owner: Any = data
-    while True:
-        if isinstance(owner, np.ndarray) and owner.base is not None:
-            owner = owner.base
-        elif isinstance(owner, memoryview) and owner.obj is not None:
-            owner = owner.obj
-        else:
-            break
+    owner = buffers.memory_owner(data)
     if isinstance(owner, np.ndarray):
         size = owner.nbytes
     else:
