@@ -91,8 +91,7 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, shared_synth, tmp_path, na
 MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6}
 # Known gap (issue 38 stays open on it): Mistral-7B's widths with 4 workers peaked at 1.38-1.63x under the prediction
 # in the runs made on 2 cores, past the 1.5x tightness the other cases hold; the upper bound, admission's safety, holds
-# and is still asserted for it. Since the writer holds by reference what it used to copy (b783864, 358ddc8) it peaks
-# higher: at 2b04d55 413-446 MiB against 594-597 predicted (1.33-1.44x), not yet with a margin.
+# and is still asserted for it.
 NOT_YET_TIGHT = {"mistral-7b-widths"}
 
 

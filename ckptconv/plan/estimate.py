@@ -10,7 +10,6 @@ producer, being handed over, in flight in tensorstore) and the read unit being t
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -74,12 +73,6 @@ DATA_FILE_FACTOR = 1.25
 # peaked 732 MiB above the 64 MiB run (446 -> 1178 MiB, 1.63 per byte added): 1.8 per byte above 128 MiB.
 DATA_FILE_FACTOR_LARGE = 1.8
 DATA_FILE_FACTOR_FROM = 128 * 1024**2
-# By device a lane gathers one device's data file from the spill and then commits it, the gathering awaited: the parts
-# read back (held by the transaction until the commit, ckptconv.write.orbax._owns) and the data file encoded from them
-# are held at once, both copies of every byte, as above 128 MiB in the source's order. Measured per job (an RSS
-# sampler beside the producer, 16 devices, one worker, at 2b04d55): while the first window was written, the stream
-# held 130-150 MiB above what its producer term counts (Mixtral-8x7B's widths, Gemma 2 2B's).
-DATA_FILE_FACTOR_BY_DEVICE = 2.0
 # Parts a writer lane reads back from the spill ahead of the one it copies (ckptconv.write.orbax.READ_AHEAD): a
 # device's part of a tile each.
 READ_AHEAD = 4
@@ -153,12 +146,11 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     if limit <= 0:
         return 0
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
-    by_device = options.spill_window_bytes(plan.devices, plan.output_bytes) > 0
-    committing = int(min(held, DATA_FILE_FACTOR_FROM) * (DATA_FILE_FACTOR_BY_DEVICE if by_device else DATA_FILE_FACTOR)
+    committing = int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
                      + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
     lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
-    if by_device:
+    if options.spill_window_bytes(plan.devices, plan.output_bytes):
         part = -(-max(tiles, default=0) // plan.devices)
         ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part if options.overlaps_commits else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
@@ -175,13 +167,11 @@ class JobFigures:
     unit: int
     work: int
     read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
-    end: int = 0  # the output streamed when this job's last tile is handed over (the jobs' bytes, in the plan's order)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
-    ends = itertools.accumulate(sum(leaf.nbytes for leaf in job.leaves) for job in plan.jobs)
     return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
-                       job.tiling.unit_bytes, end) for job, end in zip(plan.jobs, ends)]
+                       job.tiling.unit_bytes) for job in plan.jobs]
 
 
 # With several workers the producer's reused buffers (ckptconv.read.buffers) stay resident between units, and a
@@ -192,28 +182,19 @@ def job_figures(plan: ConversionPlan) -> list[JobFigures]:
 POOL_SLACK_UNITS = 1
 
 
-def producer_bytes(figures: JobFigures, options: settings.RunOptions, spilled: bool = False) -> int:
+def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
     """What the producer holds for a job at most. One worker: its tiles alive (queued, handed over, in tensorstore's
     writes) and the unit being made. ``workers`` > 1: ``workers + prefetch`` units made or being made, each holding
     its tiles; of the workers, ``transforming`` also their work, the others their read; the tiles in
-    tensorstore's writes; and the reused buffers' slack (``POOL_SLACK_UNITS`` per worker).
-
-    ``spilled`` (data files by device): the writer takes each tile into the spill, not into tensorstore's writes (the
-    spill's own tiles in flight are the writer's term, ``SPILL_AHEAD``); with one worker it writes a tile to the spill
-    before it takes the next, and the producer's thread either waits with a finished tile or makes a unit, never both
-    (the unit being made holds its tile, or its work if more): the tiles queued, the one being spilled, and the unit. For
-    Mixtral-8x7B's query kernel, alone (tracemalloc, tiles let go as handed over): 128 MiB, the queue's two tiles, the
-    one handed over and its 80 MiB of work; in a whole conversion the job held 115 MiB above the runtime."""
+    tensorstore's writes; and the reused buffers' slack (``POOL_SLACK_UNITS`` per worker)."""
     limits = options.in_flight
     if options.workers <= 1:
-        if spilled:
-            return (limits.prefetch + 1) * figures.tile + max(figures.work, figures.tile)
         return limits.tiles_alive * figures.tile + figures.work
     units = options.workers + limits.prefetch
     transforming = min(options.transforming, options.workers)
     read = min(figures.work, figures.read)
     return (units * figures.unit + transforming * figures.work + (options.workers - transforming) * read
-            + (0 if spilled else limits.writes) * figures.tile + POOL_SLACK_UNITS * options.workers * figures.unit)
+            + limits.writes * figures.tile + POOL_SLACK_UNITS * options.workers * figures.unit)
 
 
 def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: settings.RunOptions | None = None,
@@ -225,35 +206,23 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     sandboxed kernel (``SANDBOX_HEAP_SHARE``; 0 elsewhere). ``options``: the run's (default: one worker, the
     default data files, by size).
 
-    The two overlap when the writer commits while the source is read: without a spill, every job beside the writer.
-    By device, nothing is written while the first window fills, and each window is written while the next fills: with
-    one worker each job counts beside as much of the writer's term as the first window's write has reached when the
-    job ends (:func:`_reached`: none within the first window, all of it a data file past it), and the writer alone
-    after the stream. Measured per job at 2b04d55 (an RSS sampler beside the producer, 16 devices): Gemma 2 2B's
-    embedding (1.1 GiB, scaled in float32) fills the first window and goes on past it, and peaked there at 312 MiB,
-    over the 310 the share of a window below had predicted; Mixtral-8x7B's scaled query kernel (the largest producer
-    term) ends within the first window and held 115 MiB above the runtime, its experts past it beside the write 171.
-    With more workers the smaller term still counts in the share of a window the stream goes past the first
-    (:func:`_overlap_share`), as their producer term is a bound the workers on few cores rarely reach at once:
-    Mistral-7B's widths with 4 workers peaked at 446 MiB against 594. A model that fits one window is spilled while
-    the source is read and written after the stream has ended, so only the larger counts: Qwen3's and Qwen3-VL's
-    memory examples (0.2-0.9 GiB out, one 1 GiB window on 16 devices) peaked at 300-405 MiB against 516 predicted
-    with the sum."""
+    The two overlap when the writer commits while the source is read: without a spill, and with one whose output
+    fills two windows or more (one window is written while the next fills). A model that fits one window is
+    spilled while the source is read and written after the stream has ended, so only the larger counts:
+    Qwen3's and Qwen3-VL's memory examples (0.2-0.9 GiB out, one 1 GiB window on 16 devices) peaked at 300-405 MiB
+    against 516 predicted with the sum. Between one window and two, the first window is written while the rest of
+    the stream fills the second: the two overlap for that rest only, so the smaller term counts in its share of a
+    window (:func:`_overlap_share`). By device with lz4, the memory examples of 1.0-1.8 windows peaked at 0.80-0.99
+    of the larger term alone and 0.69-0.84 of the sum; at 0.75-0.89 of this prediction (a fresh clone's memory phase)."""
     options = options or settings.RunOptions()
     if options.planned_output_bytes is None:
         options = options.planned(plan.output_bytes)
     figures = figures or job_figures(plan)
     tiles = tiles or [f.tile for f in figures]
-    window = options.spill_window_bytes(plan.devices, plan.output_bytes)
-    producers = [producer_bytes(f, options, spilled=window > 0) for f in figures]
-    worst = max(producers)
+    worst = max(producer_bytes(f, options) for f in figures)
     writer = data_file_bytes(plan, tiles, options)
-    if window and options.workers <= 1:
-        # each job beside the writer as far as the first window's write has come while the job streams
-        reach = max(1, options.data_file_bytes)
-        overlap = max([writer] + [p + int(writer * _reached(f.end, window, reach)) for p, f in zip(producers, figures)])
-    else:
-        overlap = max(writer, worst) + int(min(writer, worst) * _overlap_share(plan.output_bytes, window))
+    window = options.spill_window_bytes(plan.devices, plan.output_bytes)
+    overlap = max(writer, worst) + int(min(writer, worst) * _overlap_share(plan.output_bytes, window))
     baseline = BASELINE_SANDBOX_BYTES if options.sandboxed else BASELINE_BYTES
     heap = int(worst * SANDBOX_HEAP_SHARE) if options.sandboxed else 0
     return {"baseline": baseline, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
@@ -317,17 +286,6 @@ def _overlap_share(output_bytes: int, window: int) -> float:
     if window <= 0:
         return 1.0
     return min(1.0, max(0.0, (output_bytes - window) / window))
-
-
-def _reached(end: int, window: int, reach: int) -> float:
-    """How much of the writer's term is held beside a job of one worker's stream, by device: none while the first
-    window fills (nothing is written yet), all of it once the stream has gone ``reach`` (a lane's data file) past
-    it, the share in between: the job that fills the first window goes on beside the start of its write.
-
-    >>> [_reached(n, 100, 10) for n in (50, 100, 105, 110, 400)]
-    [0.0, 0.0, 0.5, 1.0, 1.0]
-    """
-    return min(1.0, max(0.0, (end - window) / reach))
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,

@@ -9,8 +9,7 @@ about a tenth of the conversion's CPU, spent on bytes the read or the transpose 
 Within :func:`pooled` (the producer's stream), :func:`empty` hands out a view of a pooled buffer that nothing else
 refers to: a buffer is free when its reference count is the pool's own, since every array, memoryview or
 tensorstore write made from a view keeps the view, and so the buffer, alive (NumPy's views refer to the array that
-owns the memory). No caller gives anything back, and a buffer someone still holds is never handed out twice; a
-buffer the writer lets tensorstore refer to until its data file commits is taken out of the pool (:meth:`Pool.let_go`).
+owns the memory). No caller gives anything back, and a buffer someone still holds is never handed out twice.
 
 What the pool keeps is bounded by what was alive at once: a buffer is made only when none that is free fits (the
 size asked for, up to ``FIT`` times it), the free ones that do not fit are dropped at that moment, at most
@@ -89,19 +88,6 @@ class Pool:
     def _free(self, i: int) -> bool:
         return sys.getrefcount(self._kept[i]) <= FREE_REFS
 
-    def let_go(self, array: np.ndarray) -> bool:
-        """Stop keeping the buffer ``array`` lies in, if this pool keeps it: it is freed once its last holder lets go
-        (a write that refers to it until its data file commits, :func:`ckptconv.write.orbax._owns`), as an array of
-        its own would be, and the pool makes another when one is needed. So what the pool keeps resident stays what
-        the stream itself holds at once, not that plus the data files being written. Whether it was kept."""
-        owner = memory_owner(array)
-        with self._lock:
-            for i, kept in enumerate(self._kept):
-                if kept is owner:
-                    del self._kept[i]
-                    return True
-        return False
-
     @contextmanager
     def scope(self) -> Iterator[None]:
         """Reuse buffers until the last open scope closes; then drop them (those still held are freed by their
@@ -119,19 +105,6 @@ class Pool:
     def kept_bytes(self) -> int:
         with self._lock:
             return sum(buffer.nbytes for buffer in self._kept)
-
-
-def memory_owner(array: np.ndarray) -> object:
-    """The object whose memory ``array`` lies in: its bases followed through views and memoryviews (a read is an
-    array over a memoryview over a pooled buffer) to the one that owns the memory."""
-    owner: object = array
-    while True:
-        if isinstance(owner, np.ndarray) and owner.base is not None:
-            owner = owner.base
-        elif isinstance(owner, memoryview) and owner.obj is not None:
-            owner = owner.obj
-        else:
-            return owner
 
 
 POOL = Pool()  # the process's: the producer opens its scope, the reads and transforms take from it

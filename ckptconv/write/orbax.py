@@ -29,7 +29,6 @@ from ckptconv import layout, settings
 from ckptconv.families.sharding import write_shape
 from ckptconv.families.tiles import Region, Tile
 from ckptconv.monitor import trim
-from ckptconv.read import buffers
 from ckptconv.write import codecs, orbax_layout
 from ckptconv.write.orbax_layout import TARGET_FILE_BYTES
 from ckptconv.write.spill import DeviceSpill, write_reserved
@@ -49,9 +48,6 @@ PARTS_IN_FLIGHT = 4
 # Tiles whose device parts are being written to the spill while the stream goes on, with workers > 1 (the estimate's
 # writer term counts them).
 SPILL_AHEAD = 2
-# How much larger than a tile the memory it lies in may be for a write to refer to it instead of copying it (a
-# pooled buffer is rounded up to a page, ckptconv.read.buffers.ALIGN): see _owns.
-OWN_SLACK_BYTES = 1 << 12
 # The process id a whole conversion's arrays are written under (Orbax's process index on one host:
 # ``ocdbt.process_0``); its other lanes write ``ocdbt.process_0lane<k>``.
 PROCESS_ID = "0"
@@ -277,8 +273,7 @@ class _SpilledWrites:
     stores stay open until the window holding its last parts is written."""
 
     def __init__(self, window: int, lanes: _Lanes, read_ahead: bool):
-        pool = buffers.Pool()  # the parts read back, both windows' (DeviceSpill.read)
-        self._spills = [DeviceSpill(window, pool=pool), DeviceSpill(window, pool=pool)]
+        self._spills = [DeviceSpill(window), DeviceSpill(window)]
         self._filling = 0
         self._done: list[int] = []  # leaves complete in the filling window
         self._flush: asyncio.Task | None = None
@@ -389,12 +384,9 @@ class _Writer:
     async def write(self, store: Any, region: Region, data: np.ndarray, leaf: Leaf | None) -> None:
         if self.batch.full(data.nbytes):
             await self.commit()
-        referred = _owns(data)
-        if referred:  # the producer's pool keeps what it holds itself, not the data files' tiles (buffers.let_go)
-            buffers.POOL.let_go(data)
-        write = self.batch.store(store)[region].write(data, can_reference_source_data_indefinitely=referred or None)
+        write = self.batch.store(store)[region].write(data)
         if not self._held:
-            await write.copy  # tensorstore holds its own copy, or a reference to `data` (out of the producer's pool)
+            await write.copy  # tensorstore holds its own copy now: the producer may reuse `data`
         self._in_flight.append((write, leaf, data.nbytes, data if self._held else None))
         self.batch.add(data.nbytes)
         while len(self._in_flight) >= self._writes:
@@ -426,30 +418,6 @@ class _Writer:
         if self._committing is not None:
             committing, self._committing = self._committing, None
             await committing
-
-
-def _owns(data: np.ndarray) -> bool:
-    """Whether a write may keep a reference to ``data`` instead of copying it into the transaction's chunks: when
-    ``data`` is (within a page) the whole of the memory it lies in, so referring to it holds no more than the copy
-    would have.
-
-    Tensorstore then keeps ``data`` (a Python reference) until the data file commits, in place of a chunk buffer of
-    the same bytes: one copy of every byte fewer. The writer takes such a tile's buffer out of the producer's pool
-    (:func:`ckptconv.read.buffers.Pool.let_go`): it is freed after the commit, as the chunk copy was, and the pool
-    keeps only what the stream holds itself (kept, the tiles of the data files in flight made the pool's high water
-    0.1 GiB higher: docs/speed.md). A spill part stays in the writer's own pool, which never hands it out while the
-    reference keeps its count up. A tile that is a view into a larger buffer (a split of a fused tensor) is copied as
-    before: referring to it would hold the whole buffer until the commit.
-    """
-    owner = buffers.memory_owner(data)
-    if isinstance(owner, np.ndarray):
-        size = owner.nbytes
-    else:
-        try:
-            size = memoryview(owner).nbytes
-        except (TypeError, ValueError):
-            return False
-    return data.flags.c_contiguous and size - data.nbytes < OWN_SLACK_BYTES
 
 
 class _Batch:

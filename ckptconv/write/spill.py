@@ -16,7 +16,6 @@ A replicated leaf's chunks, which every host reads, form a group of their own.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -29,7 +28,6 @@ import numpy as np
 
 from ckptconv.families.sharding import MESH_AXIS, partition_spec
 from ckptconv.families.tiles import Region
-from ckptconv.read import buffers
 
 REPLICATED = -1  # the group of replicated leaves' chunks
 PREFIX = "ckptconv-spill-"  # then the writing process's pid and a random part
@@ -85,15 +83,8 @@ class DeviceSpill:
     threads at once, beside the writes into the other window. A window forgotten (:meth:`clear`) is overwritten from
     its files' start, not truncated: on gVisor dropping a file's cached pages cost about as much as writing them."""
 
-    def __init__(self, window: int, directory: str | None = None, pool: buffers.Pool | None = None):
+    def __init__(self, window: int, directory: str | None = None):
         self.window = window
-        # Parts are read back into ``pool``'s buffers (the writer's, shared by its two windows): a part written by
-        # reference is held until its data file commits, then its buffer serves a later part, already faulted in
-        # (a fresh one's pages were zeroed by the kernel as the read filled them). Without a pool, fresh arrays.
-        self._reuse = contextlib.ExitStack()
-        self._empty = np.empty if pool is None else pool.empty
-        if pool is not None:
-            self._reuse.enter_context(pool.scope())
         sweep(directory or tempfile.gettempdir())
         self._dir = tempfile.TemporaryDirectory(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
         self._files: dict[int, int] = {}  # group -> file descriptor
@@ -138,7 +129,7 @@ class DeviceSpill:
 
     def read(self, group: int, part: Part) -> np.ndarray:
         """A part's data back (a positional read: several may run at once, beside ``add`` on another window)."""
-        data = self._empty(part.shape, part.dtype)
+        data = np.empty(part.shape, part.dtype)
         view = memoryview(data.reshape(-1).view(np.uint8))
         done = 0
         while done < part.nbytes:
@@ -159,7 +150,6 @@ class DeviceSpill:
             os.close(fd)
         self._files.clear()
         self._dir.cleanup()
-        self._reuse.close()  # the pool's last scope: its kept buffers dropped
 
 
 def write_reserved(places: list[tuple[int, int, np.ndarray]]) -> None:
