@@ -8,17 +8,28 @@ printing that event; the test waits here until it is stopped, then kills, signal
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 from ckptconv.progress import HOLD_ENV
 
-__all__ = ["HOLD_ENV", "hold_at", "wait_held"]
+__all__ = ["HOLD_ENV", "hold_at", "held_at_event", "wait_held"]
 
 
 def hold_at(kind: str, share: float | None = None) -> dict[str, str]:
     """The environment that holds a child at its first ``kind`` event (``progress``: at or past ``share``)."""
     return {HOLD_ENV: kind if share is None else f"{kind}:{share}"}
+
+
+def held_at_event(proc: subprocess.Popen, kind: str) -> None:
+    """Read ``proc``'s ``--progress jsonl`` lines (its stderr, text) up to its first ``kind`` event, then wait until
+    it has stopped itself there (``hold_at(kind)`` in its environment); fail if it ends without that event."""
+    for line in proc.stderr:
+        if line.startswith(f'CKPTCONV {{"event": "{kind}"'):
+            wait_held(proc.pid)
+            return
+    raise AssertionError(f"the conversion ended (exit {proc.wait()}) without a {kind} event")
 
 
 def wait_held(pid: int, timeout: float = 300) -> None:

@@ -214,7 +214,7 @@ def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, 
     import sys
 
     from tests.conftest import ROOT
-    from tests.held import hold_at, wait_held
+    from tests.held import held_at_event, hold_at
     from tests.test_signals import MODEL
 
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
@@ -224,10 +224,7 @@ def test_overwrite_writes_beside_so_a_crash_keeps_the_old_checkpoint(synth_dir, 
     replacing = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
                                   "--progress", "jsonl", "--overwrite", "--dtype", "float32"], cwd=ROOT,
                                  env={**os.environ, **hold_at("progress")}, stderr=subprocess.PIPE, text=True)
-    for line in replacing.stderr:
-        if line.startswith('CKPTCONV {"event": "progress"'):
-            break
-    wait_held(replacing.pid)
+    held_at_event(replacing, "progress")
     assert list((dst / "ckptconv-replacement").glob("*")), "the new checkpoint is written beside the old one"
     replacing.send_signal(signal.SIGKILL)
     replacing.wait()

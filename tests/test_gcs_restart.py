@@ -26,7 +26,7 @@ from ckptconv.commands import synth
 from ckptconv.write import destination
 from tests.conftest import ROOT, run_cli
 from tests.gcs_server import STATIC_ENV, _binary, _free_port, _wait_ready
-from tests.held import hold_at, wait_held
+from tests.held import held_at_event, hold_at
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
                          intermediate_size=2048)
@@ -83,10 +83,7 @@ def _convert_through_an_outage(src: str, dst: str, emulator: RestartableEmulator
     proc = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", src, dst, "--devices", "4", "--progress",
                              "jsonl"], cwd=ROOT, env={**os.environ, **emulator.env, **hold_at(at_event)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if line.startswith(f'CKPTCONV {{"event": "{at_event}"'):
-            break
-    wait_held(proc.pid)  # it stopped itself there (tests.held): a SIGSTOP sent after the line could land later
+    held_at_event(proc, at_event)  # it stopped itself there: a SIGSTOP sent after the line could land later
     emulator.stop()
     proc.send_signal(signal.SIGCONT)  # it now meets a dead endpoint
     time.sleep(OUTAGE_SECONDS)

@@ -19,7 +19,7 @@ import pytest
 from ckptconv.commands import synth
 from ckptconv.write import destination
 from tests.conftest import ROOT
-from tests.held import hold_at, wait_held
+from tests.held import held_at_event, hold_at, wait_held
 
 MODEL = synth.SynthModel(vocab_size=8192, hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
                          intermediate_size=2048)
@@ -31,22 +31,13 @@ def _start(src, dst, **env):
                             stderr=subprocess.PIPE, text=True)
 
 
-def _held_at(proc, kind: str) -> None:
-    """Wait for the conversion's ``kind`` event, at which it stops itself (``hold_at(kind)`` in its environment)."""
-    for line in proc.stderr:
-        if line.startswith(f'CKPTCONV {{"event": "{kind}"'):
-            wait_held(proc.pid)
-            return
-    raise AssertionError(f"the conversion ended (exit {proc.wait()}) without a {kind} event")
-
-
 @pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "ckptconv: terminated (SIGTERM)"),
                                                    (signal.SIGINT, 130, "ckptconv: interrupted")])
 @pytest.mark.fault
 def test_a_stop_signal_ends_the_conversion_cleanly_and_a_rerun_completes(synth_dir, tmp_path, signum, status, line):
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
     proc = _start(src, dst, **hold_at("progress"))
-    _held_at(proc, "progress")  # mid-conversion: its first tile written, every other tile and the commit ahead
+    held_at_event(proc, "progress")  # mid-conversion: its first tile written, every other tile and the commit ahead
     proc.send_signal(signum)
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
@@ -113,7 +104,7 @@ def test_two_conversions_into_one_destination_one_refused_the_other_verifies(syn
 
     src, dst = synth_dir(MODEL, fast=True), tmp_path / "dst"
     first = _start(src, dst, **hold_at("plan"))
-    _held_at(first, "plan")  # it holds the lock until the second has tried, however slow the second's start
+    held_at_event(first, "plan")  # it holds the lock until the second has tried, however slow the second's start
     try:
         second = run_cli("convert", str(src), str(dst), "--devices", "4", "--progress", "none")
     finally:

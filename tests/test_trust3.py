@@ -212,7 +212,7 @@ def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir,
     import sys
 
     from tests.conftest import ROOT
-    from tests.held import hold_at, wait_held
+    from tests.held import held_at_event, hold_at
 
     src, dst = synth_dir(), tmp_path / "dst"
     for index in range(2):
@@ -222,10 +222,7 @@ def test_sigterm_during_finalize_commits_nothing_and_a_rerun_finishes(synth_dir,
     proc = subprocess.Popen([sys.executable, "-m", "ckptconv", "convert", str(src), str(dst), "--devices", "4",
                              "--progress", "jsonl", "--finalize", "2"], cwd=ROOT, env={**env, **hold_at("plan")},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if line.startswith('CKPTCONV {"event": "plan"'):  # the partitions are checked, the commit starts
-            break
-    wait_held(proc.pid)
+    held_at_event(proc, "plan")  # the partitions are checked, the commit starts
     proc.send_signal(signal.SIGTERM)
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
