@@ -81,6 +81,13 @@ class InFlight:
         is full, the one the writer is handing over, and the writes in flight."""
         return self.prefetch + 1 + 1 + self.writes
 
+    @property
+    def tiles_spilling(self) -> int:
+        """Tiles alive together when they go to a spill (data files by device) with one worker: those queued, the
+        one the producer holds while the queue is full, and the one being written to the spill (the stream waits for
+        it: ckptconv.write.orbax._SpilledWrites)."""
+        return self.prefetch + 1 + 1
+
 
 IN_FLIGHT = InFlight()
 

@@ -43,23 +43,34 @@ def test_the_prefetch_thread_holds_what_the_setting_allows(monkeypatch):
 
 
 def test_the_prediction_counts_every_tile_the_runtime_may_hold(tmp_path, monkeypatch):
+    """One more tile queued (``prefetch``) or in tensorstore's writes (``writes``) is one more tile predicted; by
+    device no tile waits for tensorstore during the stream (each goes to the spill), so there the queue counts and
+    the writes do not (``IN_FLIGHT.tiles_spilling``). 16 MiB data files: the output fills more than two windows,
+    so producer and writer count together."""
     synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
     plan = make_plan(LocalSource(str(tmp_path)), devices=16)
-    alive = settings.IN_FLIGHT.tiles_alive
-    tile = max(((estimate.tile_bytes(job, plan), estimate.work_bytes(job, plan.spec)) for job in plan.jobs),
-               key=lambda tw: alive * tw[0] + tw[1])[0]  # the tile of the job the prediction is sized by
-    base = estimate.predicted_peak_bytes(plan)
-    for field in ("prefetch", "writes"):
-        more = dataclasses.replace(settings.IN_FLIGHT, **{field: getattr(settings.IN_FLIGHT, field) + 1})
-        monkeypatch.setattr(settings, "IN_FLIGHT", more)
-        assert estimate.predicted_peak_bytes(plan) - base >= tile, field  # one more tile alive, counted
-        monkeypatch.undo()
+    for by_device, counted in ((False, {"prefetch": True, "writes": True}),
+                               (True, {"prefetch": True, "writes": False})):
+        options = settings.RunOptions(data_file_bytes=16 * 2**20, data_files_by_device_asked=by_device)
+        assert bool(options.spill_window_bytes(16, plan.output_bytes)) is by_device
+        alive = settings.IN_FLIGHT.tiles_spilling if by_device else settings.IN_FLIGHT.tiles_alive
+        tile = max(((estimate.tile_bytes(job, plan), estimate.work_bytes(job, plan.spec)) for job in plan.jobs),
+                   key=lambda tw: alive * tw[0] + tw[1])[0]  # the tile of the job the prediction is sized by
+        base = estimate.predicted_peak_bytes(plan, options=options)
+        for field, more_counted in counted.items():
+            more = dataclasses.replace(settings.IN_FLIGHT, **{field: getattr(settings.IN_FLIGHT, field) + 1})
+            monkeypatch.setattr(settings, "IN_FLIGHT", more)
+            added = estimate.predicted_peak_bytes(plan, options=options) - base
+            assert (added >= tile if more_counted else added == 0), (by_device, field, added)
+            monkeypatch.undo()
     assert settings.IN_FLIGHT.tiles_alive == settings.IN_FLIGHT.prefetch + settings.IN_FLIGHT.writes + 2
+    assert settings.IN_FLIGHT.tiles_spilling == settings.IN_FLIGHT.prefetch + 2
 
 
 def test_the_predicted_peak_is_its_terms(tmp_path, monkeypatch):
     """plan and the report show what the prediction is made of: baseline, OCDBT cache, and what the writer and the
-    producer hold together (their sum while both run; the larger only when a spilled model fits one window)."""
+    producer hold together (their sum while both run; the larger only when a spilled model fits two windows, the
+    writer's less the stream's runtime: it writes once the stream has ended)."""
     synth.write_checkpoint(synth.QWEN3_0_6B, str(tmp_path), header_only=True)
     plan = make_plan(LocalSource(str(tmp_path)), devices=16)
     for by_device, together in ((False, "sum"), (True, "larger")):
@@ -68,7 +79,8 @@ def test_the_predicted_peak_is_its_terms(tmp_path, monkeypatch):
         assert estimate.predicted_peak_bytes(plan, options=options) == \
             terms["baseline"] + terms["cache"] + terms["overlap"]
         assert terms["overlap"] == {"sum": terms["writer"] + terms["producer"],
-                                    "larger": max(terms["writer"], terms["producer"])}[together], (by_device, terms)
+                                    "larger": max(terms["writer"] - estimate.STREAM_RUNTIME_BYTES,
+                                                  terms["producer"])}[together], (by_device, terms)
         assert estimate.plan_summary(plan, options)["predicted_peak_terms"] == terms
 
 

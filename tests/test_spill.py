@@ -214,3 +214,36 @@ def test_data_files_are_by_device_by_size_unless_asked(tmp_path):
         figures = report["restore"]
         # by device, a host reads its own device's files (and the replicated leaves'), well under half of them
         assert (figures["device_data_files"] < figures["data_files"] / 2) is chosen, figures
+
+
+WINDOWS = """
+import glob
+from ckptconv import settings
+from ckptconv.write.orbax import LeafWrite, write_checkpoint
+layers = int(os.environ["LAYERS"])
+shape = (256, layers, 1024)  # 0.5 MiB a layer: 8 layers fill a window of 4 devices x 1 MiB data files
+data_files = []  # when the second tile is taken (the leaf made: its metadata's own data file), and before the last
+def tiles():
+    for l in range(layers):
+        if l == layers - 1:
+            time.sleep(1.0)  # a window written beside the stream has its data files by now
+        if l in (1, layers - 1):
+            data_files.append(len(glob.glob(os.path.join(os.environ["OUT"], "**", "d", "*"), recursive=True)))
+        yield 0, np.s_[:, l:l + 1, :], values((shape[0], 1, shape[2]), BF16, l)
+write_checkpoint(os.environ["OUT"], [LeafWrite(("params", "params", "w"), shape, BF16, (64, 1, 1024))], tiles,
+                 devices=4, custom_metadata={}, options=settings.RunOptions(
+                     data_file_bytes=1 << 20, data_files_by_device_asked=True).planned(shape[0] * layers * 2048))
+print(json.dumps({"data_files_before_last_tile": data_files[1] - data_files[0]}))
+"""
+
+
+@pytest.mark.parametrize("layers, overlapped", [(12, False), (16, False), (24, True)])
+def test_within_two_windows_the_first_is_written_after_the_stream(tmp_path, monkeypatch, layers, overlapped):
+    """An output of two spill windows at most (1.5 and 2) is written once the stream has ended, so the stream's peak
+    and a commit's never meet (plan.estimate counts the larger only); a bigger one (3) writes its first window while
+    the stream goes on."""
+    from tests.test_writer import last_json, run_child
+
+    monkeypatch.setenv("LAYERS", str(layers))
+    report = last_json(run_child("import time\n" + WINDOWS, 4, tmp_path / "ckpt"))
+    assert (report["data_files_before_last_tile"] > 0) is overlapped, report

@@ -229,8 +229,9 @@ SYNTHETIC = Synthetic(
     logits=(Example("qwen3_next", {**SMALL, "num_layers": 8}, devices=4),
             Example("qwen3_next-remainder", {**SMALL, "num_layers": 6}, devices=4),
             Example("qwen3_next-noscan", {**SMALL, "num_layers": 5}, scan=False, devices=4)),
-    # one period at the 80B's widths with 16 of its 512 experts; the whole 48-layer release planned header-only
-    memory=(MemoryExample("qwen3-next-80b-period", {**WIDTHS_80B, "num_layers": 4, "num_experts": 16},
+    # one period at the 80B's widths with 32 of its 512 experts; the whole 48-layer release planned header-only. Over
+    # two spill windows on 16 devices, as the release: a smaller output is written after its stream (test_spill)
+    memory=(MemoryExample("qwen3-next-80b-period", {**WIDTHS_80B, "num_layers": 4, "num_experts": 32},
                           devices=(16, 1), bound=int(1.5 * GIB), source_bytes=int(1.3 * GIB),
                           full={**WIDTHS_80B, "num_layers": 48, "num_experts": 512}, max_shard_bytes=5 * 10**9),),
 )

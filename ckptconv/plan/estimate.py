@@ -34,6 +34,11 @@ from ckptconv.read.spec import ModelSpec
 # 320 MiB JAX and Orbax had needed). Those cases bound it to 119-142 MiB: DeepSeek-V3-FP8's widths on 16 devices
 # (297 of 318 MiB) from below, Mixtral-8x7B's widths (229 of 341) from above.
 BASELINE_BYTES = 140 * 1024**2
+# Of that baseline, what the stream's own runtime takes (the reader's threads and reused buffers, and the jitter of
+# reading beside writing), gone once the stream has ended: a spilled output of two windows at most is written then
+# (``_overlap_share``), its writer beside the quiet runtime. Gemma 2 2B's widths (1.4 windows): 87-122 MiB between
+# tiles while reading, 65-67 while writing after it (2 cores, alone). Its data file's commit counts this much less.
+STREAM_RUNTIME_BYTES = 40 * 1024**2
 # The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host), where that kernel counts more of
 # the mapped libraries. With JAX and Orbax a tiny model converted there in 505-559 MiB (VmRSS sampled) and this was
 # 640 MiB; without them (de5af0a) in 189-194 MiB (3 runs, alternated with b095eb3's 505-559). 320 MiB: a
@@ -68,6 +73,12 @@ OCDBT_CACHE_PER_CHUNK = 24 * 1024
 # on 16 devices peaked 50 MiB higher with 64 MiB data files and 146 MiB higher with 128 MiB ones
 # than with a data file per tile (which had two tiles in tensorstore at once); 1.25 keeps the bound.
 DATA_FILE_FACTOR = 1.25
+# By device the data files are lz4-compressed (ckptconv.write.codecs), which barely shrinks bf16 weights: a commit holds
+# the transaction's chunks and their encoded copy at full size, and the lane reads its next part back from the spill.
+# Gemma 2 2B's widths on 16 devices, written after the stream (1.4 windows, ``hold_first``): 67 MiB between windows,
+# 185-188 MiB as each device's 64 MiB data file committed (five runs, 2 cores, alone): 118-121 MiB, 1.85 per byte
+# with the OCDBT cache's share.
+DATA_FILE_FACTOR_BY_DEVICE = 2.0
 # Beyond 128 MiB (--data-file-size) the commit holds more of both copies at once: a transaction's uncompressed
 # chunks and the data file it encodes them into (bf16 compresses to 0.78). With 512 MiB data files the same shape
 # peaked 732 MiB above the 64 MiB run (446 -> 1178 MiB, 1.63 per byte added): 1.8 per byte above 128 MiB.
@@ -146,11 +157,13 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     if limit <= 0:
         return 0
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
-    committing = int(min(held, DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR
-                     + max(0, held - DATA_FILE_FACTOR_FROM) * DATA_FILE_FACTOR_LARGE)
+    by_device = bool(options.spill_window_bytes(plan.devices, plan.output_bytes))
+    factor = DATA_FILE_FACTOR_BY_DEVICE if by_device else DATA_FILE_FACTOR
+    committing = int(min(held, DATA_FILE_FACTOR_FROM) * factor
+                     + max(0, held - DATA_FILE_FACTOR_FROM) * max(factor, DATA_FILE_FACTOR_LARGE))
     lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
-    if options.spill_window_bytes(plan.devices, plan.output_bytes):
+    if by_device:
         part = -(-max(tiles, default=0) // plan.devices)
         ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part if options.overlaps_commits else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
@@ -182,14 +195,17 @@ def job_figures(plan: ConversionPlan) -> list[JobFigures]:
 POOL_SLACK_UNITS = 1
 
 
-def producer_bytes(figures: JobFigures, options: settings.RunOptions) -> int:
+def producer_bytes(figures: JobFigures, options: settings.RunOptions, spilled: bool = False) -> int:
     """What the producer holds for a job at most. One worker: its tiles alive (queued, handed over, in tensorstore's
-    writes) and the unit being made. ``workers`` > 1: ``workers + prefetch`` units made or being made, each holding
-    its tiles; of the workers, ``transforming`` also their work, the others their read; the tiles in
-    tensorstore's writes; and the reused buffers' slack (``POOL_SLACK_UNITS`` per worker)."""
+    writes) and the unit being made; with a spill (``spilled``: data files by device) no tile waits for tensorstore,
+    each is written to the spill before the next is taken (``IN_FLIGHT.tiles_spilling``). ``workers`` > 1:
+    ``workers + prefetch`` units made or being made, each holding its tiles; of the workers, ``transforming`` also
+    their work, the others their read; the tiles in tensorstore's writes; and the reused buffers' slack
+    (``POOL_SLACK_UNITS`` per worker)."""
     limits = options.in_flight
     if options.workers <= 1:
-        return limits.tiles_alive * figures.tile + figures.work
+        alive = limits.tiles_spilling if spilled else limits.tiles_alive
+        return alive * figures.tile + figures.work
     units = options.workers + limits.prefetch
     transforming = min(options.transforming, options.workers)
     read = min(figures.work, figures.read)
@@ -207,22 +223,25 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     default data files, by size).
 
     The two overlap when the writer commits while the source is read: without a spill, and with one whose output
-    fills two windows or more (one window is written while the next fills). A model that fits one window is
-    spilled while the source is read and written after the stream has ended, so only the larger counts:
-    Qwen3's and Qwen3-VL's memory examples (0.2-0.9 GiB out, one 1 GiB window on 16 devices) peaked at 300-405 MiB
-    against 516 predicted with the sum. Between one window and two, the first window is written while the rest of
-    the stream fills the second: the two overlap for that rest only, so the smaller term counts in its share of a
-    window (:func:`_overlap_share`). By device with lz4, the memory examples of 1.0-1.8 windows peaked at 0.80-0.99
-    of the larger term alone and 0.69-0.84 of the sum; at 0.75-0.89 of this prediction (a fresh clone's memory phase)."""
+    fills more than two windows (one window is written while the next fills). Within two windows the writer holds
+    the first until the stream ends (``hold_first``): the two take turns, and only the larger counts, the writer's
+    less the stream's runtime (``STREAM_RUNTIME_BYTES``). With the overlap in between counted as a share of the
+    smaller, Gemma 2 2B's widths (1.4 windows) peaked at 246-311 MiB against 310 predicted and Mixtral-8x7B's (1.2)
+    at 213-245 against 341, as the stream's peak and a commit's met or not; taking turns, at 187-192 and 204-221
+    (alone on 2 cores, 7 and 5 runs).
+    """
     options = options or settings.RunOptions()
     if options.planned_output_bytes is None:
         options = options.planned(plan.output_bytes)
     figures = figures or job_figures(plan)
     tiles = tiles or [f.tile for f in figures]
-    worst = max(producer_bytes(f, options) for f in figures)
-    writer = data_file_bytes(plan, tiles, options)
     window = options.spill_window_bytes(plan.devices, plan.output_bytes)
-    overlap = max(writer, worst) + int(min(writer, worst) * _overlap_share(plan.output_bytes, window))
+    worst = max(producer_bytes(f, options, spilled=bool(window)) for f in figures)
+    writer = data_file_bytes(plan, tiles, options)
+    if _overlap_share(plan.output_bytes, window):
+        overlap = worst + writer
+    else:  # the two take turns, the writer's after the stream's runtime is gone (STREAM_RUNTIME_BYTES)
+        overlap = max(worst, writer - STREAM_RUNTIME_BYTES if window else writer)
     baseline = BASELINE_SANDBOX_BYTES if options.sandboxed else BASELINE_BYTES
     heap = int(worst * SANDBOX_HEAP_SHARE) if options.sandboxed else 0
     return {"baseline": baseline, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
@@ -277,15 +296,16 @@ def default_workers(cores: int) -> int:
 
 
 def _overlap_share(output_bytes: int, window: int) -> float:
-    """The share of the smaller of writer and producer that adds to the larger: all of it without a spill or from
-    two windows up, none within one window, the stream's part past the first window in between.
+    """Whether the smaller of writer and producer adds to the larger (1.0) or not (0.0): it does without a spill and
+    from two windows up; within two windows the writer holds the first until the stream has ended
+    (``ckptconv.write.orbax._SpilledWrites``' ``hold_first``), so the two take turns.
 
     >>> [_overlap_share(n, 4) for n in (3, 4, 5, 8, 9)], _overlap_share(9, 0)
-    ([0.0, 0.0, 0.25, 1.0, 1.0], 1.0)
+    ([0.0, 0.0, 0.0, 0.0, 1.0], 1.0)
     """
     if window <= 0:
         return 1.0
-    return min(1.0, max(0.0, (output_bytes - window) / window))
+    return 0.0 if output_bytes <= 2 * window else 1.0
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,
