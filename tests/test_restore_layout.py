@@ -127,13 +127,15 @@ def test_restore_figures_of_a_gcs_destination(tmp_path, gcs):
 
 
 def test_plan_predicts_the_data_file_size_convert_is_given(source):
-    """``--data-file-size`` is what ``plan`` predicts with (Prefect admits by it): the transaction's tiles at
-    1.25 bytes per byte gathered, on top of the source's reads when the output fills two spill windows or more
-    (16 x the size each) and the writes overlap them; when it fits one window the spill is written after the reads,
-    and only the larger counts; in between, the writes overlap the part of the reads past the first window, and
-    the tiles count in that part's share of a window (tests/test_memory.py holds the default to measured peaks); a
-    size that is not one is refused in one line. One worker: one data file at a time (more commit side by side,
-    tests/test_workers.py)."""
+    """``--data-file-size`` is what ``plan`` predicts with (Prefect admits by it): by device a commit holds its data
+    file twice (the chunks and their lz4 copy), beside the stream when the output fills more than two spill windows
+    (16 x the size each: one window is written while the next fills); within two windows the spill is written after
+    the stream and only the larger counts, the writer's less the stream's runtime (tests/test_memory.py holds the
+    default to measured peaks); a size that is not one is refused in one line. One worker: one data file at a time
+    (more commit side by side, tests/test_workers.py), and its tiles go to the spill as they come, two fewer alive
+    than where tensorstore writes them."""
+    from ckptconv.plan.estimate import DATA_FILE_FACTOR_BY_DEVICE, STREAM_RUNTIME_BYTES
+
     def plan(size: str | int) -> dict | subprocess.CompletedProcess:
         result = subprocess.run([sys.executable, "-m", "ckptconv", "plan", str(source), "--devices", "16", "--json",
                                  "--data-file-size", str(size), "--data-files-by-device", "--workers", "1"],
@@ -143,19 +145,27 @@ def test_plan_predicts_the_data_file_size_convert_is_given(source):
 
     def writer(planned: dict) -> int:
         size = planned["data_file_bytes"]
-        return int(min(max(size, planned["largest_tile_bytes"]), planned["output_bytes"]) * 1.25)
+        return int(min(max(size, planned["largest_tile_bytes"]), planned["output_bytes"]) * DATA_FILE_FACTOR_BY_DEVICE)
 
     alone, windows, one = (plan(size) for size in ("0", "128KiB", "4MiB"))
     assert (alone["data_file_bytes"], windows["data_file_bytes"], one["data_file_bytes"]) == (0, 128 * 1024, 4 * MIB)
     output = alone["output_bytes"]
-    assert 2 * 16 * 128 * 1024 <= output <= 16 * 4 * MIB
-    assert windows["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == writer(windows)
-    summed = alone["predicted_peak_rss_bytes"] + int(min(4 * MIB, output) * 1.25)
-    assert alone["predicted_peak_rss_bytes"] <= one["predicted_peak_rss_bytes"] < summed
-    size = output // 24  # a window of two thirds of the output: the reads overlap the writes for half one
-    between, share = plan(size), (output - 16 * size) / (16 * size)
-    assert 0.4 < share < 0.6
-    assert between["predicted_peak_rss_bytes"] - alone["predicted_peak_rss_bytes"] == int(writer(between) * share)
+    assert 3 * 16 * 128 * 1024 <= output <= 16 * 4 * MIB
+    size = output // 24  # a window of two thirds of the output: 1.5 windows
+    between = plan(size)
+    terms = {name: planned["predicted_peak_terms"] for name, planned in
+             (("alone", alone), ("windows", windows), ("one", one), ("between", between))}
+    for name, planned in (("alone", alone), ("windows", windows), ("one", one), ("between", between)):
+        t = terms[name]
+        assert planned["predicted_peak_rss_bytes"] == t["baseline"] + t["cache"] + t["overlap"], name
+        assert planned["data_files_by_device"] is (name != "alone"), name
+    assert terms["alone"]["writer"] == 0 and terms["alone"]["overlap"] == terms["alone"]["producer"]
+    assert terms["windows"]["producer"] < terms["alone"]["producer"]  # the spill takes the tiles as they come
+    assert terms["windows"]["writer"] == writer(windows)
+    assert terms["windows"]["overlap"] == terms["windows"]["producer"] + writer(windows)
+    for name, planned in (("one", one), ("between", between)):
+        assert terms[name]["writer"] == writer(planned), name
+        assert terms[name]["overlap"] == max(terms[name]["producer"], writer(planned) - STREAM_RUNTIME_BYTES), name
     bad = plan("lots")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ckptconv: error: --data-file-size 'lots': expected a size like 5GB, 500MB or 2GiB"]
