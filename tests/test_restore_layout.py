@@ -163,9 +163,10 @@ def test_plan_predicts_the_data_file_size_convert_is_given(source):
     assert terms["windows"]["producer"] < terms["alone"]["producer"]  # the spill takes the tiles as they come
     assert terms["windows"]["writer"] == writer(windows)
     assert terms["windows"]["overlap"] == terms["windows"]["producer"] + writer(windows)
-    for name, planned in (("one", one), ("between", between)):
-        assert terms[name]["writer"] == writer(planned), name
-        assert terms[name]["overlap"] == max(terms[name]["producer"], writer(planned) - STREAM_RUNTIME_BYTES), name
+    for name, planned in (("one", one), ("between", between)):  # the lane after the stream: two parts read back too
+        assert writer(planned) < terms[name]["writer"] <= writer(planned) + 2 * planned["largest_tile_bytes"], name
+        assert terms[name]["overlap"] == max(terms[name]["producer"],
+                                             terms[name]["writer"] - STREAM_RUNTIME_BYTES), name
     bad = plan("lots")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "ckptconv: error: --data-file-size 'lots': expected a size like 5GB, 500MB or 2GiB"]

@@ -351,7 +351,11 @@ class FP4Rows(_Decoded):
 
     @property
     def decode_bytes(self) -> int:
-        return FLOAT32_BYTES + 1
+        """Beside the bfloat16 result: the packed codes (half a byte per value) while ``DECODE_ROWS`` rows at a time
+        are looked up through float32 (the band: ``plan.estimate.DECODE_BAND_BYTES`` bounds it). DeepSeek-V4-Flash's
+        experts held 48-50 MiB for a 16 MiB read, its tile and its transpose (tracemalloc, no buffer pool), which 5
+        bytes a value (the float32 codes of the whole read) had counted at 72."""
+        return 1
 
     def check(self, source: Source) -> None:
         scale = _scales(source, self.scale).astype(np.float32)

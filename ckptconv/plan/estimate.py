@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from ckptconv import settings
+from ckptconv.families.sharding import partition_spec
 from ckptconv.families.inputs import FP8_KEPT, FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
 from ckptconv.families.tiles import padding_elements
 from ckptconv.families.transforms import Permute, box_shape
@@ -90,8 +91,23 @@ READ_AHEAD = 4
 # Parts a writer lane copies into its data file at once, each held until its write ends
 # (ckptconv.write.orbax.PARTS_IN_FLIGHT), with workers > 1.
 PARTS_IN_FLIGHT = 4
+# Parts a one-worker lane holds beside its data file: the one read back from the spill, and tensorstore's copy of it.
+# Counted within two spill windows, where the lanes write after the stream and their replicated parts (whole tiles) are
+# the peak: kept DeepSeek-V3 FP8's widths (8 experts on 16 devices: replicated) 220-223 MiB alone, 249 in a clean
+# clone's memory phase, against 244 predicted without them. Beside the stream (over two windows) the replicated group
+# is the last of each window's writes, and the examples with replicated leaves peaked at 0.70-0.93 of the sum without
+# them (a clean clone at ae1b514: Maverick's FP8 widths 354 of 380 MiB, OLMo 3 32B's block 337 of 372,
+# DeepSeek-V4-Flash's 277 of 396); with them V4-Flash's prediction rose to 428, its peak under the 1/1.5 floor: not
+# counted there, a known gap of the sum (docs/memory.md).
+PARTS_READ_BACK = 2
 # Tiles being written to the spill while the stream goes on (ckptconv.write.orbax.SPILL_AHEAD), with workers > 1.
 SPILL_AHEAD = 2
+
+
+# A quantised read decodes a band at a time (settings.IN_FLIGHT.decode_elements values) through float32: its codes and
+# their scaled product, beside what ``decode_bytes`` counts per value. Llama 4 Maverick's FP8 experts held 64 MiB for a
+# 16 MiB read and its tile (tracemalloc, no buffer pool), 56 counted without the band.
+DECODE_BAND_BYTES = 2 * settings.IN_FLIGHT.decode_elements * 4
 
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -102,6 +118,21 @@ def tile_bytes(job: Job, plan: ConversionPlan) -> int:
 def _unit_out_bytes(job: Job, unit) -> int:
     return max((math.prod(box_shape(box)) * leaf.dtype.itemsize
                 for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
+
+
+def part_bytes(job: Job, plan: ConversionPlan) -> int:
+    """The largest part of this job's tiles a by-device writer reads back from its spill: a sharded leaf's tile is split
+    among the devices, a replicated one's (MaxText replicates a leaf none of whose axes the devices divide: 8 experts
+    on 16 devices) is one part, the whole tile (:func:`ckptconv.write.spill.device_parts`)."""
+    most = 0
+    for unit in job.sample_units(plan.spec):
+        for leaf, box in zip(job.leaves, unit.leaf_boxes):
+            if box is None:
+                continue
+            nbytes = math.prod(box_shape(box)) * leaf.dtype.itemsize
+            replicated = all(axis is None for axis in partition_spec(leaf.shape, plan.devices))
+            most = max(most, nbytes if replicated else -(-nbytes // plan.devices))
+    return most
 
 
 def unit_tiles_bytes(job: Job, plan: ConversionPlan) -> int:
@@ -128,6 +159,8 @@ def work_bytes(job: Job, spec: ModelSpec) -> int:
     itemsize = job.pieces[0].dtype.itemsize
     elements = raw // itemsize
     decode = elements * job.pieces[0].decode_bytes
+    if decode:
+        decode += DECODE_BAND_BYTES
     steps = [step for leaf in job.leaves for step in leaf.steps]
     computing = not all(step.exact for step in steps)
     padded = padding_elements(job.tiling, job.source_shape, job.shapes, spec)
@@ -145,13 +178,18 @@ def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
     return min(settings.IN_FLIGHT.ocdbt_cache_bytes, chunks * OCDBT_CACHE_PER_CHUNK)
 
 
-def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.RunOptions | None = None) -> int:
+def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.RunOptions | None = None,
+                    parts: list[int] | None = None) -> int:
     """What the writer's open transactions hold: the tiles of one OCDBT data file, uncompressed, and at
     its commit their compressed copy (``options.data_file_bytes``; no more than the output), once per commit lane
     (``options.commit_lanes``, no more than the output's data files). In the source's order with overlapped commits
     (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
     each lane gathers and then commits its own, reads parts back from the spill ahead of them while others are
-    copied into its data file, and tiles wait for their spill writes."""
+    copied into its data file, and tiles wait for their spill writes. ``parts``: each job's largest such part
+    (:func:`part_bytes`; default: a tile split among the devices). With one worker a lane holds two parts besides its
+    data file (``PARTS_READ_BACK``): kept DeepSeek-V3 FP8's widths on 16 devices, whose experts (8 on 16 devices) are
+    replicated, 16 MiB parts, committed 154 MiB above the runtime after the stream; Gemma 2 2B's, of 1 MiB parts,
+    118-121 MiB."""
     options = options or settings.RunOptions()
     limit = options.data_file_bytes
     if limit <= 0:
@@ -164,8 +202,12 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     lanes = max(1, min(options.commit_lanes, -(-plan.output_bytes // held)))
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
     if by_device:
-        part = -(-max(tiles, default=0) // plan.devices)
-        ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part if options.overlaps_commits else 0
+        part = max(parts) if parts else -(-max(tiles, default=0) // plan.devices)
+        window = options.spill_window_bytes(plan.devices, plan.output_bytes)
+        if options.overlaps_commits:
+            ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part
+        else:  # one worker: counted where the lane writes alone, after the stream (see PARTS_READ_BACK)
+            ahead = PARTS_READ_BACK * part if plan.output_bytes <= 2 * window else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
         return lanes * (committing + ahead) + spilling
     return lanes * committing + gathering
@@ -180,11 +222,12 @@ class JobFigures:
     unit: int
     work: int
     read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
+    part: int = 0  # the largest part the by-device writer reads back (part_bytes)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
     return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
-                       job.tiling.unit_bytes) for job in plan.jobs]
+                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0) for job in plan.jobs]
 
 
 # With several workers the producer's reused buffers (ckptconv.read.buffers) stay resident between units, and a
@@ -237,7 +280,7 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     tiles = tiles or [f.tile for f in figures]
     window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     worst = max(producer_bytes(f, options, spilled=bool(window)) for f in figures)
-    writer = data_file_bytes(plan, tiles, options)
+    writer = data_file_bytes(plan, tiles, options, [f.part for f in figures])
     if _overlap_share(plan.output_bytes, window):
         overlap = worst + writer
     else:  # the two take turns, the writer's after the stream's runtime is gone (STREAM_RUNTIME_BYTES)
