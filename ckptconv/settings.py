@@ -99,11 +99,9 @@ IN_FLIGHT = InFlight()
 # first window to fill, and writes the last after the reads end), the same few seconds at any size: on 2 cores,
 # 16 devices, Llama-3-70B's widths with 6 layers (11.5 GiB) took 54-58 s against 47-51 s, OLMo 3 32B's block (5.7 GB)
 # 31-32 s against 22-24 s, while device 0's host reads fell from 161 to 15 (Qwen3-0.6B's shape, 1.1 GiB: 21 requests
-# against 7, docs/bench/RESTORE.md). Within one window a host reads about 16 data files either way, and the peak is not
-# predicted tightly by device: the whole stream is spilled before anything is written, and the memory examples there
-# peaked at 0.66-0.89 of the prediction (lz4, fresh venv), at the tests' 1/1.5 bound, while in the source's order they
-# peak at 0.74-0.86. Over one window, by device, 0.75-0.89 (a fresh clone's memory phase, tests/test_memory.py;
-# plan.estimate's overlap).
+# against 7, docs/bench/RESTORE.md). Within one window a host reads about 16 data files either way. An output of two
+# windows at most is spilled whole and written after its stream (ckptconv.write.orbax._SpilledWrites' hold_first), so
+# the stream's peak and a commit's never meet (plan.estimate's overlap; docs/memory.md).
 DATA_FILES_BY_DEVICE: bool | None = None
 AUTO_SPILL_WINDOWS = 1
 # --workers and --memory-budget (RunOptions.workers_asked, budget_bytes): None takes them from the host, the cores this

@@ -131,7 +131,7 @@ def test_kept_checkpoint_exports_the_release_back(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.memory
-def test_kept_peak_is_predicted(synth_dir, tmp_path):
+def test_kept_peak_is_predicted(synth_dir, tmp_path, record_property):
     """At Qwen3.5-397B-A17B-FP8's widths (one period, 8 experts), kept e4m3 with 1 and 16 devices: the plan's
     prediction bounds the measured peak, within 1.5x (the tiles hold e4m3 bytes, the prediction counts them)."""
     from ckptconv.families.qwen3_5_moe import WIDTHS_397B

@@ -32,8 +32,9 @@ from ckptconv.read.spec import ModelSpec
 # mapped from a freshly installed venv, which a clean clone's CI has), so the baseline is set from the high end
 # the 1.5x tightness allows: run one at a time on 2 cores, every memory example (tests/test_memory.py, and
 # test_keep_fp8.py's and test_lora.py's) peaked at 0.67-0.93 of its prediction with 140 MiB (0.45-0.55 with the
-# 320 MiB JAX and Orbax had needed). Those cases bound it to 119-142 MiB: DeepSeek-V3-FP8's widths on 16 devices
-# (297 of 318 MiB) from below, Mixtral-8x7B's widths (229 of 341) from above.
+# 320 MiB JAX and Orbax had needed). With the by-device terms of session 16 a clean clone's memory phase put every
+# example at 0.68-0.93 of its prediction (ae1b514): Llama 4 Maverick's FP8 widths on 16 devices (354 of 380) bound it
+# from below, Qwen3-Next's period (254 of 372) and DeepSeek-V4-Flash's widths (277 of 396) from above.
 BASELINE_BYTES = 140 * 1024**2
 # Of that baseline, what the stream's own runtime takes (the reader's threads and reused buffers, and the jitter of
 # reading beside writing), gone once the stream has ended: a spilled output of two windows at most is written then
