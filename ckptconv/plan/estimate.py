@@ -17,8 +17,8 @@ from typing import Callable
 import numpy as np
 
 from ckptconv import settings
-from ckptconv.families.sharding import partition_spec
 from ckptconv.families.inputs import FP8_KEPT, FP8_BLOCK, INT4_SCHEME, MXFP4_SCHEME
+from ckptconv.families.sharding import partition_spec
 from ckptconv.families.tiles import padding_elements
 from ckptconv.families.transforms import Permute, box_shape
 from ckptconv.plan.conversion import ConversionPlan, Job
@@ -76,10 +76,10 @@ OCDBT_CACHE_PER_CHUNK = 24 * 1024
 # than with a data file per tile (which had two tiles in tensorstore at once); 1.25 keeps the bound.
 DATA_FILE_FACTOR = 1.25
 # By device the data files are lz4-compressed (ckptconv.write.codecs), which barely shrinks bf16 weights: a commit holds
-# the transaction's chunks and their encoded copy at full size, and the lane reads its next part back from the spill.
-# Gemma 2 2B's widths on 16 devices, written after the stream (1.4 windows, ``hold_first``): 67 MiB between windows,
-# 185-188 MiB as each device's 64 MiB data file committed (five runs, 2 cores, alone): 118-121 MiB, 1.85 per byte
-# with the OCDBT cache's share.
+# the transaction's chunks and their encoded copy at full size. Gemma 2 2B's widths on 16 devices, written after the
+# stream (1.4 windows, ``hold_first``): 67 MiB between windows, 185-188 MiB as each device's 64 MiB data file
+# committed (five runs, 2 cores, alone): 118-121 MiB, 1.85 per byte with the OCDBT cache's share and the parts read
+# back (``PARTS_READ_BACK``, 1 MiB each there).
 DATA_FILE_FACTOR_BY_DEVICE = 2.0
 # Beyond 128 MiB (--data-file-size) the commit holds more of both copies at once: a transaction's uncompressed
 # chunks and the data file it encodes them into (bf16 compresses to 0.78). With 512 MiB data files the same shape

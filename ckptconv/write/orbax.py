@@ -275,9 +275,10 @@ class _SpilledWrites:
 
     ``hold_first``: an output of two windows at most keeps its first window until the stream ends, then writes the
     two in turn (the second takes the rest: what did not fit the first, windows being filled up to their last whole
-    tile, is a tile or two at most). Its stream past the first window is short, so the overlap saved little time, but where it ran the
-    peak was the stream's and a commit's together, and only when they met: Gemma 2 2B's widths (1.4 windows) peaked
-    at 246-311 MiB in nine runs, Mixtral-8x7B's (1.2) at 213-245 in seven, no prediction tight for both."""
+    tile, is a tile or two at most). Its stream past the first window is short, so the overlap saved little time,
+    but where it ran the peak was the stream's and a commit's together, and only when they met: Gemma 2 2B's widths
+    (1.4 windows) peaked at 246-311 MiB in nine runs, Mixtral-8x7B's (1.2) at 213-245 in seven, no prediction tight
+    for both."""
 
     def __init__(self, window: int, lanes: _Lanes, read_ahead: bool, hold_first: bool = False):
         self._spills = [DeviceSpill(window), DeviceSpill(window)]
