@@ -196,7 +196,8 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     if limit <= 0:
         return 0
     held = min(max(limit, max(tiles, default=0)), plan.output_bytes)
-    by_device = bool(options.spill_window_bytes(plan.devices, plan.output_bytes))
+    window = options.spill_window_bytes(plan.devices, plan.output_bytes)
+    by_device = bool(window)
     factor = DATA_FILE_FACTOR_BY_DEVICE if by_device else DATA_FILE_FACTOR
     committing = int(min(held, DATA_FILE_FACTOR_FROM) * factor
                      + max(0, held - DATA_FILE_FACTOR_FROM) * max(factor, DATA_FILE_FACTOR_LARGE))
@@ -204,11 +205,10 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
     if by_device:
         part = max(parts) if parts else -(-max(tiles, default=0) // plan.devices)
-        window = options.spill_window_bytes(plan.devices, plan.output_bytes)
         if options.overlaps_commits:
             ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part
         else:  # one worker: counted where the lane writes alone, after the stream (see PARTS_READ_BACK)
-            ahead = PARTS_READ_BACK * part if plan.output_bytes <= 2 * window else 0
+            ahead = 0 if _overlap_share(plan.output_bytes, window) else PARTS_READ_BACK * part
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
         return lanes * (committing + ahead) + spilling
     return lanes * committing + gathering
