@@ -114,6 +114,9 @@ WORKERS: int | None = None
 # one below, 6, 8 and 12 lanes took the same 28.6-29.8 s: lanes no longer bound it there (docs/speed.md).
 COMMIT_LANES = 8
 WORKERS_PER_LANE = 2
+# At most this many read units are transformed at once (RunOptions.transforming), however many workers read and
+# decode them.
+TRANSFORM_SLOTS = 3
 # glibc's mmap threshold on a kernel without VmHWM (gVisor: ckptconv.monitor.tune_malloc; 1 MiB elsewhere). There each
 # page fault of a fresh mapping is dear, and every tile, read and transform buffer above the threshold is one: with
 # 64 MiB instead of 1 MiB the 13-core TPU host converted the case above in 30.4 s against 41.1 by device (CPU 117 s
@@ -166,9 +169,10 @@ class RunOptions:
 
     @property
     def transforming(self) -> int:
-        """Read units transformed at once (the rest of the workers read, or wait): a transform's float32 copies are
-        the most a unit holds (a scaled query: 5x its read), so half the workers at most hold them together."""
-        return max(1, self.workers // 2)
+        """Read units transformed at once (the rest of the workers read, decode, or wait): a transform's float32
+        copies are the most a unit holds (a scaled query: 5x its read), so half the workers at most hold them
+        together, and no more than ``TRANSFORM_SLOTS`` whatever the host's cores."""
+        return max(1, min(self.workers // 2, TRANSFORM_SLOTS))
 
     @property
     def commit_lanes(self) -> int:

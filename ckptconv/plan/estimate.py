@@ -173,6 +173,14 @@ def work_bytes(job: Job, spec: ModelSpec) -> int:
     return raw + max(decode, compute)
 
 
+def reading_bytes(job: Job) -> int:
+    """What a worker holds for one read unit before it takes a transform slot: the raw read and, for a quantised
+    read, its decoding (done in the read, outside the slot: :func:`work_bytes`' decode term)."""
+    raw = job.tiling.unit_bytes
+    decode = raw // job.pieces[0].dtype.itemsize * job.pieces[0].decode_bytes
+    return raw + (decode + DECODE_BAND_BYTES if decode else 0)
+
+
 def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
     """What the OCDBT node cache grows to for this checkpoint's chunk count."""
     chunks = sum(math.prod(-(-dim // c) for dim, c in zip(leaf.shape, leaf.chunk_shape)) for leaf in plan.leaves)
@@ -224,11 +232,13 @@ class JobFigures:
     work: int
     read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
     part: int = 0  # the largest part the by-device writer reads back (part_bytes)
+    reading: int = 0  # a worker's hold before its transform slot: the read and its decoding (reading_bytes)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
     return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
-                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0) for job in plan.jobs]
+                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0, reading_bytes(job))
+            for job in plan.jobs]
 
 
 # With several workers the producer's reused buffers (ckptconv.read.buffers) stay resident between units, and a
@@ -252,9 +262,14 @@ def producer_bytes(figures: JobFigures, options: settings.RunOptions, spilled: b
         return alive * figures.tile + figures.work
     units = options.workers + limits.prefetch
     transforming = min(options.transforming, options.workers)
-    read = min(figures.work, figures.read)
-    return (units * figures.unit + transforming * figures.work + (options.workers - transforming) * read
-            + limits.writes * figures.tile + POOL_SLACK_UNITS * options.workers * figures.unit)
+    # Of the units counted made, as many as there are workers may be still being made (produce.in_order's depth
+    # counts them): a transforming one holds its work (its tiles made inside it) instead, a reading one its read
+    # and decoding. Counting them both ways put Llama-3-8B's widths with 12 workers 192 MiB higher.
+    reading = min(figures.work, max(figures.reading, figures.read))
+    being_made = transforming * max(0, figures.work - figures.tile) \
+        + (options.workers - transforming) * max(0, reading - figures.unit)
+    return (units * figures.unit + being_made + limits.writes * figures.tile
+            + POOL_SLACK_UNITS * options.workers * figures.unit)
 
 
 def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: settings.RunOptions | None = None,
