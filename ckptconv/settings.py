@@ -203,6 +203,21 @@ class RunOptions:
         (ckptconv.write.spill): one data file per device; 0 when it writes tiles as they come."""
         return devices * self.data_file_bytes if self.data_files_by_device(devices, output_bytes) else 0
 
+    def writes_after_stream(self, devices: int, output_bytes: int | None = None) -> bool:
+        """Whether the by-device writer keeps its first spill window until the stream ends, so that writing and reading
+        take turns: an output of two windows at most (``ckptconv.write.orbax._SpilledWrites``' ``hold_first``). The
+        writer and the estimate (``plan.estimate``: the stream's peak and a commit's never meet) both ask this.
+
+        >>> options = RunOptions(data_file_bytes=4)
+        >>> [options.writes_after_stream(1, n * 4 + 1) for n in (1, 2, 3)], options.writes_after_stream(2, 16)
+        ([False, False, False], True)
+        >>> [options.writes_after_stream(2, n) for n in (9, 16, 17)]
+        [True, True, False]
+        """
+        window = self.spill_window_bytes(devices, output_bytes)
+        output = self.planned_output_bytes if output_bytes is None else output_bytes
+        return bool(window) and (output or 0) <= 2 * window
+
     def to_json(self) -> dict:
         """What the report and ``plan`` say of the run's parallelism and budget, and why."""
         return {"workers": self.workers, "workers_asked": self.workers_asked, "why": self.why,

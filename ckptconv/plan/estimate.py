@@ -38,7 +38,7 @@ from ckptconv.read.spec import ModelSpec
 BASELINE_BYTES = 140 * 1024**2
 # Of that baseline, what the stream's own runtime takes (the reader's threads and reused buffers, and the jitter of
 # reading beside writing), gone once the stream has ended: a spilled output of two windows at most is written then
-# (``_overlap_share``), its writer beside the quiet runtime. Gemma 2 2B's widths (1.4 windows): 87-122 MiB between
+# (``RunOptions.writes_after_stream``), its writer beside the quiet runtime. Gemma 2 2B's widths (1.4 windows): 87-122 MiB between
 # tiles while reading, 65-67 while writing after it (2 cores, alone). Its data file's commit counts this much less.
 STREAM_RUNTIME_BYTES = 40 * 1024**2
 # The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host), where that kernel counts more of
@@ -216,7 +216,7 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
         if options.overlaps_commits:
             ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part
         else:  # one worker: counted where the lane writes alone, after the stream (see PARTS_READ_BACK)
-            ahead = 0 if _overlap_share(plan.output_bytes, window) else PARTS_READ_BACK * part
+            ahead = PARTS_READ_BACK * part if options.writes_after_stream(plan.devices, plan.output_bytes) else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
         return lanes * (committing + ahead) + spilling
     return lanes * committing + gathering
@@ -297,10 +297,11 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     worst = max(producer_bytes(f, options, spilled=bool(window)) for f in figures)
     writer = data_file_bytes(plan, tiles, options, [f.part for f in figures])
-    if _overlap_share(plan.output_bytes, window):
+    if options.writes_after_stream(plan.devices, plan.output_bytes):
+        # the two take turns, the writer's after the stream's runtime is gone (STREAM_RUNTIME_BYTES)
+        overlap = max(worst, writer - STREAM_RUNTIME_BYTES)
+    else:
         overlap = worst + writer
-    else:  # the two take turns, the writer's after the stream's runtime is gone (STREAM_RUNTIME_BYTES)
-        overlap = max(worst, writer - STREAM_RUNTIME_BYTES if window else writer)
     baseline = BASELINE_SANDBOX_BYTES if options.sandboxed else BASELINE_BYTES
     heap = int(worst * SANDBOX_HEAP_SHARE) if options.sandboxed else 0
     return {"baseline": baseline, "cache": ocdbt_cache_bytes(plan), "writer": writer, "producer": worst,
@@ -352,19 +353,6 @@ def default_workers(cores: int) -> int:
     in 2.9 s against 3.7, but its 196 MiB one peaked at 401-415 MiB against 615 predicted (1.48-1.53x: past the 1.5x
     the memory tests hold a prediction to), where one worker peaked at 383 against 535."""
     return max(1, cores - 1)
-
-
-def _overlap_share(output_bytes: int, window: int) -> float:
-    """Whether the smaller of writer and producer adds to the larger (1.0) or not (0.0): it does without a spill and
-    from two windows up; within two windows the writer holds the first until the stream has ended
-    (``ckptconv.write.orbax._SpilledWrites``' ``hold_first``), so the two take turns.
-
-    >>> [_overlap_share(n, 4) for n in (3, 4, 5, 8, 9)], _overlap_share(9, 0)
-    ([0.0, 0.0, 0.0, 0.0, 1.0], 1.0)
-    """
-    if window <= 0:
-        return 1.0
-    return 0.0 if output_bytes <= 2 * window else 1.0
 
 
 def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,

@@ -206,7 +206,7 @@ async def _stream(values: Sequence[_StreamedLeaf], items_dir: str, context: ts.C
     started: set[int] = set()
     written = [0] * len(values)
     spilled = _SpilledWrites(window, lanes, options.overlaps_commits,
-                             hold_first=(options.planned_output_bytes or 0) <= 2 * window) if window else None
+                             hold_first=options.writes_after_stream(devices)) if window else None
     lane = 0
     stream = iter(tiles())
     try:
