@@ -121,10 +121,11 @@ def _unit_out_bytes(job: Job, unit) -> int:
                 for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
 
 
-def part_bytes(job: Job, plan: ConversionPlan) -> int:
+def part_bytes(job: Job, plan: ConversionPlan, sharded_only: bool = False) -> int:
     """The largest part of this job's tiles a by-device writer reads back from its spill: a sharded leaf's tile is split
     among the devices, a replicated one's (MaxText replicates a leaf none of whose axes the devices divide: 8 experts
-    on 16 devices) is one part, the whole tile (:func:`ckptconv.write.spill.device_parts`)."""
+    on 16 devices) is one part, the whole tile (:func:`ckptconv.write.spill.device_parts`). ``sharded_only``: the
+    largest of a sharded leaf's parts only (the replicated leaves are one group of the spill, which one lane writes)."""
     most = 0
     for unit in job.sample_units(plan.spec):
         for leaf, box in zip(job.leaves, unit.leaf_boxes):
@@ -132,7 +133,8 @@ def part_bytes(job: Job, plan: ConversionPlan) -> int:
                 continue
             nbytes = math.prod(box_shape(box)) * leaf.dtype.itemsize
             replicated = all(axis is None for axis in partition_spec(leaf.shape, plan.devices))
-            most = max(most, nbytes if replicated else -(-nbytes // plan.devices))
+            if not (replicated and sharded_only):
+                most = max(most, nbytes if replicated else -(-nbytes // plan.devices))
     return most
 
 
@@ -188,14 +190,18 @@ def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
 
 
 def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.RunOptions | None = None,
-                    parts: list[int] | None = None) -> int:
+                    parts: list[int] | None = None, sharded_parts: list[int] | None = None) -> int:
     """What the writer's open transactions hold: the tiles of one OCDBT data file, uncompressed, and at
     its commit their compressed copy (``options.data_file_bytes``; no more than the output), once per commit lane
     (``options.commit_lanes``, no more than the output's data files). In the source's order with overlapped commits
     (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
     each lane gathers and then commits its own, reads parts back from the spill ahead of them while others are
     copied into its data file, and tiles wait for their spill writes. ``parts``: each job's largest such part
-    (:func:`part_bytes`; default: a tile split among the devices). With one worker a lane holds two parts besides its
+    (:func:`part_bytes`; default: a tile split among the devices), ``sharded_parts`` a sharded leaf's (default: the
+    same): the replicated leaves' parts, whole tiles, are one group of the spill, written by one lane, whose reads
+    ahead and copies in flight may all be whole tiles while the other lanes' are parts of a tile. Counting every lane
+    so put Mixtral-8x7B's widths with 12 workers (6 lanes) at 2048 MiB on the 13-core TPU host, where it peaked at
+    748. With one worker a lane holds two parts besides its
     data file (``PARTS_READ_BACK``): kept DeepSeek-V3 FP8's widths on 16 devices, whose experts (8 on 16 devices) are
     replicated, 16 MiB parts, committed 154 MiB above the runtime after the stream; Gemma 2 2B's, of 1 MiB parts,
     118-121 MiB."""
@@ -213,12 +219,13 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     gathering = min(held, max(0, plan.output_bytes - held)) if options.overlaps_commits else 0
     if by_device:
         part = max(parts) if parts else -(-max(tiles, default=0) // plan.devices)
-        if options.overlaps_commits:
-            ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * part
-        else:  # one worker: counted where the lane writes alone, after the stream (see PARTS_READ_BACK)
+        if options.overlaps_commits:  # one lane's parts may be whole tiles (the replicated group), the others' not
+            sharded = max(sharded_parts) if sharded_parts else part
+            ahead = (READ_AHEAD + PARTS_IN_FLIGHT) * (part + (lanes - 1) * sharded)
+        else:  # one worker, one lane: counted where it writes alone, after the stream (see PARTS_READ_BACK)
             ahead = PARTS_READ_BACK * part if options.writes_after_stream(plan.devices, plan.output_bytes) else 0
         spilling = SPILL_AHEAD * max(tiles, default=0) if options.overlaps_commits else 0
-        return lanes * (committing + ahead) + spilling
+        return lanes * committing + ahead + spilling
     return lanes * committing + gathering
 
 
@@ -233,11 +240,13 @@ class JobFigures:
     read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
     part: int = 0  # the largest part the by-device writer reads back (part_bytes)
     reading: int = 0  # a worker's hold before its transform slot: the read and its decoding (reading_bytes)
+    sharded_part: int = 0  # the largest part of a sharded leaf (part_bytes' sharded_only)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
     return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
-                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0, reading_bytes(job))
+                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0, reading_bytes(job),
+                       part_bytes(job, plan, sharded_only=True) if plan.devices > 1 else 0)
             for job in plan.jobs]
 
 
@@ -296,7 +305,7 @@ def peak_terms(plan: ConversionPlan, tiles: list[int] | None = None, options: se
     tiles = tiles or [f.tile for f in figures]
     window = options.spill_window_bytes(plan.devices, plan.output_bytes)
     worst = max(producer_bytes(f, options, spilled=bool(window)) for f in figures)
-    writer = data_file_bytes(plan, tiles, options, [f.part for f in figures])
+    writer = data_file_bytes(plan, tiles, options, [f.part for f in figures], [f.sharded_part for f in figures])
     if options.writes_after_stream(plan.devices, plan.output_bytes):
         # the two take turns, the writer's after the stream's runtime is gone (STREAM_RUNTIME_BYTES)
         overlap = max(worst, writer - STREAM_RUNTIME_BYTES)
