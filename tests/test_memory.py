@@ -88,7 +88,9 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, shared_synth, tmp_path, na
 # Issue 38: more workers than this machine's cores, as a many-core host chooses (the default is one per core but the writer's:
 # one on CI's 2 cores):
 # each worker's read units and each commit lane's data file are counted, and the bound still holds.
-MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6}
+# Mixtral-8x7B's widths: its 8 experts are replicated on 16 devices, and the lane that writes the replicated group reads
+# whole tiles back, the other lane parts of a tile (estimate.data_file_bytes).
+MORE_WORKERS = {"layers": 4, "mistral-7b-widths": 4, "llama-70b-widths": 6, "mixtral-8x7b-widths": 4}
 # Known gap (issue 38 stays open on it): Mistral-7B's widths with 4 workers peaked at 1.38-1.63x under the prediction
 # in the runs made on 2 cores, past the 1.5x tightness the other cases hold; the upper bound, admission's safety, holds
 # and is still asserted for it.
