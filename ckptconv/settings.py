@@ -115,7 +115,10 @@ WORKERS: int | None = None
 COMMIT_LANES = 8
 WORKERS_PER_LANE = 2
 # At most this many read units are transformed at once (RunOptions.transforming), however many workers read and
-# decode them.
+# decode them: each holds a unit's float32 copies, and on a host of 100+ cores half of them would be gigabytes the
+# writer cannot take faster. On the 13-core TPU host (12 workers, the producers idle most of the time, waiting for the
+# writer) 3, 4 and 6 slots converted Llama-3-8B's widths in the same walls (by device 19.4-22.6, 20.6-21.1 and
+# 18.9-20.9 s; docs/speed.md, session 17).
 TRANSFORM_SLOTS = 3
 # glibc's mmap threshold on a kernel without VmHWM (gVisor: ckptconv.monitor.tune_malloc; 1 MiB elsewhere). There each
 # page fault of a fresh mapping is dear, and every tile, read and transform buffer above the threshold is one: with

@@ -15,7 +15,7 @@ MODULES = sorted(".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
 def test_the_library_has_examples_to_run():
-    assert "ckptconv.settings" in MODULES  # RunOptions.writes_after_stream's examples, which the writer and estimate share
+    assert "ckptconv.settings" in MODULES  # RunOptions.writes_after_stream: the writer and the estimate share it
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -38,8 +38,9 @@ from ckptconv.read.spec import ModelSpec
 BASELINE_BYTES = 140 * 1024**2
 # Of that baseline, what the stream's own runtime takes (the reader's threads and reused buffers, and the jitter of
 # reading beside writing), gone once the stream has ended: a spilled output of two windows at most is written then
-# (``RunOptions.writes_after_stream``), its writer beside the quiet runtime. Gemma 2 2B's widths (1.4 windows): 87-122 MiB between
-# tiles while reading, 65-67 while writing after it (2 cores, alone). Its data file's commit counts this much less.
+# (``RunOptions.writes_after_stream``), its writer beside the quiet runtime. Gemma 2 2B's widths (1.4 windows):
+# 87-122 MiB between tiles while reading, 65-67 while writing after it (2 cores, alone). Its data file's commit counts
+# this much less.
 STREAM_RUNTIME_BYTES = 40 * 1024**2
 # The same runtime on a kernel without VmHWM (gVisor, on the 13-core TPU v5e host), where that kernel counts more of
 # the mapped libraries. With JAX and Orbax a tiny model converted there in 505-559 MiB (VmRSS sampled) and this was
@@ -113,37 +114,32 @@ DECODE_BAND_BYTES = 2 * settings.IN_FLIGHT.decode_elements * 4
 
 def tile_bytes(job: Job, plan: ConversionPlan) -> int:
     """The largest tile (one read unit's image in one leaf) this job produces."""
-    return max(_unit_out_bytes(job, unit) for unit in job.sample_units(plan.spec))
+    return _tile_figures(job, plan)[0]
 
 
-def _unit_out_bytes(job: Job, unit) -> int:
-    return max((math.prod(box_shape(box)) * leaf.dtype.itemsize
-                for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None), default=0)
+def _tile_figures(job: Job, plan: ConversionPlan) -> tuple[int, int, int, int]:
+    """One walk over the job's read units of every size (``Job.sample_units``): (its largest tile; the most one unit
+    makes, all its leaves' tiles together, what a parallel worker holds once its unit is made; the largest part of a
+    tile a by-device writer reads back from its spill; the largest such part of a sharded leaf).
 
-
-def part_bytes(job: Job, plan: ConversionPlan, sharded_only: bool = False) -> int:
-    """The largest part of this job's tiles a by-device writer reads back from its spill: a sharded leaf's tile is split
-    among the devices, a replicated one's (MaxText replicates a leaf none of whose axes the devices divide: 8 experts
-    on 16 devices) is one part, the whole tile (:func:`ckptconv.write.spill.device_parts`). ``sharded_only``: the
-    largest of a sharded leaf's parts only (the replicated leaves are one group of the spill, which one lane writes)."""
-    most = 0
-    for unit in job.sample_units(plan.spec):
-        for leaf, box in zip(job.leaves, unit.leaf_boxes):
+    A sharded leaf's tile is split among the devices; a replicated one's (MaxText replicates a leaf none of whose axes
+    the devices divide: 8 experts on 16 devices) is one part, the whole tile, and the replicated leaves are one group
+    of the spill, which one lane writes (:func:`ckptconv.write.spill.device_parts`). One device: no parts (0)."""
+    replicated = [all(axis is None for axis in partition_spec(leaf.shape, plan.devices)) for leaf in job.leaves]
+    tile = unit = part = sharded = 0
+    for sample in job.sample_units(plan.spec):
+        made = 0
+        for leaf, box, whole in zip(job.leaves, sample.leaf_boxes, replicated):
             if box is None:
                 continue
             nbytes = math.prod(box_shape(box)) * leaf.dtype.itemsize
-            replicated = all(axis is None for axis in partition_spec(leaf.shape, plan.devices))
-            if not (replicated and sharded_only):
-                most = max(most, nbytes if replicated else -(-nbytes // plan.devices))
-    return most
-
-
-def unit_tiles_bytes(job: Job, plan: ConversionPlan) -> int:
-    """The most one read unit of this job makes, all its leaves' tiles together: what a parallel worker holds once
-    its unit is made (:func:`ckptconv.write.produce.produce_tiles` makes a unit's tiles at once)."""
-    return max(sum(math.prod(box_shape(box)) * leaf.dtype.itemsize
-                   for leaf, box in zip(job.leaves, unit.leaf_boxes) if box is not None)
-               for unit in job.sample_units(plan.spec))
+            tile, made = max(tile, nbytes), made + nbytes
+            if plan.devices > 1:
+                split = nbytes if whole else -(-nbytes // plan.devices)
+                part = max(part, split)
+                sharded = sharded if whole else max(sharded, split)
+        unit = max(unit, made)
+    return tile, unit, part, sharded
 
 
 def work_bytes(job: Job, spec: ModelSpec) -> int:
@@ -161,9 +157,7 @@ def work_bytes(job: Job, spec: ModelSpec) -> int:
     raw = job.tiling.unit_bytes
     itemsize = job.pieces[0].dtype.itemsize
     elements = raw // itemsize
-    decode = elements * job.pieces[0].decode_bytes
-    if decode:
-        decode += DECODE_BAND_BYTES
+    decode = _decode_bytes(job)
     steps = [step for leaf in job.leaves for step in leaf.steps]
     computing = not all(step.exact for step in steps)
     padded = padding_elements(job.tiling, job.source_shape, job.shapes, spec)
@@ -175,12 +169,17 @@ def work_bytes(job: Job, spec: ModelSpec) -> int:
     return raw + max(decode, compute)
 
 
+def _decode_bytes(job: Job) -> int:
+    """What decoding one read unit of a quantised source holds beside its bfloat16 result (0 for a plain one): its
+    ``decode_bytes`` per value, and the float32 band it decodes through (``DECODE_BAND_BYTES``)."""
+    decode = job.tiling.unit_bytes // job.pieces[0].dtype.itemsize * job.pieces[0].decode_bytes
+    return decode + DECODE_BAND_BYTES if decode else 0
+
+
 def reading_bytes(job: Job) -> int:
     """What a worker holds for one read unit before it takes a transform slot: the raw read and, for a quantised
-    read, its decoding (done in the read, outside the slot: :func:`work_bytes`' decode term)."""
-    raw = job.tiling.unit_bytes
-    decode = raw // job.pieces[0].dtype.itemsize * job.pieces[0].decode_bytes
-    return raw + (decode + DECODE_BAND_BYTES if decode else 0)
+    read, its decoding (done in the read, outside the slot)."""
+    return job.tiling.unit_bytes + _decode_bytes(job)
 
 
 def ocdbt_cache_bytes(plan: ConversionPlan) -> int:
@@ -197,7 +196,7 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     (``options.overlaps_commits``) the next data file is gathered, uncompressed, while the lanes commit; by device
     each lane gathers and then commits its own, reads parts back from the spill ahead of them while others are
     copied into its data file, and tiles wait for their spill writes. ``parts``: each job's largest such part
-    (:func:`part_bytes`; default: a tile split among the devices), ``sharded_parts`` a sharded leaf's (default: the
+    (:func:`_tile_figures`; default: a tile split among the devices), ``sharded_parts`` a sharded leaf's (default: the
     same): the replicated leaves' parts, whole tiles, are one group of the spill, written by one lane, whose reads
     ahead and copies in flight may all be whole tiles while the other lanes' are parts of a tile. Counting every lane
     so put Mixtral-8x7B's widths with 12 workers (6 lanes) at 2048 MiB on the 13-core TPU host, where it peaked at
@@ -238,16 +237,18 @@ class JobFigures:
     unit: int
     work: int
     read: int  # one unit's raw read (a worker reading, or waiting for a transform slot)
-    part: int = 0  # the largest part the by-device writer reads back (part_bytes)
+    part: int = 0  # the largest part of a tile the by-device writer reads back (_tile_figures)
     reading: int = 0  # a worker's hold before its transform slot: the read and its decoding (reading_bytes)
-    sharded_part: int = 0  # the largest part of a sharded leaf (part_bytes' sharded_only)
+    sharded_part: int = 0  # the largest part of a sharded leaf's tile (_tile_figures)
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
-    return [JobFigures(tile_bytes(job, plan), unit_tiles_bytes(job, plan), work_bytes(job, plan.spec),
-                       job.tiling.unit_bytes, part_bytes(job, plan) if plan.devices > 1 else 0, reading_bytes(job),
-                       part_bytes(job, plan, sharded_only=True) if plan.devices > 1 else 0)
-            for job in plan.jobs]
+    figures = []
+    for job in plan.jobs:
+        tile, unit, part, sharded = _tile_figures(job, plan)
+        figures.append(JobFigures(tile, unit, work_bytes(job, plan.spec), job.tiling.unit_bytes, part,
+                                  reading_bytes(job), sharded))
+    return figures
 
 
 # With several workers the producer's reused buffers (ckptconv.read.buffers) stay resident between units, and a
