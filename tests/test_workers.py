@@ -13,6 +13,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +47,35 @@ def test_workers_make_the_one_worker_stream_in_its_order(tmp_path, monkeypatch):
     one = _stream(plan, source, 1)
     assert len(one) > 2 * len(plan.leaves)  # many units: the order has something to keep
     assert _stream(plan, source, 3) == one
+
+
+def test_no_more_units_than_the_transform_slots_are_transformed_at_once(tmp_path, monkeypatch):
+    """Twelve workers (a 13-core host's) transform ``settings.TRANSFORM_SLOTS`` units at once, not half of them: the
+    estimate counts that many units' float32 work (``RunOptions.transforming``), and the rest only read."""
+    from ckptconv.write import produce
+
+    synth.write_checkpoint(synth.SynthModel(num_layers=3), str(tmp_path))
+    monkeypatch.setattr(settings, "IN_FLIGHT", dataclasses.replace(settings.IN_FLIGHT, read_bytes=4096))
+    source = LocalSource(str(tmp_path))
+    plan = make_plan(source, devices=4)
+    options = settings.RunOptions(workers=12)
+    assert options.transforming == settings.TRANSFORM_SLOTS < options.workers // 2
+    assemble, lock, active, most = produce._assemble, threading.Lock(), [0], [0]
+
+    def counted(*args):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.01)  # long enough for the other workers to come to their transform
+            return assemble(*args)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(produce, "_assemble", counted)
+    tiles = list(produce_tiles(plan, source, StageTimer(), options))
+    assert len(tiles) > 2 * len(plan.leaves) and most[0] == settings.TRANSFORM_SLOTS, (len(tiles), most[0])
 
 
 def test_an_error_in_a_worker_reaches_the_writer(tmp_path):
