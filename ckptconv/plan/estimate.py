@@ -200,10 +200,9 @@ def data_file_bytes(plan: ConversionPlan, tiles: list[int], options: settings.Ru
     same): the replicated leaves' parts, whole tiles, are one group of the spill, written by one lane, whose reads
     ahead and copies in flight may all be whole tiles while the other lanes' are parts of a tile. Counting every lane
     so put Mixtral-8x7B's widths with 12 workers (6 lanes) at 2048 MiB on the 13-core TPU host, where it peaked at
-    748. With one worker a lane holds two parts besides its
-    data file (``PARTS_READ_BACK``): kept DeepSeek-V3 FP8's widths on 16 devices, whose experts (8 on 16 devices) are
-    replicated, 16 MiB parts, committed 154 MiB above the runtime after the stream; Gemma 2 2B's, of 1 MiB parts,
-    118-121 MiB."""
+    748. With one worker a lane holds two parts besides its data file (``PARTS_READ_BACK``): kept DeepSeek-V3 FP8's
+    widths on 16 devices, whose experts (8 on 16 devices) are replicated, 16 MiB parts, committed 154 MiB above the
+    runtime after the stream; Gemma 2 2B's, of 1 MiB parts, 118-121 MiB."""
     options = options or settings.RunOptions()
     limit = options.data_file_bytes
     if limit <= 0:
@@ -243,6 +242,7 @@ class JobFigures:
 
 
 def job_figures(plan: ConversionPlan) -> list[JobFigures]:
+    """Each job's figures, in the plan's order (what every term of the estimate reads)."""
     figures = []
     for job in plan.jobs:
         tile, unit, part, sharded = _tile_figures(job, plan)
