@@ -58,7 +58,13 @@ class InFlight:
     the memory prediction counts, so the prediction stays an upper bound when one changes."""
 
     read_bytes: int = 16 * 1024 * 1024  # source bytes per read unit: few commits, still a stream
-    prefetch: int = 2  # tiles the producer thread queues ahead of the writer
+    # Tiles (with workers > 1: read units) the producer queues ahead of the writer. One is enough to keep the writer
+    # fed: against two, Llama-3-70B's widths on 2 cores converted in the same 23-25 s (by device, alternated, 3 runs
+    # each) and peaked 15-17 MiB lower; on the 13-core host Llama-3-8B's widths (8 layers, 12 workers) in 21.0-21.4 s
+    # by device and 16.6-17.8 in the source's order, against 19.9-23.5 and 16.6-18.4 (alternated, docs/speed.md).
+    # With two, Mistral-7B's widths on 16 devices peaked at 192 MiB against 292 predicted (1.52x, past the memory
+    # test's 1.5x) in a venv that had compiled its modules already: `make test` run a second time failed (docs/memory.md).
+    prefetch: int = 1
     writes: int = 2  # tile writes in flight (tensorstore copies): overlaps making one with writing one, ~15% faster
     decode_elements: int = 1 << 20  # quantised values decoded through float32 at a time (4 MiB)
     # The OCDBT b-tree node cache a write opens (Orbax's default is 100 MB). Every commit writes new
