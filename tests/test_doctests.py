@@ -1,4 +1,5 @@
-"""The examples in the library's docstrings (``>>>``) are run: a docstring that shows a rule must still follow it.
+"""The examples in the library's and the benchmarks' docstrings (``>>>``) are run: a docstring that shows a rule must
+still follow it.
 
 pytest collects only tests/ (pyproject's ``testpaths``), so without this the examples were never checked.
 """
@@ -11,7 +12,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MODULES = sorted(".".join(path.relative_to(ROOT).with_suffix("").parts)
-                 for path in (ROOT / "ckptconv").rglob("*.py") if ">>>" in path.read_text())
+                 for folder in ("ckptconv", "bench") for path in (ROOT / folder).rglob("*.py")
+                 if ">>>" in path.read_text())
 
 
 def test_the_library_has_examples_to_run():
