@@ -34,7 +34,7 @@ def test_a_sample_that_raises_is_reported_and_sampling_goes_on(monkeypatch):
 def test_the_memory_split_accounts_for_what_malloc_holds():
     """At its peak sample the split names what glibc handed out: a 64 MiB buffer kept alive during the samples shows in
     ``mapped`` (glibc maps a block that large on its own whatever its threshold: 32 MiB at most unless set, and this
-    test leaves the process's malloc settings alone) and in the resident set; the parts and the rest add up to VmRSS."""
+    test leaves the process's malloc settings alone) and in the resident set; what malloc did not hand out is the rest."""
     import numpy as np
 
     held = np.ones(64 << 20, np.uint8)  # written: resident
