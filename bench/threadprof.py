@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from ckptconv import monitor
+
 INTERVAL = 0.05
 CPU_INTERVAL = 0.5
 TICK = os.sysconf("SC_CLK_TCK")
@@ -63,14 +65,6 @@ def _mallinfo():
         return None
     function.restype = _MallInfo2
     return function
-
-
-def _vm_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def memory_split(rss: int, info) -> dict[str, int]:
@@ -128,8 +122,9 @@ class Sampler:
                     self.errors[f"{part.__name__}: {type(err).__name__}: {err}"[:300]] += 1
 
     def _sample_memory(self) -> None:
-        """VmRSS and what glibc's heaps hold (first, so the sample's own allocations come after it)."""
-        split = memory_split(_vm_rss(), self._mallinfo() if self._mallinfo else None)
+        """The resident set (``monitor.current_rss_bytes``: VmRSS) and what glibc's heaps hold (first, so the sample's
+        own allocations come after it)."""
+        split = memory_split(monitor.current_rss_bytes(), self._mallinfo() if self._mallinfo else None)
         split["t"] = round(time.perf_counter() - self.start, 2)
         self.memory.append(split)
         if split["rss"] > self.peak.get("rss", -1):
@@ -235,16 +230,12 @@ def _patch(spec: str) -> None:
         setattr(importlib.import_module(module), attr, ast.literal_eval(literal))
     threshold = os.environ.get("THREADPROF_MMAP_THRESHOLD")
     if threshold:
-        from ckptconv import monitor
-
         monitor.tune_malloc.__defaults__ = (int(threshold),) + monitor.tune_malloc.__defaults__[1:]
 
 
 def main(out: str, args: list[str]) -> int:
     """Run ``ckptconv ARGS`` under the sampler; write what it saw to ``out`` (the CLI's own failure exits skip it)."""
     _patch(os.environ.get("THREADPROF_PATCH", ""))
-    from ckptconv import monitor
-
     monitor.tune_malloc()  # as the CLI's entry does, before this sampler's thread can make an arena of its own
     sampler = Sampler(tuple(os.environ.get("THREADPROF_PARTS", ",".join(PARTS)).split(",")))
     code = 0
