@@ -14,7 +14,8 @@ Each sample also splits the process's resident memory (issue 38: where a gVisor 
 ``VmRSS`` against glibc's ``mallinfo2`` (every arena): bytes malloc has handed out and not had back (``in_use``), free
 bytes in its heaps (``heap_free``: glibc still counts a free block whose pages ``malloc_trim`` gave back, so at most
 what is resident of them), large blocks it mapped on their own (``mapped``: in use), and the rest (``other``: the
-libraries, Python's object arenas, thread stacks, what a library maps itself; at least this much, for that reason). ``memory.at_peak`` is the split of the sample with the highest ``VmRSS``.
+libraries, Python's object arenas, thread stacks, what a library maps itself; at least this much, for that reason).
+``memory.at_peak`` is the split of the sample with the highest ``VmRSS``.
 """
 
 from __future__ import annotations
