@@ -137,7 +137,8 @@ def _tile_figures(job: Job, plan: ConversionPlan) -> tuple[int, int, int, int]:
             if plan.devices > 1:
                 split = nbytes if whole else -(-nbytes // plan.devices)
                 part = max(part, split)
-                sharded = sharded if whole else max(sharded, split)
+                if not whole:
+                    sharded = max(sharded, split)
         unit = max(unit, made)
     return tile, unit, part, sharded
 
