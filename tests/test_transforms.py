@@ -28,6 +28,19 @@ def test_rope_interleave_matches_index_formula():
         np.testing.assert_array_equal(out[:, j], x[:, j // 2 + (j % 2) * d // 2])
 
 
+@pytest.mark.parametrize("perm", [(1, 0), (0, 2, 1), (0, 1, 3, 2), (1, 0, 2), (2, 1, 0)])
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float32, np.int64])
+def test_permute_is_numpys_transpose(perm, dtype):
+    """Every permutation equals NumPy's, whichever copy makes it: a stack of matrices is transposed band by band
+    (rows not a multiple of the band, a stack of one, an empty matrix), others in one strided copy."""
+    rng = np.random.default_rng(0)
+    for shape in ((37, 21, 5, 3)[:len(perm)], (1, 50, 17, 2)[:len(perm)], (3, 0, 4, 1)[:len(perm)]):
+        x = rng.integers(0, 120, shape).astype(dtype)
+        out = t.Permute("p", perm).apply(x, spec(), t.full_box(shape))
+        assert out.dtype == x.dtype and out.flags.c_contiguous
+        np.testing.assert_array_equal(out.view(np.uint8), np.ascontiguousarray(np.transpose(x, perm)).view(np.uint8))
+
+
 @pytest.mark.parametrize("forward", [t.ROPE_TO_MAXTEXT, t.SCALE_QUERY, t.NORM_PLUS_ONE, t.SCALE_EMBEDDING,
                                      t.TRANSPOSE, t.split_last("heads")],
                          ids=lambda s: s.name)

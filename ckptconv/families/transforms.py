@@ -98,8 +98,9 @@ class Permute(Step):
         return self.perm.index(axis), 1
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
-        if self.perm == (1, 0):
-            return _transpose_2d(x)
+        batch = len(self.perm) - 2
+        if self.perm == (*range(batch), batch + 1, batch):  # a transpose of each matrix: (1, 0), (0, 2, 1), ...
+            return _transpose_last_two(x)
         out = buffers.empty(tuple(x.shape[p] for p in self.perm), x.dtype)
         np.copyto(out, np.transpose(x, self.perm))
         return out
@@ -109,17 +110,21 @@ class Permute(Step):
         return Permute(self.name, inverse)
 
 
-def _transpose_2d(x: np.ndarray, block: int = 16) -> np.ndarray:
-    """``x.T`` made contiguous, copied in bands of ``block`` rows.
+def _transpose_last_two(x: np.ndarray, block: int = 16) -> np.ndarray:
+    """``x.swapaxes(-1, -2)`` made contiguous: each matrix of a stack (experts' fused weights) copied in bands of
+    ``block`` rows.
 
-    A plain strided copy of a large matrix misses the cache on every element; bands whose
-    source rows stay in cache copy ~2x faster. 2-byte dtypes are moved as uint16 (bfloat16
-    has no fast copy loop in numpy).
+    A plain strided copy of a large matrix misses the cache on every element; bands whose source rows stay in cache
+    copy 2-4x faster (2048x4096 bfloat16: 11 ms against 46), and matrix by matrix 3-7x faster than one strided copy
+    of the stack (8x7168x2048: 156 ms against 844). Values are moved as unsigned integers of their size (NumPy
+    copies ml_dtypes' bfloat16 and float8 through their own, slower loops: float8 15% slower here).
     """
-    raw = x.view(np.uint16) if x.dtype.itemsize == 2 else x
-    out = buffers.empty(raw.shape[::-1], raw.dtype)
-    for start in range(0, raw.shape[0], block):
-        out[:, start:start + block] = raw[start:start + block].T
+    raw = x.view(f"u{x.dtype.itemsize}") if x.dtype.itemsize in (1, 2, 4, 8) else x
+    out = buffers.empty((*raw.shape[:-2], raw.shape[-1], raw.shape[-2]), raw.dtype)
+    for index in np.ndindex(raw.shape[:-2]):
+        matrix, transposed = raw[index], out[index]
+        for start in range(0, matrix.shape[0], block):
+            transposed[:, start:start + block] = matrix[start:start + block].T
     return out.view(x.dtype)
 
 
