@@ -28,6 +28,20 @@ def test_rope_interleave_matches_index_formula():
         np.testing.assert_array_equal(out[:, j], x[:, j // 2 + (j % 2) * d // 2])
 
 
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float32])
+def test_rope_interleave_is_the_swapped_axes_both_ways(dtype):
+    """Pairs made from halves (HF -> MaxText) and halves from pairs (back), on a stack of heads, in any dtype: the
+    index formula's restatement as NumPy's swapped axes, and each the other's inverse."""
+    x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype(dtype)
+    to_pairs = t.ROPE_TO_MAXTEXT.apply(x, spec(), t.full_box(x.shape))
+    want = np.ascontiguousarray(x.reshape(3, 5, 2, 4).swapaxes(-1, -2).reshape(x.shape))
+    assert to_pairs.dtype == x.dtype
+    np.testing.assert_array_equal(to_pairs.view(np.uint8), want.view(np.uint8))
+    back = t.ROPE_TO_MAXTEXT.inverse().apply(to_pairs, spec(), t.full_box(x.shape))
+    np.testing.assert_array_equal(back.view(np.uint8), x.view(np.uint8))
+    assert t.ROPE_TO_MAXTEXT.apply(x, spec(interleave=False), t.full_box(x.shape)) is x
+
+
 @pytest.mark.parametrize("perm", [(1, 0), (0, 2, 1), (0, 1, 3, 2), (1, 0, 2), (2, 1, 0)])
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn, np.float32, np.int64])
 def test_permute_is_numpys_transpose(perm, dtype):

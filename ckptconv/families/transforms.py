@@ -119,13 +119,18 @@ def _transpose_last_two(x: np.ndarray, block: int = 16) -> np.ndarray:
     of the stack (8x7168x2048: 156 ms against 844). Values are moved as unsigned integers of their size, NumPy's own
     types, whatever their dtype (ml_dtypes' bfloat16 and float8 bring their own copy loops).
     """
-    raw = x.view(f"u{x.dtype.itemsize}") if x.dtype.itemsize in (1, 2, 4, 8) else x
+    raw = _unsigned(x)
     out = buffers.empty((*raw.shape[:-2], raw.shape[-1], raw.shape[-2]), raw.dtype)
     for index in np.ndindex(raw.shape[:-2]):
         matrix, transposed = raw[index], out[index]
         for start in range(0, matrix.shape[0], block):
             transposed[:, start:start + block] = matrix[start:start + block].T
     return out.view(x.dtype)
+
+
+def _unsigned(x: np.ndarray) -> np.ndarray:
+    """``x`` viewed as unsigned integers of its size, NumPy's own types, to be moved whatever its dtype."""
+    return x.view(f"u{x.dtype.itemsize}") if x.dtype.itemsize in (1, 2, 4, 8) else x
 
 
 @dataclass(frozen=True)
@@ -211,12 +216,21 @@ class RopeInterleave(Step):
         return WHOLE if axis == len(shape) - 1 and self._active(spec) else 1
 
     def apply(self, x: np.ndarray, spec: ModelSpec, out_box: Box) -> np.ndarray:
+        """Each half copied into (or out of) every other position: two copies whose halves are contiguous runs, where
+        one copy of the swapped axes wrote runs of one value (a 16 MiB bfloat16 query, 64 heads of 128: 3.1 ms against
+        25 into pairs, 2.8 against 4.0 back)."""
         if not self._active(spec):
             return x
-        d = x.shape[-1]
+        raw = _unsigned(x)
+        half = raw.shape[-1] // 2
+        out = np.empty(raw.shape, raw.dtype)
         if self.to_pairs:
-            return np.ascontiguousarray(x.reshape(*x.shape[:-1], 2, d // 2).swapaxes(-1, -2).reshape(x.shape))
-        return np.ascontiguousarray(x.reshape(*x.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(x.shape))
+            pairs = out.reshape(*raw.shape[:-1], half, 2)
+            pairs[..., 0], pairs[..., 1] = raw[..., :half], raw[..., half:]
+        else:
+            pairs = raw.reshape(*raw.shape[:-1], half, 2)
+            out[..., :half], out[..., half:] = pairs[..., 0], pairs[..., 1]
+        return out.view(x.dtype)
 
     def inverse(self) -> Step:
         return RopeInterleave(f"{self.name}_inverse", self.when, not self.to_pairs)
