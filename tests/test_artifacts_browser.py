@@ -32,6 +32,8 @@ from websockets.sync.client import connect
 
 from tests.prefect_fixtures import stop_server
 
+HTTP = httpx.Client()  # one client for the polls: each httpx.get would load the CA certificates again
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -86,7 +88,7 @@ def _wait(check, timeout: float, what: str):
 
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return HTTP.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -122,7 +124,7 @@ class Chromium:
         active = profile / "DevToolsActivePort"
         _wait(lambda: active.exists() and active.read_text().strip(), 60, "Chromium's DevTools port")
         port = active.read_text().split()[0]
-        pages = _wait(lambda: [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+        pages = _wait(lambda: [t for t in HTTP.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
                                if t["type"] == "page"], 30, "a Chromium page")
         self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
         self.ids = itertools.count(1)

@@ -27,6 +27,11 @@ from tests.conftest import run_cli
 from tests.held import hold_at, wait_held
 from tests.prefect_fixtures import stop_server
 
+# One client for the module's API calls and polls: ``httpx.get`` makes a client per call, and each loads the
+# system's CA certificates into a new SSL context (plain http:// too): 19 CPU-seconds of this module's polling,
+# sampled over a `make test` run, were that.
+HTTP = httpx.Client()
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -69,7 +74,7 @@ def _start_server(tmp_path: Path, port: int, log_path: Path) -> tuple[subprocess
     deadline = time.monotonic() + 300  # ~4 s on an idle machine: this only bounds a busy one
     while server.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+            if HTTP.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
@@ -102,7 +107,7 @@ def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tm
     api = env["PREFECT_API_URL"]
     names = ("convert-model/convert-model-cpu", "convert-model/convert-model-tpu", "convert-model/convert-model-highmem",
              "convert-zoo/nightly-zoo")
-    deployments = {name: httpx.get(f"{api}/deployments/name/{name}", timeout=10).json() for name in names}
+    deployments = {name: HTTP.get(f"{api}/deployments/name/{name}", timeout=10).json() for name in names}
     assert [d["work_pool_name"] for d in deployments.values()] == ["cpu-pool", "tpu-pool", "highmem-pool", "cpu-pool"]
     # no pull step in prefect.yaml: Prefect records the checkout it was deployed from
     assert all(d["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
@@ -118,13 +123,13 @@ def test_deployed_convert_model_runs_on_a_process_worker(deployed, synth_dir, tm
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started).group(1)
     _prefect("worker", "start", "--pool", "cpu-pool", "--run-once", env=env, timeout=300)
 
-    flow_run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+    flow_run = HTTP.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
     assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
     verified = run_cli("verify", str(source), str(destination), "--json")
     assert verified.returncode == 0 and json.loads(verified.stdout)["ok"]
 
     keys = [f"conversion-e2e-tiny{suffix}" for suffix in ("", "-row", "-progress")]
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": keys}}}, timeout=10).json()
+    found = HTTP.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": keys}}}, timeout=10).json()
     artifacts = {a["key"]: a for a in found if a["flow_run_id"] == flow_run_id}
     assert set(artifacts) == set(keys)
     page = artifacts["conversion-e2e-tiny"]["data"]
@@ -174,7 +179,7 @@ def _wait_online(api: str, specs: dict[str, tuple[str, dict]], procs: dict, tmp_
             pool = specs[name][0]
             if procs[name].poll() is not None:
                 raise AssertionError(f"worker {name} exited: {(tmp_path / f'{name}.log').read_text()[-2000:]}")
-            found = httpx.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=30).json()
+            found = HTTP.post(f"{api}/work_pools/{pool}/workers/filter", json={}, timeout=30).json()
             if any(w.get("name") == name and w.get("status") == "ONLINE" for w in found):
                 waiting.discard(name)
         if waiting and time.monotonic() > deadline:
@@ -208,7 +213,7 @@ def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(de
     assert zoo.returncode == 0, zoo.stdout[-3000:] + zoo.stderr[-3000:]
 
     api = env["PREFECT_API_URL"]
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-pool-zoo-rows"]}},
+    found = HTTP.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-pool-zoo-rows"]}},
                                                         "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
     rows = found[0]["data"]
     rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}
@@ -216,7 +221,7 @@ def test_zoo_runs_each_model_on_its_pool_and_retries_a_kill_on_the_bigger_one(de
     assert where == {"zoo-a": ("complete", "cpu-pool", "worker-a"), "zoo-b": ("complete", "highmem-pool", "worker-b"),
                      "zoo-oom": ("complete", "highmem-pool", "worker-b")}
     assert rows["zoo-oom"]["pools_tried"] == ["cpu-pool", "highmem-pool"]
-    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [
+    runs = HTTP.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": [
         "zoo-oom-on-cpu-pool", "zoo-oom-on-highmem-pool"]}}}, timeout=10).json()
     states = {run["name"]: (run["state"]["type"], run["state"]["message"] or "") for run in runs}
     assert states["zoo-oom-on-highmem-pool"][0] == "COMPLETED"
@@ -250,7 +255,7 @@ def test_a_zoo_entry_no_worker_takes_never_starts_and_the_rest_goes_on(deployed,
     assert "1 of 2 models never started" in zoo.stdout and "zoo-nowhere (pool 'tpu-pool')" in zoo.stdout
 
     api = env["PREFECT_API_URL"]
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-half-zoo-rows"]}},
+    found = HTTP.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["zoo-half-zoo-rows"]}},
                                                         "sort": "CREATED_DESC", "limit": 1}, timeout=10).json()
     rows = found[0]["data"]
     rows = {row["model"]: row for row in (json.loads(rows) if isinstance(rows, str) else rows)}
@@ -258,7 +263,7 @@ def test_a_zoo_entry_no_worker_takes_never_starts_and_the_rest_goes_on(deployed,
             "start one with: prefect worker start --pool tpu-pool")
     assert (rows["zoo-here"]["status"], rows["zoo-here"]["worker"]) == ("complete", "worker-h")
     assert (rows["zoo-nowhere"]["status"], rows["zoo-nowhere"]["error"]) == ("never started", line)
-    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": ["zoo-nowhere-on-tpu-pool"]}}},
+    runs = HTTP.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"any_": ["zoo-nowhere-on-tpu-pool"]}}},
                       timeout=10).json()
     assert [(run["state"]["type"], run["state"]["message"]) for run in runs] == [("CANCELLED", line)]
     assert run_cli("verify", models[0]["source"], models[0]["destination"]).returncode == 0
@@ -332,7 +337,7 @@ def _one_partition_per_worker(env: dict, tmp_path: Path, script: list[str], slug
     api = env["PREFECT_API_URL"]
 
     def states() -> list[str]:
-        found = _answer(lambda: httpx.post(f"{api}/flow_runs/filter", timeout=10, json={
+        found = _answer(lambda: HTTP.post(f"{api}/flow_runs/filter", timeout=10, json={
             "flow_runs": {"name": {"like_": f"{slug}-partition"}}}))
         return [(run["state"] or {}).get("type") for run in found]
 
@@ -374,8 +379,8 @@ def _one_partition_per_worker(env: dict, tmp_path: Path, script: list[str], slug
 def _start_run(api: str, destination: Path, source: Path, name: str, env: dict | None = None) -> str:
     """A flow run of the convert-model-cpu deployment, as the UI's "Run" makes it (``env``: more environment
     for this run's process, a job variable); returns its id."""
-    deployment = _answer(lambda: httpx.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10))
-    run = _answer(lambda: httpx.post(f"{api}/deployments/{deployment['id']}/create_flow_run", timeout=10, json={
+    deployment = _answer(lambda: HTTP.get(f"{api}/deployments/name/convert-model/convert-model-cpu", timeout=10))
+    run = _answer(lambda: HTTP.post(f"{api}/deployments/{deployment['id']}/create_flow_run", timeout=10, json={
         "parameters": {"source": str(source), "destination": str(destination), "devices": 4, "name": name},
         **({"job_variables": {"env": env}} if env else {}),
         "idempotency_key": f"{destination}:{name}"}))  # a retried create cannot make a second run
@@ -399,7 +404,7 @@ def _answer(request, attempts: int = 5) -> dict:
 
 
 def _state(api: str, run_id: str) -> dict:
-    return _answer(lambda: httpx.get(f"{api}/flow_runs/{run_id}", timeout=10))["state"] or {}
+    return _answer(lambda: HTTP.get(f"{api}/flow_runs/{run_id}", timeout=10))["state"] or {}
 
 
 def _wait_for(what: str, check, timeout: float = 240):
@@ -440,7 +445,7 @@ def test_a_cancelled_flow_run_leaves_no_conversion_behind_and_the_next_run_finis
         run_id = _start_run(api, target, source, "cancel-me", env=hold_at("progress"))
         child = _wait_for("the conversion to start", lambda: _conversions(target))[0]
         wait_held(child)
-        httpx.post(f"{api}/flow_runs/{run_id}/set_state", timeout=10,
+        HTTP.post(f"{api}/flow_runs/{run_id}/set_state", timeout=10,
                    json={"state": {"type": "CANCELLING"}, "force": True}).raise_for_status()
         _wait_for("the flow run to be cancelled", lambda: _state(api, run_id).get("type") == "CANCELLED")
         with contextlib.suppress(ProcessLookupError):  # gone already if the worker killed its process group
