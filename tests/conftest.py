@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import scratch
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=16")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
@@ -94,9 +96,19 @@ def shared_synth(tmp_path_factory):
                 with open(done, "a") as finished:
                     finished.write("done\n")
                 if len(done.read_text().splitlines()) >= users:
-                    shutil.rmtree(directory.parent, ignore_errors=True)
+                    scratch.discard(directory.parent)
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch_removal(tmp_path_factory):
+    """What tests hand to ``tests.scratch.discard`` is removed late, in this worker's own directory, and the rest at
+    the end of the session (tests/scratch.py says why)."""
+    scratch.configure(tmp_path_factory.getbasetemp() / "discarded",
+                      workers=int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    yield
+    scratch.flush()
 
 
 # The longest modules first, in the order of their measured seconds (`--durations`, a whole `make test` on 2 cores,

@@ -18,12 +18,12 @@ this (large) test process, which would include the parent.
 
 import contextlib
 import json
-import shutil
 
 import pytest
 
 from ckptconv.commands import synth
 from ckptconv.families import FAMILIES
+from tests import scratch
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.memory  # measured alone, after the rest of the suite (make test)
@@ -42,7 +42,7 @@ def convert_peak(src, dst, devices: int, *options: str, record=None, tight: bool
                      timeout=900)
     assert result.returncode == 0, result.stderr
     report = json.loads((dst / "ckptconv-report.json").read_text())
-    shutil.rmtree(dst)  # the wide cases write gigabytes: keep the suite's disk use small
+    scratch.discard(dst)  # the wide cases write gigabytes: keep the suite's disk use small (tests/scratch.py)
     predicted = report["predicted_peak_rss_bytes"]
     measured = report["peak_rss_bytes"]
     figures = (f"measured {measured / MiB:.0f} MiB, predicted {predicted / MiB:.0f} MiB, "
@@ -72,6 +72,7 @@ def test_peak_rss_is_bounded_and_predicted(synth_dir, shared_synth, tmp_path, na
         fewer = synth_dir(synth.for_family(family, example.fewer), name=f"{name}-fewer", fast=True)
         fewer_peak, _, fewer_bytes = convert_peak(fewer, tmp_path / f"{name}-fewer-out", example.devices[0],
                                                   record=record_property)
+        scratch.discard(fewer)
     with source(synth_dir, shared_synth, name, family, example) as src:
         for devices in example.devices:
             measured, predicted, source_bytes = convert_peak(src, tmp_path / f"{name}-out{devices}", devices,
@@ -104,7 +105,13 @@ def source(synth_dir, shared_synth, name, family, example):
     model = synth.for_family(family, example.model)
     if name in MORE_WORKERS:
         return shared_synth(model, name=name, users=2, max_shard_bytes=example.max_shard_bytes, fast=True)
-    return contextlib.nullcontext(synth_dir(model, name=name, max_shard_bytes=example.max_shard_bytes, fast=True))
+    return _discarded_after(synth_dir(model, name=name, max_shard_bytes=example.max_shard_bytes, fast=True))
+
+
+@contextlib.contextmanager
+def _discarded_after(directory):
+    yield directory
+    scratch.discard(directory)
 
 
 @pytest.mark.slow
