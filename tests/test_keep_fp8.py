@@ -135,6 +135,7 @@ def test_kept_peak_is_predicted(synth_dir, tmp_path, record_property):
     """At Qwen3.5-397B-A17B-FP8's widths (one period, 8 experts), kept e4m3 with 1 and 16 devices: the plan's
     prediction bounds the measured peak, within 1.5x (the tiles hold e4m3 bytes, the prediction counts them)."""
     from ckptconv.families.qwen3_5_moe import WIDTHS_397B
+    from tests import scratch
     from tests.test_memory import GiB, convert_peak
 
     model = synth.SynthModel(model_type="qwen3_5_moe", quantization="fp8",
@@ -144,6 +145,7 @@ def test_kept_peak_is_predicted(synth_dir, tmp_path, record_property):
         measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP,
                                                  record=record_property)
         assert source_bytes > 1.5 * GiB and measured < 1.5 * GiB
+    scratch.discard(src)  # late, as test_memory's sources (tests/scratch.py)
 
 
 @pytest.mark.slow
@@ -154,6 +156,7 @@ def test_kept_deepseek_peak_is_predicted(synth_dir, tmp_path, record_property):
     measured peak, within 1.5x (the scale grids are read whole and regrouped: a few KiB a tensor). Both figures go to
     the memory phase's JUnit file, where `.ci/run` prints them with the examples'."""
     from ckptconv.families.deepseek import V32_WIDTHS
+    from tests import scratch
     from tests.test_memory import GiB, convert_peak
 
     widths = {**V32_WIDTHS, "model_type": "deepseek_v3", "num_layers": 2,
@@ -163,6 +166,7 @@ def test_kept_deepseek_peak_is_predicted(synth_dir, tmp_path, record_property):
         measured, _, source_bytes = convert_peak(src, tmp_path / f"out{devices}", devices, "--dtype", KEEP,
                                                  record=record_property)
         assert source_bytes > 1 * GiB and measured < 1.5 * GiB
+    scratch.discard(src)
 
 
 def _bf16_qwen3_5(directory) -> None:
