@@ -260,13 +260,14 @@ def tune_malloc(mmap_threshold: int | None = None, arenas: int = 2) -> None:
     chunk buffers, and peaked higher the busier the machine (see ``cli.run``).
     """
     import ctypes
-    import ctypes.util
 
     global _LIBC
     if mmap_threshold is None:
         mmap_threshold = default_mmap_threshold(_status())
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        # the process's own symbols, libc's among them: ctypes.util.find_library would run `ldconfig -p` in a
+        # child process at every start of the CLI
+        libc = ctypes.CDLL(None)
         m_mmap_threshold, m_arena_max = -3, -8
         libc.mallopt(m_mmap_threshold, mmap_threshold)
         libc.mallopt(m_arena_max, arenas)

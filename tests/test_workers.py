@@ -207,3 +207,19 @@ def test_a_kernel_without_vmhwm_plans_on_its_own_baseline(wide_plan):
     # this kernel's answer, read independently of ckptconv's reading of it, reaches the run's options
     assert host.sandboxed() == ("VmHWM:" not in pathlib.Path("/proc/self/status").read_text())
     assert host.run_options().sandboxed == host.sandboxed()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
+def test_the_heap_is_tuned_through_the_processs_own_libc_without_a_child():
+    """``tune_malloc`` finds glibc's ``mallopt`` and ``malloc_trim`` among the process's own symbols (``CDLL(None)``),
+    in a fresh process (it changes that process's heap for good), and starts no child to look for libc (``find_library``
+    runs ``ldconfig -p`` at every CLI start)."""
+    code = ("import subprocess\n"
+            "started = []\n"
+            "subprocess.Popen.__init__ = lambda self, *a, **k: started.append(a)\n"
+            "from ckptconv import monitor\n"
+            "monitor.tune_malloc()\n"
+            "assert monitor._LIBC is not None and monitor._LIBC.malloc_trim(0) in (0, 1)\n"
+            "assert not started, started\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
