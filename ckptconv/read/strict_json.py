@@ -65,7 +65,8 @@ def loads(text: str, *, pairs: bool = False) -> Any:
         raise JsonError(str(err).splitlines()[0][:200]) from None
     if _nesting(skeleton) > MAX_DEPTH:
         raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
-    if _SURROGATE.search(text) or ("\\u" in text and _ESCAPED_SURROGATE.search(text)):
+    # an ASCII text (every header met so far; str knows it without a scan) holds no surrogate itself
+    if (not text.isascii() and _SURROGATE.search(text)) or ("\\u" in text and _ESCAPED_SURROGATE.search(text)):
         _check_tree(value)
     return value
 
