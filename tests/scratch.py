@@ -2,13 +2,13 @@
 
 The memory phase writes about 100 GiB (synthesised sources and the conversions' outputs) through a 24 GiB machine.
 Removed as soon as it is read, each file frees its page cache at once; on a VM whose balloon reports free memory to
-the host (``virtio_balloon`` free page reporting, as on our CI machines), memory freed is taken back within moments
-and costs a fault in the host on every page touched again. Writing 6 GiB took 15.7-16.1 s of system time into such
+the host (``virtio_balloon`` free page reporting, as on the 2-core machine the suite is measured on), memory freed is
+taken back within moments and costs a fault in the host on every page touched again. Writing 6 GiB took 15.7-16.1 s of system time into such
 memory, 2.0-3.0 s when memory was full of clean page cache the kernel could reclaim (measured on 2 cores, session 20).
 
 So a test hands what it no longer needs to :func:`discard`, which moves it aside (a rename, out of the test's
 ``tmp_path``) and removes it only once ``lag`` bytes more have been discarded after it in this process: by then the
-kernel has reclaimed its page cache for newer files and removing it frees disk, not memory. The disk holds at most
+kernel has reclaimed its page cache for newer files and removing it frees disk, not memory. The disk holds about
 ``lag`` bytes more than it would; :func:`flush` (at the end of the session) removes the rest. Nothing a test measures
 changes: a conversion's peak RSS counts no page cache.
 """
@@ -20,6 +20,7 @@ import itertools
 import os
 import shutil
 from pathlib import Path
+
 
 class LateRemoval:
     """Discarded paths moved under ``root`` and removed once ``lag`` bytes have been discarded after them."""
