@@ -2,9 +2,10 @@
 
 The memory phase writes about 100 GiB (synthesised sources and the conversions' outputs) through a 24 GiB machine.
 Removed as soon as it is read, each file frees its page cache at once; on a VM whose balloon reports free memory to
-the host (``virtio_balloon`` free page reporting, as on the 2-core machine the suite is measured on), memory freed is
-taken back within moments and costs a fault in the host on every page touched again. Writing 6 GiB took 15.7-16.1 s of system time into such
-memory, 2.0-3.0 s when memory was full of clean page cache the kernel could reclaim (measured on 2 cores, session 20).
+the host (``virtio_balloon`` free page reporting, as on the 2-core machine the suite is measured on), memory freed
+is taken back within moments and costs a fault in the host on every page touched again. Writing 6 GiB took 15.7-16.1
+s of system time into such memory, 2.0-3.0 s when memory was full of clean page cache the kernel could reclaim
+(measured on 2 cores, session 20).
 
 So a test hands what it no longer needs to :func:`discard`, which moves it aside (a rename, out of the test's
 ``tmp_path``) and removes it only once ``lag`` bytes more have been discarded after it in this process: by then the
