@@ -58,8 +58,7 @@ def configure(root: Path, workers: int) -> None:
     machine's memory, and never more than a quarter of its share of the free disk."""
     global _session
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    root.mkdir(parents=True, exist_ok=True)
-    disk = shutil.disk_usage(root).free
+    disk = shutil.disk_usage(root.parent).free  # LateRemoval makes root
     _session = LateRemoval(root, min(memory, disk // 4) // max(1, workers))
 
 
