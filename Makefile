@@ -50,15 +50,18 @@ demo: setup-demo
 WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0)) + 1))")
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --junitxml=$(RESULTS)
 # The tests that hold a conversion's peak RSS to plan's prediction (marker `memory`) run last, after the parallel
-# suite, two conversions at a time: beside the parallel suite the same conversions peaked 20-70 MiB higher, a busy
+# suite, a few conversions at a time: beside the parallel suite the same conversions peaked 20-70 MiB higher, a busy
 # machine's figure, not the conversion's. Two at a time used to be no better (OLMo 3 32B's block, beside another
 # case, 547 MiB against 546 predicted, 459 alone). The cause was glibc's: its arena cap was set after JAX had made
 # 16 arenas, and a committed data file's chunks stayed resident (fixed in cli.run and monitor.trim). Since then, in
 # a clean clone on a quiet 2-core machine, two at a time: all 46 peaks at 0.70-0.87 of their predictions, 9.2 min
 # (one at a time: 14.2 min); in a later clean clone 0.82-0.96, 9.9 min (a fresh venv maps more of the shared
 # libraries: ckptconv/plan/estimate.py's baseline). MEMORY_WORKERS=1 runs them one at a time.
+# Three at a time since session 21: the phase is CPU-bound but for the commits' fsyncs, which a third conversion fills.
+# The same tree on this 2-core machine within the hour (late removal, tests/scratch.py): 433 s with three against
+# 478 with two, every example passing at 0.67-0.86 of its prediction with three (0.69-0.91 with two, clean clones).
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
-MEMORY_WORKERS ?= 2
+MEMORY_WORKERS ?= 3
 # Only the modules that mark tests `memory` (pytest.mark.memory, as a decorator or pytestmark) are collected for it:
 # each worker collecting all of tests/ for 31 tests took 15 s of a core (torch, transformers, Prefect, JAX imported
 # by modules it then deselects), these three take 1 s.

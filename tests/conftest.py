@@ -155,7 +155,7 @@ def pytest_xdist_make_scheduler(config, log):
     return SpreadScheduling(config, log)
 
 
-# The memory phase (`make test`'s second, tests marked ``memory``, two at a time with xdist's load scheduling) runs
+# The memory phase (`make test`'s second, tests marked ``memory``, three at a time with xdist's load scheduling) runs
 # its tests longest first, so that its last ones are short: each worker holds a test and the next, and an OLMo 3
 # block (2 min) handed out last would run alone at the end. Seconds of each in a clean clone's memory phase on
 # 2 cores (6 Dec, before synth's FP8 pools and shared_synth: the FP8 cases and the ones with more workers are given
