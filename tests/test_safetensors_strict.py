@@ -203,7 +203,12 @@ def json_text() -> Iterator[Case]:
                          ("5000-digit int", "9" * 5000), ("30-digit int", "1" * 30), ("-0", "-0"), ("1.5", "1.5"),
                          ("lone high surrogate", '"\\ud800"'), ("lone low surrogate", '"\\udc00"'),
                          ("high then A", '"\\ud800\\u0041"'), ("valid pair", '"\\ud83d\\ude00"'),
-                         ("object", '{"k":[1,{"z":null}]}'), ("duplicate extra keys", '1,"x":2')):
+                         ("object", '{"k":[1,{"z":null}]}'), ("duplicate extra keys", '1,"x":2'),
+                         # what lies inside strings is neither nesting nor a number (strict_json empties strings
+                         # by splitting at quotes when the text has no backslash, by a regex when it has one)
+                         ("brackets in a string", '"' + "[" * 200 + '"'), ("digits in a string", '"' + "9" * 400 + '"'),
+                         ("brackets after an escaped quote", '"\\"' + "{" * 200 + '"'),
+                         ("digits after an escaped quote", '"\\"' + "9" * 400 + '"')):
         yield "JSON", f"extra field {label}", entry_case(F32_8 + ',"x":' + value + "}")
     for depth in (120, 124, 125, 126, 127, 200, 3000):  # the tensor object is at depth 2
         yield "JSON", f"nested {depth} in an extra field", entry_case(
