@@ -57,9 +57,10 @@ PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reord
 # a clean clone on a quiet 2-core machine, two at a time: all 46 peaks at 0.70-0.87 of their predictions, 9.2 min
 # (one at a time: 14.2 min); in a later clean clone 0.82-0.96, 9.9 min (a fresh venv maps more of the shared
 # libraries: ckptconv/plan/estimate.py's baseline). MEMORY_WORKERS=1 runs them one at a time.
-# Three at a time since session 21: the phase is CPU-bound but for the commits' fsyncs, which a third conversion fills.
-# The same tree on this 2-core machine within the hour (late removal, tests/scratch.py): 433 s with three against
-# 478 with two, every example passing at 0.67-0.86 of its prediction with three (0.69-0.91 with two, clean clones).
+# Three at a time since session 21: two kept 1.66 of the 2 cores busy (each test's wall above its CPU), and a third
+# fills part of the rest. The same tree on this 2-core machine within the hour (late removal, tests/scratch.py): 433 s
+# with three against 478 with two, every example at 0.67-0.86 of its prediction with three (0.69-0.91 with two); two
+# clean clones with three: 404 and 451 s, examples at 0.69-0.91.
 MEMORY_RESULTS := $(RESULTS:.xml=-memory.xml)
 MEMORY_WORKERS ?= 3
 # Only the modules that mark tests `memory` (pytest.mark.memory, as a decorator or pytestmark) are collected for it:
