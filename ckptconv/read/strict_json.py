@@ -54,9 +54,10 @@ def loads(text: str, *, pairs: bool = False) -> Any:
     ``Infinity``, numbers beyond float64 range, lone surrogates, nesting deeper than 127.
     """
     skeleton = _skeleton(text)  # what lies outside strings: numbers and brackets
+    encoded = skeleton.encode("utf-8", "surrogatepass")  # both checks below read its bytes
     # integers Python reads differently from serde_json (beyond float64, -0) go through _int; the others, most
     # of a header's hundreds of thousands, are read by json in C
-    hooks = {"parse_int": _int} if _special_int(skeleton) else {}
+    hooks = {"parse_int": _int} if _special_int(skeleton, encoded) else {}
     try:
         value = json.loads(text, parse_constant=_constant, parse_float=_float,
                            object_pairs_hook=Pairs if pairs else None, **hooks)
@@ -66,7 +67,7 @@ def loads(text: str, *, pairs: bool = False) -> Any:
         raise
     except ValueError as err:  # json.JSONDecodeError is one: its message is one line with the position
         raise JsonError(str(err).splitlines()[0][:200]) from None
-    if _nesting(skeleton) > MAX_DEPTH:
+    if _nesting(encoded) > MAX_DEPTH:
         raise JsonError(f"nested deeper than {MAX_DEPTH} levels")
     # an ASCII text (every header met so far; str knows it without a scan) holds no surrogate itself
     if (not text.isascii() and _SURROGATE.search(text)) or ("\\u" in text and _ESCAPED_SURROGATE.search(text)):
@@ -85,20 +86,21 @@ def _skeleton(text: str) -> str:
     return '""'.join(text.split('"')[::2])
 
 
-def _special_int(skeleton: str) -> bool:
-    """Whether ``skeleton`` may hold an integer Python reads differently from serde_json: -0, or a run of
-    ``LONG_DIGITS`` digits or more. The run is looked for in C: every digit made ``0`` and everything else a space
-    (``bytes.translate``), then a substring search (a regex tried every digit of a giant header's offsets)."""
+def _special_int(skeleton: str, encoded: bytes) -> bool:
+    """Whether ``skeleton`` (``encoded``: its UTF-8 bytes) may hold an integer Python reads differently from
+    serde_json: -0, or a run of ``LONG_DIGITS`` digits or more. The run is looked for in C: every digit made ``0``
+    and everything else a space (``bytes.translate``), then a substring search (a regex tried every digit of a giant
+    header's offsets)."""
     if "-0" in skeleton and _NEGATIVE_ZERO.search(skeleton):
         return True
-    return _LONG_RUN in skeleton.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_ZERO)
+    return _LONG_RUN in encoded.translate(_DIGITS_AS_ZERO)
 
 
-def _nesting(skeleton: str) -> int:
-    """How deep arrays and objects nest in ``skeleton`` (valid JSON, strings emptied): its brackets alone
-    (``bytes.translate`` deletes the rest in C), counted by NumPy (a 200 000-tensor header's tree walked in
-    Python took most of a giant release's planning)."""
-    brackets = skeleton.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+def _nesting(encoded: bytes) -> int:
+    """How deep arrays and objects nest in a skeleton (valid JSON, strings emptied; ``encoded``: its UTF-8 bytes):
+    its brackets alone (``bytes.translate`` deletes the rest in C), counted by NumPy (a 200 000-tensor header's tree
+    walked in Python took most of a giant release's planning)."""
+    brackets = encoded.translate(None, _NOT_BRACKETS)
     if not brackets:
         return 0
     codes = np.frombuffer(brackets, dtype=np.uint8)
