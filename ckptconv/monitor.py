@@ -287,6 +287,17 @@ def default_mmap_threshold(status: str | None) -> int:
 _LIBC = None
 TRIM_EVERY_BYTES = 64 << 20
 _trim_due = [TRIM_EVERY_BYTES]
+_trim_line: list[int | None] = [None]
+
+
+def trim_only_above(rss_bytes: int | None) -> None:
+    """From now on :func:`trim` gives pages back only while this process's resident set is above ``rss_bytes``
+    (None: always, the default). A conversion on a sandboxed kernel sets its predicted peak less the heap's term
+    (``plan.estimate.trim_line``): there the heap's free pages are counted in the prediction, and each page given back
+    is faulted in again for the next buffers at a cost far above what it frees (on the 13-core TPU host, Llama-3-8B's
+    widths with 8 layers spent 96-116 CPU-s with a trim every 64 MiB and at each commit, 39-49 without, docs/speed.md).
+    Past the line the heap is still trimmed, so what a long run's heap gathers stays within the prediction."""
+    _trim_line[0] = rss_bytes
 
 
 def trim_now_and_then(nbytes: int) -> None:
@@ -302,11 +313,13 @@ def trim_now_and_then(nbytes: int) -> None:
 
 
 def trim() -> None:
-    """Give every free heap page back to the OS now (and restart ``trim_now_and_then``'s count).
+    """Give every free heap page back to the OS now, unless the resident set is within the line
+    :func:`trim_only_above` set (and restart ``trim_now_and_then``'s count).
 
     The writer calls it once a data file is committed: the commit frees the transaction's chunks and
     their compressed copies together (twice the data file), and left resident until the next trim
     they stood beside the next transaction's chunks at its commit."""
     _trim_due[0] = TRIM_EVERY_BYTES
-    if _LIBC is not None:
+    line = _trim_line[0]
+    if _LIBC is not None and (line is None or current_rss_bytes() > line):
         _LIBC.malloc_trim(0)

@@ -209,6 +209,42 @@ def test_a_kernel_without_vmhwm_plans_on_its_own_baseline(wide_plan):
     assert host.run_options().sandboxed == host.sandboxed()
 
 
+def test_a_sandboxed_run_trims_only_past_its_prediction_less_the_heap(wide_plan):
+    """On a kernel without VmHWM the heap's free pages are a term of the prediction, and the run gives them back only
+    once its resident set passes the rest of it (``estimate.trim_line``); elsewhere it trims as it always has."""
+    here, there = (estimate.peak_terms(wide_plan, options=settings.RunOptions(sandboxed=s)) for s in (False, True))
+    assert estimate.trim_line(here) is None
+    line = estimate.trim_line(there)
+    assert line == estimate.predicted_peak_bytes(wide_plan, terms=there) - there["heap"] and there["heap"] > 0
+
+
+# In a fresh process (the heap is the process's): 200 MiB freed in glibc's heap below a live block, so that only a
+# trim gives it back; then a trim with the line above the resident set, and one without a line.
+TRIM_LINE_CHILD = """
+from ckptconv import monitor
+monitor.tune_malloc(mmap_threshold=64 << 20)
+held = [bytearray(1 << 20) for _ in range(200)]
+top = bytearray(1 << 20)
+del held
+before = monitor.current_rss_bytes()
+monitor.trim_only_above(before + (1 << 30))
+monitor.trim()
+kept = monitor.current_rss_bytes()
+monitor.trim_only_above(None)
+monitor.trim()
+print(before, kept, monitor.current_rss_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
+def test_trim_gives_pages_back_only_above_the_line():
+    done = subprocess.run([sys.executable, "-c", TRIM_LINE_CHILD], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    before, kept, after = (int(n) for n in done.stdout.split())
+    assert kept > before - 20 * MiB, "trimmed although the resident set was within the line"
+    assert after < before - 150 * MiB, "the 200 MiB freed in the heap stayed resident after a trim without a line"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
 def test_the_heap_is_tuned_through_the_processs_own_libc_without_a_child():
     """``tune_malloc`` finds glibc's ``mallopt`` and ``malloc_trim`` among the process's own symbols (``CDLL(None)``),

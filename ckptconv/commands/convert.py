@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ckptconv import __version__, host, layout, rssplot, settings, storage_failures
 from ckptconv.errors import INCOMPLETE, BadInputError, BusyError, CkptConvError, DestinationExistsError, stop_if_terminated
 from ckptconv.families.inputs import check_values
-from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, tune_malloc
+from ckptconv.monitor import StageTimer, run_figures, trim_now_and_then, trim_only_above, tune_malloc
 from ckptconv.plan import estimate
 from ckptconv.plan.conversion import MAXTEXT_EXTRA_ITEMS, ConversionPlan, make_plan
 from ckptconv.progress import Progress
@@ -202,6 +202,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
             destination.clear(request.destination)
         dst.begin(writing)
     tune_malloc()
+    terms = estimate.peak_terms(plan, options=request.options)
+    trim_only_above(estimate.trim_line(terms))
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     target = dst.staging("replacement") if beside else request.destination
@@ -215,7 +217,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     report = _report(plan, source, request, timer, started, print_)
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
-    report["predicted_peak_terms"] = terms = estimate.peak_terms(plan, options=request.options)
+    report["predicted_peak_terms"] = terms
     report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan, terms=terms)
     report["restore"] = restore_figures(request.destination)  # after the peak: its reads are not the conversion's
     rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there

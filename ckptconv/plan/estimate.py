@@ -375,6 +375,14 @@ def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,
     return terms["baseline"] + terms["cache"] + terms["overlap"] + terms.get("heap", 0)
 
 
+def trim_line(terms: dict[str, int]) -> int | None:
+    """The resident set above which a run gives its heap's free pages back (``monitor.trim_only_above``): the
+    predicted peak less the ``heap`` term, which counts those pages; None (trim always) where there is no such term."""
+    if not terms.get("heap"):
+        return None
+    return terms["baseline"] + terms["cache"] + terms["overlap"]  # predicted_peak_bytes less the heap's term
+
+
 def predicted_seconds(plan: ConversionPlan) -> float:
     """Wall time at the measured rate for this kind of source (an estimate for sizing, not a promise)."""
     rate = SECONDS_PER_GIB.get(plan.spec.values.get("quantization"), max(SECONDS_PER_GIB.values()))
