@@ -49,7 +49,10 @@ STREAM_RUNTIME_BYTES = 40 * 1024**2
 # 12 workers, 6 lanes: by device 1.53-1.73 GiB against 1.92 predicted with these two constants; 2.19 before).
 BASELINE_SANDBOX_BYTES = 320 * 1024**2
 # There glibc's mmap threshold is 64 MiB (settings.SANDBOX_MMAP_THRESHOLD): freed tile, read and transform buffers
-# stay in its heap, reused instead of faulted in anew, and resident until the next trim. Counted as this share of the
+# stay in its heap, reused instead of faulted in anew, and resident until a trim, which comes only once the resident
+# set passes the prediction less this term (trim_line; since eda60f9, where each trim's pages faulted in again had
+# been most of the CPU: the 8-layer case below then peaked at 1693-1694 MiB of 1986 by device and 1293-1346 of 1682 in
+# the source's order, docs/speed.md, session 22). Counted as this share of the
 # producer's term (832 MiB with 12 workers for Llama-3-8B's widths). On the 13-core TPU host (d296427, 12 workers,
 # 8 layers) the defaults peaked at 1.56-1.63 GiB by device (6 lanes) and 1.34 in the source's order, against 1.95 and
 # 1.97 without this term; under bench/threadprof.py (a sampler thread started before the arena cap) the same runs
