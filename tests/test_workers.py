@@ -213,9 +213,9 @@ def test_a_sandboxed_run_trims_only_past_its_prediction_less_the_heap(wide_plan)
     """On a kernel without VmHWM the heap's free pages are a term of the prediction, and the run gives them back only
     once its resident set passes the rest of it (``estimate.trim_line``); elsewhere it trims as it always has."""
     here, there = (estimate.peak_terms(wide_plan, options=settings.RunOptions(sandboxed=s)) for s in (False, True))
-    assert estimate.trim_line(here) is None
-    line = estimate.trim_line(there)
-    assert line == estimate.predicted_peak_bytes(wide_plan, terms=there) - there["heap"] and there["heap"] > 0
+    assert estimate.trim_line(estimate.predicted_peak_bytes(wide_plan, terms=here), here["heap"]) is None
+    predicted = estimate.predicted_peak_bytes(wide_plan, terms=there)
+    assert estimate.trim_line(predicted, there["heap"]) == predicted - there["heap"] < predicted
 
 
 # In a fresh process (the heap is the process's): 200 MiB freed in glibc's heap below a live block, so that only a

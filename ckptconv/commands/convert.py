@@ -203,7 +203,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         dst.begin(writing)
     tune_malloc()
     terms = estimate.peak_terms(plan, options=request.options)
-    trim_only_above(estimate.trim_line(terms))
+    trim_only_above(estimate.trim_line(estimate.predicted_peak_bytes(plan, terms=terms), terms["heap"]))
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     target = dst.staging("replacement") if beside else request.destination

@@ -35,10 +35,10 @@ from ckptconv.errors import INCOMPLETE, BadInputError, DestinationExistsError, s
 from ckptconv.families.inputs import FP8_KEPT, Joined, StackedExperts
 from ckptconv.families.tiles import leaf_region, source_reads
 from ckptconv.families.transforms import apply_inverse, box_shape, box_slices, forward_boxes, inverse_boxes
-from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, tune_malloc
-from ckptconv.plan import lora
+from ckptconv.monitor import StageTimer, peak_rss_bytes, run_figures, trim_now_and_then, trim_only_above, tune_malloc
+from ckptconv.plan import estimate, lora
 from ckptconv.plan.export import (
-    ExportPlan, check_recorded_model, choose_workers, make_export_plan, predicted_peak_bytes,
+    ExportPlan, check_recorded_model, choose_workers, make_export_plan, peak_terms,
 )
 from ckptconv.progress import Progress
 from ckptconv.read import waits
@@ -254,6 +254,8 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     done = {file_layout.name for file_layout in layouts if any(finished(place, file_layout) for place in places)}
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
     options = choose_workers(plan, request.options or host.run_options())
+    terms = peak_terms(plan, options)
+    trim_only_above(estimate.trim_line(sum(terms.values()), terms["heap"]))
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick, options)
         with timer.stage("commit"):
@@ -265,7 +267,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     progress.close()
     report = {**_report(plan, request, items, layouts, timer, started, print_), "workers": options.workers,
               "workers_why": options.why,
-              "predicted_peak_rss_bytes": predicted_peak_bytes(plan, options)}
+              "predicted_peak_rss_bytes": sum(terms.values())}
     target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report

@@ -378,12 +378,11 @@ def predicted_peak_bytes(plan: ConversionPlan, tiles: list[int] | None = None,
     return terms["baseline"] + terms["cache"] + terms["overlap"] + terms.get("heap", 0)
 
 
-def trim_line(terms: dict[str, int]) -> int | None:
-    """The resident set above which a run gives its heap's free pages back (``monitor.trim_only_above``): the
-    predicted peak less the ``heap`` term, which counts those pages; None (trim always) where there is no such term."""
-    if not terms.get("heap"):
-        return None
-    return terms["baseline"] + terms["cache"] + terms["overlap"]  # predicted_peak_bytes less the heap's term
+def trim_line(predicted: int, heap: int) -> int | None:
+    """The resident set above which a run gives its heap's free pages back (``monitor.trim_only_above``): its
+    ``predicted`` peak less the ``heap`` term, which counts those pages; None (trim always) where there is no such
+    term. Convert's and export's alike."""
+    return predicted - heap if heap else None
 
 
 def predicted_seconds(plan: ConversionPlan) -> float:

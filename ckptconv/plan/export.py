@@ -300,18 +300,24 @@ def read_held_bytes(job: Job) -> int:
     return elements * per_element
 
 
-def predicted_peak_bytes(plan: ExportPlan, options: settings.RunOptions) -> int:
-    """An export's peak with ``options.workers``: the runtime's baseline and, for that many reads being made plus those
-    made and queued for the writer (``prefetch``), the largest read's holdings (:func:`read_held_bytes`); on a
-    sandboxed kernel also the freed buffers glibc's heap keeps there, counted as convert's estimate counts them
-    (``estimate.SANDBOX_HEAP_SHARE`` of that term: export sets the same 64 MiB mmap threshold, ``tune_malloc``)."""
+def peak_terms(plan: ExportPlan, options: settings.RunOptions) -> dict[str, int]:
+    """What an export's peak with ``options.workers`` is made of: the runtime's ``baseline``; for that many reads
+    being made plus those made and queued for the writer (``prefetch``), the largest read's holdings
+    (:func:`read_held_bytes`), ``reads``; on a sandboxed kernel also the freed buffers glibc's heap keeps there,
+    ``heap``, counted as convert's estimate counts them (``estimate.SANDBOX_HEAP_SHARE`` of ``reads``: export sets the
+    same 64 MiB mmap threshold, ``tune_malloc``, and trims that heap only past the rest, ``estimate.trim_line``)."""
     from ckptconv.plan import estimate
 
     baseline = estimate.BASELINE_SANDBOX_BYTES if options.sandboxed else estimate.BASELINE_BYTES
     held = max((read_held_bytes(job) for job in plan.jobs), default=0)
     reads = (options.workers + options.in_flight.prefetch) * held
     heap = int(reads * estimate.SANDBOX_HEAP_SHARE) if options.sandboxed else 0
-    return baseline + reads + heap
+    return {"baseline": baseline, "reads": reads, "heap": heap}
+
+
+def predicted_peak_bytes(plan: ExportPlan, options: settings.RunOptions) -> int:
+    """An export's predicted peak with ``options.workers``: the sum of :func:`peak_terms`."""
+    return sum(peak_terms(plan, options).values())
 
 
 def choose_workers(plan: ExportPlan, options: settings.RunOptions) -> settings.RunOptions:
