@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 from ckptconv.commands import synth
 from ckptconv.errors import BadInputError
-from ckptconv.families.inputs import FP8Blocks, MXFP4
+from ckptconv.families.inputs import FP8, FP8Blocks, FP8Channel, MXFP4
 from ckptconv.read.safetensors_io import index_checkpoint
 from ckptconv.read.sources import LocalSource
 from tests import maxtext_forward
@@ -109,6 +109,26 @@ def test_fp8_reads_equal_the_reference_for_every_band(tmp_path, shape):
         for cols in ((5, 200), (128, min(256, shape[1])), (0, shape[1]), (shape[1] - 6, shape[1])):
             got = fp8.read(source, ((row, row + 1), cols))
             assert got.tobytes() == np.ascontiguousarray(expected[row:row + 1, cols[0]:cols[1]]).tobytes(), (row, cols)
+
+
+def test_every_fp8_code_decodes_as_the_cast_does(tmp_path):
+    """All 256 e4m3 codes (zeros of both signs, subnormals, the largest, both NaNs) in every column position of a
+    block, through the block-scaled and the per-row decoders (each takes its float32 values from a table, not from
+    ml_dtypes' cast), against the cast: the same bits."""
+    codes = np.arange(256, dtype=np.uint8).view(FP8)
+    weight = np.stack([np.roll(codes, r) for r in range(128)])  # (128, 256): each code in 128 columns
+    scale = np.array([[0.5, 3.0]], np.float32)
+    rows = np.linspace(0.25, 4, 128, dtype=np.float32).astype(BF16)[:, None]
+    save_file({"w": weight, "w_scale_inv": scale, "c": weight, "c_scale": rows}, str(tmp_path / "model.safetensors"))
+    source = LocalSource(str(tmp_path))
+    infos = index_checkpoint(source)
+    whole = ((0, 128), (0, 256))
+    with np.errstate(invalid="ignore"):
+        blocks = (weight.astype(np.float32) * np.repeat(scale, 128, axis=1)).astype(BF16)
+        channel = (weight.astype(np.float32) * rows.astype(np.float32)).astype(BF16)
+    assert FP8Blocks(infos["w"], infos["w_scale_inv"]).read(source, whole).tobytes() == blocks.tobytes()
+    assert FP8Channel(infos["c"], infos["c_scale"]).read(source, whole).tobytes() == channel.tobytes()
+    assert np.isnan(blocks.astype(np.float32)).sum() == 2 * 128  # the NaN codes really are in it
 
 
 def test_mxfp4_reads_equal_the_reference_for_every_band(tmp_path):

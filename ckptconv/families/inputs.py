@@ -38,6 +38,17 @@ from ckptconv.read.sources import Source
 Box = tuple[tuple[int, int], ...]
 BF16 = dtypes.BF16
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+# Each of the 256 e4m3 codes as float32, made by ml_dtypes' own cast, so a lookup gives the very bits the cast gives
+# (NaN codes included). The cast itself goes one value at a time: 94 ms for 4096x4096 codes on 2 cores against 30 ms
+# for the lookup, and a DeepSeek-V3 FP8 release is 671 G codes.
+FP8_AS_FLOAT32 = np.arange(256, dtype=np.uint8).view(FP8).astype(np.float32)
+
+
+def fp8_as_float32(codes: np.ndarray) -> np.ndarray:
+    """``codes.astype(np.float32)`` for e4m3 ``codes``, bit for bit, by table (:data:`FP8_AS_FLOAT32`)."""
+    if codes.dtype != FP8:  # another one-byte type would be read as e4m3 codes without a word
+        raise TypeError(f"e4m3 codes expected, got {codes.dtype}")
+    return FP8_AS_FLOAT32[codes.view(np.uint8)]
 
 
 class Input(Protocol):
@@ -190,7 +201,7 @@ class FP8Blocks(_Decoded):
         out = np.empty((r1 - r0, c1 - c0), BF16)
         step = max(1, settings.IN_FLIGHT.decode_elements // (c1 - c0))
         for r in range(0, r1 - r0, step):  # a band of rows at a time: float32 never holds the whole read
-            values = codes[r:r + step].astype(np.float32)
+            values = fp8_as_float32(codes[r:r + step])
             if whole_blocks:  # scale whole column blocks without expanding the scales
                 values.reshape(values.shape[0], -1, b)[...] *= rows[r:r + step, :, None]
             else:
@@ -241,7 +252,7 @@ class FP8Channel(_Decoded):
         out = np.empty((r1 - r0, c1 - c0), BF16)
         step = max(1, settings.IN_FLIGHT.decode_elements // max(1, c1 - c0))
         for r in range(0, r1 - r0, step):  # a band of rows at a time: float32 never holds the whole read
-            values = codes[r:r + step].astype(np.float32)
+            values = fp8_as_float32(codes[r:r + step])
             values *= scale[r:r + step]
             out[r:r + step] = values  # one rounding to bfloat16
         return out
