@@ -203,7 +203,8 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
         dst.begin(writing)
     tune_malloc()
     terms = estimate.peak_terms(plan, options=request.options)
-    trim_only_above(estimate.trim_line(estimate.predicted_peak_bytes(plan, terms=terms), terms["heap"]))
+    predicted = estimate.predicted_peak_bytes(plan, terms=terms)
+    trim_only_above(estimate.trim_line(predicted, terms["heap"]))
     progress = Progress(plan.tensor_count, plan.output_bytes, request.progress)
     progress.event("plan", family=plan.family.name, tensors=plan.tensor_count, bytes=plan.output_bytes)
     target = dst.staging("replacement") if beside else request.destination
@@ -218,7 +219,7 @@ def _run(plan: ConversionPlan, source: Source, request: ConvertRequest, timer: S
     if request.finalize:
         report["partitions"] = [{k: record[k] for k in PARTITION_SUMMARY} for record in records]
     report["predicted_peak_terms"] = terms
-    report["predicted_peak_rss_bytes"] = estimate.predicted_peak_bytes(plan, terms=terms)
+    report["predicted_peak_rss_bytes"] = predicted
     report["restore"] = restore_figures(request.destination)  # after the peak: its reads are not the conversion's
     rssplot.save_beside(dst.report_path, report)  # before the report: a complete report's plot is there
     dst.commit(report, request.report)
