@@ -245,6 +245,43 @@ def test_trim_gives_pages_back_only_above_the_line():
     assert after < before - 150 * MiB, "the 200 MiB freed in the heap stayed resident after a trim without a line"
 
 
+# In a fresh process: the RSS sampler (PeakWatch, as on a kernel without VmHWM) running, 200 MiB taken from and freed
+# back to glibc's heap, and no trim called: with the line within those 200 MiB the sampler gives them back itself; with
+# the line above them, or none, they stay.
+SAMPLER_TRIM_CHILD = """
+import sys, time
+from ckptconv import monitor
+monitor.tune_malloc(mmap_threshold=64 << 20)
+start = monitor.current_rss_bytes()
+line = {"within": start + (100 << 20), "above": start + (1 << 30), "none": None}[sys.argv[1]]
+monitor.trim_only_above(line)
+watch = monitor.PeakWatch(interval=0.01)
+held = [bytearray(1 << 20) for _ in range(200)]
+top = bytearray(1 << 20)
+del held
+time.sleep(0.5)
+watch.stop()
+print(start, watch.peak, monitor.current_rss_bytes())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
+def test_the_rss_sampler_trims_as_soon_as_the_line_is_passed():
+    """Where the peak is sampled (no VmHWM), the sampler trims the heap as soon as the resident set passes the trim
+    line, not at the writer's next trim (64 MiB written later, by which time 12 workers had taken the heap far past the
+    line); within the line, or with none, it leaves the heap alone (each page given back is faulted in again)."""
+    left = {}
+    for case in ("within", "above", "none"):
+        done = subprocess.run([sys.executable, "-c", SAMPLER_TRIM_CHILD, case], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        start, peak, end = (int(n) for n in done.stdout.split())
+        assert peak > start + 150 * MiB, (case, "the 200 MiB were never resident")
+        left[case] = end - start
+    assert left["within"] < 60 * MiB, {k: v / MiB for k, v in left.items()}
+    assert left["above"] > 150 * MiB and left["none"] > 150 * MiB, {k: v / MiB for k, v in left.items()}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
 def test_the_heap_is_tuned_through_the_processs_own_libc_without_a_child():
     """``tune_malloc`` finds glibc's ``mallopt`` and ``malloc_trim`` among the process's own symbols (``CDLL(None)``),
