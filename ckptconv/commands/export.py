@@ -255,7 +255,8 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or GCS_ENDPOINT  # where gcsfs uploads
     options = choose_workers(plan, request.options or host.run_options())
     terms = peak_terms(plan, options)
-    trim_only_above(estimate.trim_line(sum(terms.values()), terms["heap"]))
+    predicted = sum(terms.values())
+    trim_only_above(estimate.trim_line(predicted, terms["heap"]))
     with waits.watched_writes(dst, endpoint) as tick:
         _write_shards(plan, items, layouts, done, pending, timer, progress, tick, options)
         with timer.stage("commit"):
@@ -267,7 +268,7 @@ def _write(request: ExportRequest, plan: ExportPlan, like: Source, items: str, l
     progress.close()
     report = {**_report(plan, request, items, layouts, timer, started, print_), "workers": options.workers,
               "workers_why": options.why,
-              "predicted_peak_rss_bytes": sum(terms.values())}
+              "predicted_peak_rss_bytes": predicted}
     target.commit(report, request.report)
     progress.event("done", peak_rss_bytes=report["peak_rss_bytes"], wall_seconds=report["wall_seconds"])
     return report
